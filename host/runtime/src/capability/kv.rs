@@ -1,0 +1,211 @@
+//! `orc:plugin/kv`: a key/value store private to one plugin in one environment. The host chooses
+//! the backend ([`KvStore`]); the scope (`environment/plugin-name`) is set by the runtime, so a
+//! plugin can never read another plugin's keys.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::bindings::host::orc::plugin::kv::Host;
+use crate::bindings::host::orc::plugin::types::{Error, ErrorKind};
+use crate::capability::wit_error;
+use crate::state::CallState;
+
+/// Longest key a plugin may use, in bytes.
+pub const MAX_KEY: usize = 1024;
+/// Largest value a plugin may store, in bytes.
+pub const MAX_VALUE: usize = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KvError {
+    #[error("key/value store: {context}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A key/value backend. Calls are short and synchronous; scopes never mix.
+pub trait KvStore: Send + Sync + 'static {
+    fn get(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, KvError>;
+    fn set(&self, scope: &str, key: &str, value: &[u8]) -> Result<(), KvError>;
+    fn delete(&self, scope: &str, key: &str) -> Result<bool, KvError>;
+    fn list(&self, scope: &str, prefix: &str) -> Result<Vec<String>, KvError>;
+}
+
+/// Kept in memory: for benchmarks, tests and one-shot runs.
+#[derive(Debug, Default)]
+pub struct MemoryKv {
+    map: Mutex<BTreeMap<(String, String), Vec<u8>>>,
+}
+
+impl KvStore for MemoryKv {
+    fn get(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, KvError> {
+        Ok(self.map.lock().expect("kv").get(&(scope.to_string(), key.to_string())).cloned())
+    }
+    fn set(&self, scope: &str, key: &str, value: &[u8]) -> Result<(), KvError> {
+        self.map.lock().expect("kv").insert((scope.to_string(), key.to_string()), value.to_vec());
+        Ok(())
+    }
+    fn delete(&self, scope: &str, key: &str) -> Result<bool, KvError> {
+        Ok(self.map.lock().expect("kv").remove(&(scope.to_string(), key.to_string())).is_some())
+    }
+    fn list(&self, scope: &str, prefix: &str) -> Result<Vec<String>, KvError> {
+        let map = self.map.lock().expect("kv");
+        Ok(map
+            .range((scope.to_string(), prefix.to_string())..)
+            .take_while(|((s, k), _)| s == scope && k.starts_with(prefix))
+            .map(|((_, k), _)| k.clone())
+            .collect())
+    }
+}
+
+/// Persisted in a directory: one file per key, named by the hex of scope and key so no key can
+/// name a path; written through a temporary file and a rename.
+#[derive(Debug)]
+pub struct DirKv {
+    root: PathBuf,
+}
+
+impl DirKv {
+    pub fn open(root: impl Into<PathBuf>) -> Result<DirKv, KvError> {
+        let root = root.into();
+        std::fs::create_dir_all(&root).map_err(|source| KvError::Io { context: format!("cannot create {}", root.display()), source })?;
+        Ok(DirKv { root })
+    }
+
+    fn scope_dir(&self, scope: &str) -> PathBuf {
+        self.root.join(hex_name(scope))
+    }
+}
+
+fn hex_name(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<String> {
+    let bytes: Option<Vec<u8>> = (0..s.len()).step_by(2).map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect();
+    String::from_utf8(bytes?).ok()
+}
+
+fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> KvError {
+    let context = context.into();
+    move |source| KvError::Io { context, source }
+}
+
+impl KvStore for DirKv {
+    fn get(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, KvError> {
+        let path = self.scope_dir(scope).join(hex_name(key));
+        match std::fs::read(&path) {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(format!("cannot read {}", path.display()))(e)),
+        }
+    }
+    fn set(&self, scope: &str, key: &str, value: &[u8]) -> Result<(), KvError> {
+        let dir = self.scope_dir(scope);
+        std::fs::create_dir_all(&dir).map_err(io(format!("cannot create {}", dir.display())))?;
+        let path = dir.join(hex_name(key));
+        let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), hex_name(key)));
+        std::fs::write(&tmp, value).map_err(io(format!("cannot write {}", tmp.display())))?;
+        std::fs::rename(&tmp, &path).map_err(io(format!("cannot rename into {}", path.display())))
+    }
+    fn delete(&self, scope: &str, key: &str) -> Result<bool, KvError> {
+        let path = self.scope_dir(scope).join(hex_name(key));
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io(format!("cannot remove {}", path.display()))(e)),
+        }
+    }
+    fn list(&self, scope: &str, prefix: &str) -> Result<Vec<String>, KvError> {
+        let dir = self.scope_dir(scope);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(format!("cannot list {}", dir.display()))(e)),
+        };
+        let mut keys: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str().and_then(unhex))
+            .filter(|k| k.starts_with(prefix))
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
+}
+
+impl DirKv {
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+}
+
+fn check_key(key: &str) -> Result<(), Error> {
+    if key.is_empty() || key.len() > MAX_KEY {
+        return Err(wit_error(ErrorKind::InvalidInput, format!("kv key must be 1..={MAX_KEY} bytes, got {}", key.len())));
+    }
+    Ok(())
+}
+
+fn backend_error(e: KvError) -> Error {
+    tracing::error!(error = %e, "kv backend failed");
+    wit_error(ErrorKind::Retryable, "the host's key/value store failed; see the host log")
+}
+
+impl Host for CallState {
+    async fn get(&mut self, key: String) -> Result<Option<Vec<u8>>, Error> {
+        check_key(&key)?;
+        self.ctx.kv.get(&self.kv_scope, &key).map_err(backend_error)
+    }
+
+    async fn set(&mut self, key: String, value: Vec<u8>) -> Result<(), Error> {
+        check_key(&key)?;
+        if value.len() > MAX_VALUE {
+            return Err(wit_error(ErrorKind::InvalidInput, format!("kv value for `{key}` is {} bytes; the limit is {MAX_VALUE}", value.len())));
+        }
+        self.ctx.kv.set(&self.kv_scope, &key, &value).map_err(backend_error)
+    }
+
+    async fn delete(&mut self, key: String) -> Result<bool, Error> {
+        check_key(&key)?;
+        self.ctx.kv.delete(&self.kv_scope, &key).map_err(backend_error)
+    }
+
+    async fn list_keys(&mut self, prefix: String) -> Result<Vec<String>, Error> {
+        self.ctx.kv.list(&self.kv_scope, &prefix).map_err(backend_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exercise(kv: &dyn KvStore) {
+        kv.set("env/a", "k1", b"v1").unwrap();
+        kv.set("env/a", "k2", b"v2").unwrap();
+        kv.set("env/b", "k1", b"other").unwrap();
+        assert_eq!(kv.get("env/a", "k1").unwrap().unwrap(), b"v1");
+        assert_eq!(kv.list("env/a", "k").unwrap(), vec!["k1", "k2"]);
+        assert_eq!(kv.list("env/b", "").unwrap(), vec!["k1"]);
+        assert!(kv.delete("env/a", "k1").unwrap());
+        assert!(!kv.delete("env/a", "k1").unwrap());
+        assert_eq!(kv.get("env/a", "k1").unwrap(), None);
+        assert_eq!(kv.get("env/b", "k1").unwrap().unwrap(), b"other");
+        kv.set("env/a", "../../etc/passwd", b"x").unwrap();
+        assert_eq!(kv.get("env/a", "../../etc/passwd").unwrap().unwrap(), b"x");
+    }
+
+    #[test]
+    fn memory_and_dir_backends_keep_scopes_apart() {
+        exercise(&MemoryKv::default());
+        let dir = tempfile::tempdir().unwrap();
+        let kv = DirKv::open(dir.path().join("kv")).unwrap();
+        exercise(&kv);
+        // Nothing escaped the root.
+        assert!(!dir.path().join("etc").exists());
+        let reopened = DirKv::open(dir.path().join("kv")).unwrap();
+        assert_eq!(reopened.get("env/a", "k2").unwrap().unwrap(), b"v2");
+    }
+}

@@ -1,0 +1,290 @@
+//! Intents: the desired state an operator submits — resources with typed ids, the adaptor that
+//! handles each (pinned by digest), desired attributes and `requires` edges — and their
+//! validation: duplicate ids, requirements that name nothing and dependency cycles are refused
+//! with an error that names the culprit.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+
+use orc_manifest::Digest;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// `type[node,key]`, e.g. `file[web1,/etc/motd]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ResourceId {
+    pub resource_type: String,
+    pub node: String,
+    pub key: String,
+}
+
+impl fmt::Display for ResourceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{},{}]", self.resource_type, self.node, self.key)
+    }
+}
+
+impl FromStr for ResourceId {
+    type Err = IntentError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = |why: &str| IntentError::InvalidId { id: s.chars().take(200).collect(), reason: why.to_string() };
+        let open = s.find('[').ok_or_else(|| bad("expected `type[node,key]`"))?;
+        let inner = s[open + 1..].strip_suffix(']').ok_or_else(|| bad("expected `type[node,key]` ending in `]`"))?;
+        let resource_type = &s[..open];
+        orc_manifest::validate_name(resource_type).map_err(|_| bad("the type must be lowercase letters, digits, `-` or `_`"))?;
+        let (node, key) = inner.split_once(',').ok_or_else(|| bad("expected a `,` between node and key"))?;
+        if node.is_empty() || !node.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+            return Err(bad("the node name must be letters, digits, `-`, `_` or `.`"));
+        }
+        if key.is_empty() || key.chars().any(char::is_control) {
+            return Err(bad("the key must be non-empty and free of control characters"));
+        }
+        Ok(ResourceId { resource_type: resource_type.to_string(), node: node.to_string(), key: key.to_string() })
+    }
+}
+
+impl Serialize for ResourceId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ResourceId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// How a resource names its adaptor: by digest, or by `name@version` (resolved and pinned to a
+/// digest when the intent is accepted), or by bare name (the highest published version).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum PluginRef {
+    Digest(Digest),
+    Named { name: String, version: Option<String> },
+}
+
+impl fmt::Display for PluginRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PluginRef::Digest(d) => write!(f, "{d}"),
+            PluginRef::Named { name, version: Some(v) } => write!(f, "{name}@{v}"),
+            PluginRef::Named { name, version: None } => write!(f, "{name}"),
+        }
+    }
+}
+
+impl FromStr for PluginRef {
+    type Err = IntentError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.starts_with("sha256:") {
+            return s.parse().map(PluginRef::Digest).map_err(|e: orc_manifest::DigestError| IntentError::InvalidPluginRef(e.to_string()));
+        }
+        let (name, version) = match s.split_once('@') {
+            Some((n, v)) => (n, Some(v)),
+            None => (s, None),
+        };
+        orc_manifest::validate_name(name).map_err(|e| IntentError::InvalidPluginRef(e.to_string()))?;
+        if let Some(v) = version {
+            orc_manifest::validate_version(v).map_err(|e| IntentError::InvalidPluginRef(e.to_string()))?;
+        }
+        Ok(PluginRef::Named { name: name.to_string(), version: version.map(str::to_string) })
+    }
+}
+
+impl Serialize for PluginRef {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for PluginRef {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// One resource of an intent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceSpec {
+    pub id: ResourceId,
+    pub adaptor: PluginRef,
+    #[serde(default = "empty_object")]
+    pub attributes: serde_json::Value,
+    #[serde(default)]
+    pub requires: Vec<ResourceId>,
+    /// Marked for removal: the adaptor deletes it.
+    #[serde(default)]
+    pub purged: bool,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::Value::Object(Default::default())
+}
+
+/// An intent document as submitted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntentDocument {
+    pub resources: Vec<ResourceSpec>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IntentError {
+    #[error("the intent is not valid JSON: {0}")]
+    Json(String),
+    #[error("invalid resource id `{id}`: {reason}")]
+    InvalidId { id: String, reason: String },
+    #[error("invalid adaptor reference: {0}")]
+    InvalidPluginRef(String),
+    #[error("resource `{0}` appears more than once")]
+    DuplicateId(ResourceId),
+    #[error("resource `{resource}` requires `{requires}`, which is not in the intent")]
+    UnknownRequirement { resource: ResourceId, requires: ResourceId },
+    #[error("resource `{0}` requires itself")]
+    SelfRequirement(ResourceId),
+    #[error("dependency cycle: {}", .0.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(" -> "))]
+    Cycle(Vec<ResourceId>),
+    #[error("resource `{resource}`: attributes must be a JSON object")]
+    AttributesNotObject { resource: ResourceId },
+}
+
+/// An intent that passed validation: resources plus the dependency graph by index.
+#[derive(Debug, Clone)]
+pub struct Intent {
+    pub resources: Vec<ResourceSpec>,
+    /// `requires[i]`: indices resource `i` requires.
+    pub requires: Vec<Vec<usize>>,
+    /// `dependents[i]`: indices that require resource `i`.
+    pub dependents: Vec<Vec<usize>>,
+}
+
+impl Intent {
+    pub fn parse(json: &[u8]) -> Result<Intent, IntentError> {
+        let doc: IntentDocument = serde_json::from_slice(json).map_err(|e| IntentError::Json(e.to_string()))?;
+        Intent::validate(doc)
+    }
+
+    pub fn validate(doc: IntentDocument) -> Result<Intent, IntentError> {
+        let mut index: HashMap<&ResourceId, usize> = HashMap::with_capacity(doc.resources.len());
+        for (i, r) in doc.resources.iter().enumerate() {
+            if !r.attributes.is_object() {
+                return Err(IntentError::AttributesNotObject { resource: r.id.clone() });
+            }
+            if index.insert(&r.id, i).is_some() {
+                return Err(IntentError::DuplicateId(r.id.clone()));
+            }
+        }
+        let mut requires = vec![Vec::new(); doc.resources.len()];
+        let mut dependents = vec![Vec::new(); doc.resources.len()];
+        for (i, r) in doc.resources.iter().enumerate() {
+            for req in &r.requires {
+                let j = *index.get(req).ok_or_else(|| IntentError::UnknownRequirement { resource: r.id.clone(), requires: req.clone() })?;
+                if i == j {
+                    return Err(IntentError::SelfRequirement(r.id.clone()));
+                }
+                requires[i].push(j);
+                dependents[j].push(i);
+            }
+        }
+        drop(index);
+        let intent = Intent { resources: doc.resources, requires, dependents };
+        if let Some(cycle) = intent.find_cycle() {
+            return Err(IntentError::Cycle(cycle.into_iter().map(|i| intent.resources[i].id.clone()).collect()));
+        }
+        Ok(intent)
+    }
+
+    /// A cycle as a path `a -> b -> … -> a`, if the graph has one (iterative DFS, so deep chains
+    /// do not overflow the stack).
+    fn find_cycle(&self) -> Option<Vec<usize>> {
+        #[derive(Clone, Copy, PartialEq)]
+        enum Mark {
+            New,
+            Active,
+            Done,
+        }
+        let n = self.resources.len();
+        let mut mark = vec![Mark::New; n];
+        for start in 0..n {
+            if mark[start] != Mark::New {
+                continue;
+            }
+            let mut stack: Vec<(usize, usize)> = vec![(start, 0)];
+            mark[start] = Mark::Active;
+            while let Some(&mut (node, ref mut next)) = stack.last_mut() {
+                if let Some(&dep) = self.requires[node].get(*next) {
+                    *next += 1;
+                    match mark[dep] {
+                        Mark::New => {
+                            mark[dep] = Mark::Active;
+                            stack.push((dep, 0));
+                        }
+                        Mark::Active => {
+                            let from = stack.iter().position(|(n, _)| *n == dep).expect("active nodes are on the stack");
+                            let mut cycle: Vec<usize> = stack[from..].iter().map(|(n, _)| *n).collect();
+                            cycle.push(dep);
+                            return Some(cycle);
+                        }
+                        Mark::Done => {}
+                    }
+                } else {
+                    mark[node] = Mark::Done;
+                    stack.pop();
+                }
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(resources: serde_json::Value) -> Result<Intent, IntentError> {
+        Intent::parse(serde_json::json!({ "resources": resources }).to_string().as_bytes())
+    }
+
+    #[test]
+    fn parses_ids_and_refs() {
+        let id: ResourceId = "file[web1,/etc/motd]".parse().unwrap();
+        assert_eq!((id.resource_type.as_str(), id.node.as_str(), id.key.as_str()), ("file", "web1", "/etc/motd"));
+        assert_eq!(id.to_string(), "file[web1,/etc/motd]");
+        let id: ResourceId = "http-object[api,/v1/things/a,b]".parse().unwrap();
+        assert_eq!(id.key, "/v1/things/a,b");
+        for bad in ["file", "file[web1]", "File[a,b]", "file[a,b", "file[,/x]", "file[a b,/x]"] {
+            assert!(bad.parse::<ResourceId>().is_err(), "{bad}");
+        }
+        assert!(matches!("file@0.1.0".parse::<PluginRef>().unwrap(), PluginRef::Named { version: Some(_), .. }));
+        assert!("sha256:abc".parse::<PluginRef>().is_err());
+    }
+
+    #[test]
+    fn refuses_duplicates_unknown_requirements_and_cycles() {
+        let r = |id: &str, req: &[&str]| serde_json::json!({ "id": id, "adaptor": "file@0.1.0", "requires": req });
+        let err = doc(serde_json::json!([r("file[n,/a]", &[]), r("file[n,/a]", &[])])).unwrap_err();
+        assert_eq!(err.to_string(), "resource `file[n,/a]` appears more than once");
+        let err = doc(serde_json::json!([r("file[n,/a]", &["file[n,/b]"])])).unwrap_err();
+        assert_eq!(err.to_string(), "resource `file[n,/a]` requires `file[n,/b]`, which is not in the intent");
+        let err = doc(serde_json::json!([r("file[n,/a]", &["file[n,/b]"]), r("file[n,/b]", &["file[n,/c]"]), r("file[n,/c]", &["file[n,/a]"])]))
+            .unwrap_err();
+        assert_eq!(err.to_string(), "dependency cycle: file[n,/a] -> file[n,/b] -> file[n,/c] -> file[n,/a]");
+        let err = doc(serde_json::json!([{ "id": "file[n,/a]", "adaptor": "file@0.1.0", "atributes": {} }])).unwrap_err();
+        assert!(err.to_string().contains("unknown field `atributes`"), "{err}");
+        let ok = doc(serde_json::json!([r("file[n,/a]", &[]), r("file[n,/b]", &["file[n,/a]"])])).unwrap();
+        assert_eq!(ok.dependents[0], vec![1]);
+    }
+
+    #[test]
+    fn a_long_chain_has_no_cycle_and_no_stack_overflow() {
+        let n = 50_000;
+        let resources: Vec<_> = (0..n)
+            .map(|i| {
+                let req: Vec<String> = if i > 0 { vec![format!("file[n,/{}]", i - 1)] } else { vec![] };
+                serde_json::json!({ "id": format!("file[n,/{i}]"), "adaptor": "file@0.1.0", "requires": req })
+            })
+            .collect();
+        doc(serde_json::Value::Array(resources)).unwrap();
+    }
+}

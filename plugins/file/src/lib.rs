@@ -1,0 +1,303 @@
+//! The `file` adaptor: a regular file on a node, its content and its permission bits.
+//!
+//! Resource type `file`; the key is the file's absolute path on the node. Attributes:
+//! - `content` (string, required): the whole content;
+//! - `mode` (optional): octal string (`"0644"`) or integer of octal digits (`644`). A new file
+//!   gets `0644` when absent; an existing file's mode is then left alone.
+//!
+//! Current state: `{"mode": "0644", "size": 12, "sha256": "<hex>", "content": "hello world\n"}`,
+//! with `content` only for UTF-8 files of at most 4 KiB, so the host never carries large or
+//! binary files around. Content is compared by sha256. Changes show text of at most 4 KiB as is,
+//! anything else as `sha256:<hex> (<n> bytes)`.
+//!
+//! Written only against the host's `node` interface, so it works unchanged whatever transport
+//! the host uses to reach the node. Writes are atomic (`node::write_file`).
+
+use orc_sdk::node::{self, FileKind, Mode};
+use orc_sdk::{Adaptor, Change, Changes, Error, Result, ResultExt, Target};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// The mode of a file created without a `mode` attribute.
+const DEFAULT_MODE: Mode = Mode::new(0o644).expect("0o644 is a valid mode");
+/// Content up to this size (and valid UTF-8) is shown and carried as text.
+const SHOW_LIMIT: usize = 4096;
+
+pub struct FileAdaptor;
+
+orc_sdk::export!(adaptor: FileAdaptor);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Desired {
+    content: String,
+    #[serde(default)]
+    mode: Option<Mode>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Current {
+    mode: Mode,
+    size: u64,
+    sha256: String,
+    /// The content, for UTF-8 files of at most [`SHOW_LIMIT`] bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    content: Option<String>,
+}
+
+impl Current {
+    fn of(bytes: &[u8], mode: Mode) -> Current {
+        Current {
+            mode,
+            size: bytes.len() as u64,
+            sha256: sha256_hex(bytes),
+            content: shown_text(bytes).map(str::to_string),
+        }
+    }
+
+    /// How a change shows the current content.
+    fn content_value(&self) -> Value {
+        match &self.content {
+            Some(text) => Value::String(text.clone()),
+            None => Value::String(summary(&self.sha256, self.size)),
+        }
+    }
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn shown_text(bytes: &[u8]) -> Option<&str> {
+    if bytes.len() <= SHOW_LIMIT {
+        std::str::from_utf8(bytes).ok()
+    } else {
+        None
+    }
+}
+
+fn summary(sha256: &str, size: u64) -> String {
+    format!("sha256:{sha256} ({size} bytes)")
+}
+
+/// How a change shows the desired content.
+fn desired_content_value(content: &str) -> Value {
+    match shown_text(content.as_bytes()) {
+        Some(text) => Value::String(text.to_string()),
+        None => Value::String(summary(&sha256_hex(content.as_bytes()), content.len() as u64)),
+    }
+}
+
+/// The key, checked to be an absolute path that can name a file.
+fn path(target: &Target) -> Result<&str> {
+    let key = target.key.as_str();
+    if !key.starts_with('/') {
+        return Err(Error::invalid(format!(
+            "{}: the key must be an absolute path, got {key:?}",
+            target.id
+        )));
+    }
+    if key.ends_with('/') {
+        return Err(Error::invalid(format!(
+            "{}: the key {key:?} names a directory, not a file",
+            target.id
+        )));
+    }
+    Ok(key)
+}
+
+impl Adaptor for FileAdaptor {
+    type Desired = Desired;
+    type Current = Current;
+
+    fn read(target: &Target, _desired: &Desired) -> Result<Option<Current>> {
+        let path = path(target)?;
+        let Some(stat) = node::stat(&target.node, path).context(format_args!("stat {path}"))? else {
+            return Ok(None);
+        };
+        if stat.kind != FileKind::File {
+            return Err(Error::permanent(format!(
+                "{}: {path} is a {}, not a regular file; the file adaptor will not replace it",
+                target.id,
+                stat.kind.as_str()
+            )));
+        }
+        // Removed between the two calls: absent, as the next read would say.
+        let Some(bytes) = node::read_file(&target.node, path).context(format_args!("read {path}"))? else {
+            return Ok(None);
+        };
+        Ok(Some(Current::of(&bytes, stat.mode)))
+    }
+
+    fn diff(target: &Target, desired: &Desired, current: Option<&Current>) -> Result<Vec<Change>> {
+        path(target)?;
+        let Some(current) = current else {
+            return Ok(Changes::new()
+                .push(Change::new("content", None, Some(desired_content_value(&desired.content))))
+                .compare("mode", None, &desired.mode.unwrap_or(DEFAULT_MODE))
+                .into_vec());
+        };
+        let mut changes = Changes::new();
+        if current.sha256 != sha256_hex(desired.content.as_bytes()) {
+            changes = changes.push(Change::new(
+                "content",
+                Some(current.content_value()),
+                Some(desired_content_value(&desired.content)),
+            ));
+        }
+        Ok(changes
+            .compare_managed("mode", Some(&current.mode), desired.mode.as_ref())
+            .into_vec())
+    }
+
+    fn apply(target: &Target, desired: &Desired, current: Option<&Current>, changes: &[Change]) -> Result<Vec<String>> {
+        let path = path(target)?;
+        let bytes = desired.content.as_bytes();
+        let Some(current) = current else {
+            let mode = desired.mode.unwrap_or(DEFAULT_MODE);
+            node::write_file(&target.node, path, bytes, Some(mode)).context(format_args!("write {path}"))?;
+            return Ok(vec![format!("created {path} ({} bytes, mode {mode})", bytes.len())]);
+        };
+        let mode = desired.mode.unwrap_or(current.mode);
+        let mut messages = Vec::new();
+        if orc_sdk::adaptor::has_change(changes, "content") {
+            // The write sets the mode too, so a mode change needs no second call.
+            node::write_file(&target.node, path, bytes, Some(mode)).context(format_args!("write {path}"))?;
+            messages.push(format!("wrote {path} ({} bytes, was {})", bytes.len(), current.size));
+            if mode != current.mode {
+                messages.push(format!("set mode of {path} to {mode} (was {})", current.mode));
+            }
+        } else if mode != current.mode && orc_sdk::adaptor::has_change(changes, "mode") {
+            node::set_mode(&target.node, path, mode).context(format_args!("chmod {path}"))?;
+            messages.push(format!("set mode of {path} to {mode} (was {})", current.mode));
+        }
+        Ok(messages)
+    }
+
+    fn delete(target: &Target, _current: &Current) -> Result<Vec<String>> {
+        let path = path(target)?;
+        let existed = node::remove(&target.node, path, false).context(format_args!("remove {path}"))?;
+        Ok(vec![if existed {
+            format!("removed {path}")
+        } else {
+            format!("{path} was already absent")
+        }])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use orc_sdk::ErrorKind;
+    use orc_sdk::adaptor::raw;
+    use serde_json::json;
+
+    fn target(key: &str, attributes: Value) -> Target {
+        Target {
+            id: format!("file[web1,{key}]"),
+            resource_type: "file".into(),
+            node: "web1".into(),
+            key: key.into(),
+            attributes_json: attributes.to_string(),
+        }
+    }
+
+    fn current(content: &[u8], mode: u32) -> String {
+        serde_json::to_string(&Current::of(content, Mode::new(mode).unwrap())).unwrap()
+    }
+
+    fn diff(attributes: Value, current: Option<String>) -> Result<Vec<Change>> {
+        raw::diff::<FileAdaptor>(&target("/etc/motd", attributes), current.as_deref())
+    }
+
+    #[test]
+    fn a_missing_file_is_created_with_0644_unless_told() {
+        let changes = diff(json!({"content": "hello\n"}), None).unwrap();
+        assert_eq!(
+            changes,
+            vec![
+                Change::new("content", None, Some(json!("hello\n"))),
+                Change::new("mode", None, Some(json!("0644")))
+            ]
+        );
+        let changes = diff(json!({"content": "", "mode": 600}), None).unwrap();
+        assert_eq!(changes[1], Change::new("mode", None, Some(json!("0600"))));
+    }
+
+    #[test]
+    fn a_correct_file_has_no_changes_and_an_absent_mode_is_unmanaged() {
+        assert!(
+            diff(json!({"content": "hello\n", "mode": "0644"}), Some(current(b"hello\n", 0o644)))
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            diff(json!({"content": "hello\n"}), Some(current(b"hello\n", 0o600)))
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn content_and_mode_changes_show_text_and_octal() {
+        let changes = diff(json!({"content": "new\n", "mode": "0640"}), Some(current(b"old\n", 0o644))).unwrap();
+        assert_eq!(
+            changes,
+            vec![
+                Change::new("content", Some(json!("old\n")), Some(json!("new\n"))),
+                Change::new("mode", Some(json!("0644")), Some(json!("0640")))
+            ]
+        );
+    }
+
+    #[test]
+    fn large_and_binary_content_is_summarised() {
+        let big = "x".repeat(SHOW_LIMIT + 1);
+        let changes = diff(json!({"content": big}), Some(current(&[0xff, 0x00], 0o644))).unwrap();
+        assert_eq!(changes.len(), 1);
+        let c = &changes[0];
+        assert_eq!(c.current, Some(json!(format!("sha256:{} (2 bytes)", sha256_hex(&[0xff, 0x00])))));
+        assert_eq!(
+            c.desired,
+            Some(json!(format!("sha256:{} (4097 bytes)", sha256_hex(big.as_bytes()))))
+        );
+        // Exactly at the limit is still shown.
+        let at_limit = "y".repeat(SHOW_LIMIT);
+        assert_eq!(diff(json!({"content": at_limit}), None).unwrap()[0].desired, Some(json!(at_limit)));
+    }
+
+    #[test]
+    fn current_state_carries_small_text_only() {
+        let small: Value = serde_json::from_str(&current(b"hi", 0o644)).unwrap();
+        assert_eq!(
+            small,
+            json!({"mode": "0644", "size": 2, "sha256": "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4", "content": "hi"})
+        );
+        let big: Value = serde_json::from_str(&current(&vec![b'a'; SHOW_LIMIT + 1], 0o600)).unwrap();
+        assert!(big.get("content").is_none());
+        assert_eq!(big["size"], json!(SHOW_LIMIT + 1));
+    }
+
+    #[test]
+    fn bad_attributes_and_keys_are_invalid_input() {
+        let e = diff(json!({"content": "x", "mode": "rw-r--r--"}), None).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
+        assert_eq!(
+            e.message(),
+            "file[web1,/etc/motd]: invalid attributes: `mode`: invalid mode \"rw-r--r--\": expected octal permission bits like \"0644\""
+        );
+        let e = diff(json!({"content": "x", "owner": "root"}), None).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "file[web1,/etc/motd]: invalid attributes: unknown field `owner`, expected `content` or `mode`"
+        );
+        let e = diff(json!({"mode": "0644"}), None).unwrap_err();
+        assert_eq!(e.message(), "file[web1,/etc/motd]: invalid attributes: missing field `content`");
+        let e = raw::diff::<FileAdaptor>(&target("etc/motd", json!({"content": "x"})), None).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "file[web1,etc/motd]: the key must be an absolute path, got \"etc/motd\""
+        );
+    }
+}

@@ -1,0 +1,143 @@
+//! `orc-registry`: the content-addressed plugin store.
+//!
+//! A plugin artifact is one Wasm component with its manifest embedded, addressed by the sha256 of
+//! its bytes. The [`Store`] keeps verified blobs and a `name@version → digest` index in a directory;
+//! the `server` feature serves it over HTTP ([`server::router`]), the `client` feature talks to such
+//! a service ([`Client`]), and [`Registry`] is either, chosen by a `--registry <URL|DIR>` string.
+//!
+//! Architecture invariants: bytes are hashed on every write and every read, by the store and by
+//! the client alike; a `name@version` once published is never re-pointed to other bytes.
+
+pub mod error;
+pub mod source;
+pub mod store;
+
+#[cfg(feature = "client")]
+pub mod client;
+#[cfg(feature = "server")]
+pub mod server;
+
+use std::fmt;
+
+use bytes::Bytes;
+
+#[cfg(feature = "client")]
+pub use client::Client;
+pub use error::{ErrorBody, RegistryError, Result, parse_digest};
+pub use orc_manifest::Digest;
+pub use source::{BlobSource, BoxFuture};
+pub use store::{DEFAULT_MAX_BLOB_SIZE, Entry, Published, Store, StoreOptions, check_name, check_version};
+
+use source::blocking;
+
+/// A registry, local or remote, as the CLI's `--registry <URL|DIR>` names it.
+#[derive(Debug, Clone)]
+pub enum Registry {
+    Local(Store),
+    #[cfg(feature = "client")]
+    Remote(Client),
+}
+
+impl Registry {
+    /// `http://…` or `https://…` is a remote registry; anything else (optionally `file://…`) a
+    /// directory, created if missing.
+    pub fn open(spec: &str) -> Result<Registry> {
+        Registry::open_with(spec, StoreOptions::default())
+    }
+
+    /// Like [`Registry::open`], with the options a local store is opened with.
+    pub fn open_with(spec: &str, options: StoreOptions) -> Result<Registry> {
+        if spec.trim().is_empty() {
+            return Err(RegistryError::Unsupported(
+                "the registry location is empty: give a URL or a directory".into(),
+            ));
+        }
+        if spec.starts_with("http://") || spec.starts_with("https://") {
+            #[cfg(feature = "client")]
+            return Ok(Registry::Remote(Client::new(spec)?));
+            #[cfg(not(feature = "client"))]
+            return Err(RegistryError::Unsupported(format!(
+                "registry `{spec}` is a URL, but this build has no registry client (feature `client`)"
+            )));
+        }
+        let path = spec.strip_prefix("file://").unwrap_or(spec);
+        Ok(Registry::Local(Store::open(path, options)?))
+    }
+
+    pub async fn publish(&self, bytes: impl Into<Bytes>) -> Result<Published> {
+        match self {
+            Registry::Local(store) => {
+                let bytes = bytes.into();
+                blocking(store, move |s| s.publish(&bytes)).await
+            }
+            #[cfg(feature = "client")]
+            Registry::Remote(client) => client.publish(bytes).await,
+        }
+    }
+
+    pub async fn put_blob(&self, bytes: impl Into<Bytes>) -> Result<(Digest, bool)> {
+        match self {
+            Registry::Local(store) => {
+                let bytes = bytes.into();
+                blocking(store, move |s| s.put_blob(&bytes)).await
+            }
+            #[cfg(feature = "client")]
+            Registry::Remote(client) => client.put_blob(bytes).await,
+        }
+    }
+
+    /// The verified bytes of `digest`.
+    pub async fn fetch(&self, digest: &Digest) -> Result<Vec<u8>> {
+        match self {
+            Registry::Local(store) => BlobSource::fetch(store, digest).await,
+            #[cfg(feature = "client")]
+            Registry::Remote(client) => client.fetch(digest).await,
+        }
+    }
+
+    pub async fn resolve(&self, name: &str, version: &str) -> Result<Entry> {
+        match self {
+            Registry::Local(store) => {
+                let (name, version) = (name.to_string(), version.to_string());
+                blocking(store, move |s| s.resolve(&name, &version)).await
+            }
+            #[cfg(feature = "client")]
+            Registry::Remote(client) => client.resolve(name, version).await,
+        }
+    }
+
+    pub async fn versions(&self, name: &str) -> Result<Vec<Entry>> {
+        match self {
+            Registry::Local(store) => {
+                let name = name.to_string();
+                blocking(store, move |s| s.versions(&name)).await
+            }
+            #[cfg(feature = "client")]
+            Registry::Remote(client) => client.versions(name).await,
+        }
+    }
+
+    pub async fn list(&self) -> Result<Vec<Entry>> {
+        match self {
+            Registry::Local(store) => blocking(store, |s| s.list()).await,
+            #[cfg(feature = "client")]
+            Registry::Remote(client) => client.list().await,
+        }
+    }
+}
+
+impl BlobSource for Registry {
+    fn fetch<'a>(&'a self, digest: &'a Digest) -> BoxFuture<'a, Result<Vec<u8>>> {
+        Box::pin(Registry::fetch(self, digest))
+    }
+}
+
+impl fmt::Display for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Registry::Local(store) => write!(f, "{}", store.root().display()),
+            #[cfg(feature = "client")]
+            Registry::Remote(client) => f.write_str(client.base_url()),
+        }
+    }
+}

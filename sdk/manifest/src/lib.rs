@@ -1,0 +1,286 @@
+//! What a plugin artifact is: a WebAssembly component addressed by its sha256 [`Digest`], carrying
+//! its [`Manifest`] in a custom section so that the digest covers the manifest too, and how a
+//! plugin crate is turned into one ([`project`]).
+//!
+//! Shared by the registry (which indexes manifests), the host runtime (which links only the
+//! capabilities a manifest requests) and the `orc-plugin` CLI and build scripts (which write it).
+
+mod digest;
+mod section;
+pub mod project;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+pub use digest::{Digest, DigestError};
+pub use section::{MANIFEST_SECTION, embed, extract};
+
+/// The WIT package every world of this version lives in.
+pub const WIT_PACKAGE: &str = "orc:plugin@0.1.0";
+
+/// The three kinds of plugin, one WIT world each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PluginKind {
+    Adaptor,
+    Solver,
+    Automator,
+}
+
+impl PluginKind {
+    pub const ALL: [PluginKind; 3] = [PluginKind::Adaptor, PluginKind::Solver, PluginKind::Automator];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PluginKind::Adaptor => "adaptor",
+            PluginKind::Solver => "solver",
+            PluginKind::Automator => "automator",
+        }
+    }
+
+    /// The fully qualified world, e.g. `orc:plugin/adaptor@0.1.0`.
+    pub fn world(self) -> String {
+        format!("orc:plugin/{}@0.1.0", self.as_str())
+    }
+
+    /// The interface a component of this kind must export, e.g. `orc:plugin/resource-adaptor@0.1.0`.
+    pub fn export_interface(self) -> String {
+        let name = match self {
+            PluginKind::Adaptor => "resource-adaptor",
+            PluginKind::Solver => "cluster-solver",
+            PluginKind::Automator => "service-automator",
+        };
+        format!("orc:plugin/{name}@0.1.0")
+    }
+
+    /// The capabilities a plugin of this kind may request at all.
+    pub fn allowed_capabilities(self) -> &'static [Capability] {
+        match self {
+            PluginKind::Adaptor | PluginKind::Automator => &[Capability::Log, Capability::Kv, Capability::Node, Capability::Http],
+            PluginKind::Solver => &[Capability::Log],
+        }
+    }
+}
+
+impl fmt::Display for PluginKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PluginKind {
+    type Err = ManifestError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PluginKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| ManifestError::Invalid(format!("unknown plugin kind `{s}` (expected adaptor, solver or automator)")))
+    }
+}
+
+/// A host interface a plugin may import. Denied unless the manifest requests it and the
+/// environment grants it; `log` is always granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Capability {
+    Log,
+    Kv,
+    Node,
+    Http,
+}
+
+impl Capability {
+    pub const ALL: [Capability; 4] = [Capability::Log, Capability::Kv, Capability::Node, Capability::Http];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Capability::Log => "log",
+            Capability::Kv => "kv",
+            Capability::Node => "node",
+            Capability::Http => "http",
+        }
+    }
+
+    /// The WIT interface, e.g. `orc:plugin/node@0.1.0`.
+    pub fn interface(self) -> String {
+        format!("orc:plugin/{}@0.1.0", self.as_str())
+    }
+
+    /// The capability an imported interface name stands for, if it is one of ours.
+    pub fn from_interface(name: &str) -> Option<Capability> {
+        Capability::ALL.into_iter().find(|c| c.interface() == name)
+    }
+}
+
+impl fmt::Display for Capability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Capability {
+    type Err = ManifestError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Capability::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| ManifestError::Invalid(format!("unknown capability `{s}` (expected log, kv, node or http)")))
+    }
+}
+
+/// What a plugin says about itself. Embedded in the component (see [`embed`]), so it is covered
+/// by the component's digest and cannot be changed without changing the digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub name: String,
+    pub version: String,
+    pub kind: PluginKind,
+    /// The world the component implements, e.g. `orc:plugin/adaptor@0.1.0`.
+    pub world: String,
+    /// Host interfaces the plugin asks for.
+    #[serde(default)]
+    pub capabilities: BTreeSet<Capability>,
+    /// For adaptors: the resource types it handles (`file`, `directory`).
+    #[serde(default)]
+    pub resource_types: Vec<String>,
+    #[serde(default)]
+    pub description: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("invalid manifest: {0}")]
+    Invalid(String),
+    #[error("manifest is not valid JSON")]
+    Json(#[source] serde_json::Error),
+    #[error("not a WebAssembly component")]
+    NotWasm(#[source] wasmparser::BinaryReaderError),
+    #[error("the component carries {0} `{MANIFEST_SECTION}` sections; exactly one is allowed")]
+    Duplicate(usize),
+}
+
+impl Manifest {
+    /// Checks names, versions, the world and the capabilities against the kind.
+    pub fn validate(&self) -> Result<(), ManifestError> {
+        validate_name(&self.name)?;
+        validate_version(&self.version)?;
+        if self.world != self.kind.world() {
+            return Err(ManifestError::Invalid(format!(
+                "world `{}` does not match kind `{}` (expected `{}`)",
+                self.world,
+                self.kind,
+                self.kind.world()
+            )));
+        }
+        let allowed = self.kind.allowed_capabilities();
+        if let Some(c) = self.capabilities.iter().find(|c| !allowed.contains(c)) {
+            return Err(ManifestError::Invalid(format!("a {} may not request capability `{c}`", self.kind)));
+        }
+        for t in &self.resource_types {
+            validate_name(t).map_err(|_| ManifestError::Invalid(format!("resource type `{t}` must be lowercase letters, digits and `-`")))?;
+        }
+        Ok(())
+    }
+
+    /// `name@version`.
+    pub fn reference(&self) -> String {
+        format!("{}@{}", self.name, self.version)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a manifest always serialises")
+    }
+
+    pub fn from_json(text: &[u8]) -> Result<Manifest, ManifestError> {
+        let m: Manifest = serde_json::from_slice(text).map_err(ManifestError::Json)?;
+        m.validate()?;
+        Ok(m)
+    }
+}
+
+/// A plugin or resource-type name: 1–64 of `a-z`, `0-9`, `-`, `_`, starting with a letter.
+pub fn validate_name(name: &str) -> Result<(), ManifestError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(ManifestError::Invalid(format!(
+            "name `{}` must be 1-64 characters of a-z, 0-9, `-` or `_`, starting with a letter",
+            name.escape_debug()
+        )))
+    }
+}
+
+/// A version: `MAJOR.MINOR.PATCH` with an optional `-pre` or `+build` part of `[0-9A-Za-z.-]`.
+pub fn validate_version(version: &str) -> Result<(), ManifestError> {
+    let bad = || ManifestError::Invalid(format!("version `{}` is not MAJOR.MINOR.PATCH", version.escape_debug()));
+    if version.len() > 64 {
+        return Err(bad());
+    }
+    let (core, rest) = match version.find(['-', '+']) {
+        Some(i) => (&version[..i], &version[i + 1..]),
+        None => (version, ""),
+    };
+    let parts: Vec<&str> = core.split('.').collect();
+    if parts.len() != 3 || parts.iter().any(|p| p.is_empty() || !p.chars().all(|c| c.is_ascii_digit())) {
+        return Err(bad());
+    }
+    if !rest.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '+') {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest() -> Manifest {
+        Manifest {
+            name: "file".into(),
+            version: "0.1.0".into(),
+            kind: PluginKind::Adaptor,
+            world: PluginKind::Adaptor.world(),
+            capabilities: [Capability::Node].into(),
+            resource_types: vec!["file".into()],
+            description: "files".into(),
+        }
+    }
+
+    #[test]
+    fn validates_names_versions_and_capabilities() {
+        manifest().validate().unwrap();
+        for bad in ["", "File", "../x", "a/b", "1abc", &"a".repeat(65)] {
+            assert!(validate_name(bad).is_err(), "{bad}");
+        }
+        for good in ["1.2.3", "0.1.0-alpha.1", "1.0.0+build5"] {
+            validate_version(good).unwrap();
+        }
+        for bad in ["1.2", "a.b.c", "1.2.3/..", ""] {
+            assert!(validate_version(bad).is_err(), "{bad}");
+        }
+        let mut m = manifest();
+        m.kind = PluginKind::Solver;
+        m.world = PluginKind::Solver.world();
+        let err = m.validate().unwrap_err().to_string();
+        assert!(err.contains("may not request capability `node`"), "{err}");
+        let mut m = manifest();
+        m.world = "orc:plugin/solver@0.1.0".into();
+        assert!(m.validate().unwrap_err().to_string().contains("does not match kind"));
+    }
+
+    #[test]
+    fn unknown_manifest_keys_are_refused() {
+        let mut v: serde_json::Value = serde_json::from_str(&manifest().to_json()).unwrap();
+        v["surprise"] = true.into();
+        let err = Manifest::from_json(v.to_string().as_bytes()).unwrap_err();
+        assert!(format!("{err}: {:?}", err).contains("surprise"));
+    }
+}
