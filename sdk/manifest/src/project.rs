@@ -93,7 +93,9 @@ impl PluginProject {
             .ok_or_else(|| meta_err("no [package.metadata.orc] table: this is not an orc plugin crate".into()))?;
         let version = match package.version {
             Some(toml::Value::String(v)) => v,
-            Some(_) => return Err(meta_err("package.version must be a literal string in a plugin crate".into())),
+            Some(v) if is_inherited(&v) => workspace_package_field(dir, "version")
+                .ok_or_else(|| meta_err("package.version is inherited, but no enclosing workspace sets [workspace.package] version".into()))?,
+            Some(_) => return Err(meta_err("package.version must be a string".into())),
             None => "0.0.0".into(),
         };
         let description = orc
@@ -200,6 +202,21 @@ impl PluginProject {
         let bytes = embed(&raw, &self.manifest)?;
         Ok(BuiltPlugin { digest: Digest::of(&bytes), manifest: self.manifest.clone(), bytes, cargo_artifact: artifact })
     }
+}
+
+fn is_inherited(v: &toml::Value) -> bool {
+    v.as_table().and_then(|t| t.get("workspace")).and_then(toml::Value::as_bool) == Some(true)
+}
+
+/// `[workspace.package] <field>` of the nearest enclosing workspace, for `field.workspace = true`.
+fn workspace_package_field(dir: &Path, field: &str) -> Option<String> {
+    let dir = dir.canonicalize().ok()?;
+    dir.ancestors().skip(1).find_map(|d| {
+        let text = std::fs::read_to_string(d.join("Cargo.toml")).ok()?;
+        let table: toml::Table = toml::from_str(&text).ok()?;
+        let ws = table.get("workspace")?.as_table()?;
+        Some(ws.get("package")?.as_table()?.get(field)?.as_str()?.to_string())
+    })
 }
 
 /// A built plugin: the component bytes (manifest embedded) and their digest.

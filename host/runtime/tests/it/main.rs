@@ -1,0 +1,40 @@
+//! Runtime tests against real components built from source (first-party plugins and fixtures
+//! that misbehave on purpose), on a real local node in a temporary directory.
+
+mod cache;
+mod file_adaptor;
+mod fixtures;
+
+use std::sync::Arc;
+
+use orc_manifest::{Digest, PluginKind};
+use orc_plugin_artifacts::Artifact;
+use orc_runtime::capability::{LocalNode, Nodes};
+use orc_runtime::wit::Target;
+use orc_runtime::{CallContext, Grants, Plugin, Runtime, RuntimeConfig};
+
+pub fn runtime() -> Runtime {
+    Runtime::new(RuntimeConfig { memory_limit_bytes: 32 << 20, max_instances: 50, ..RuntimeConfig::default() }).expect("runtime")
+}
+
+pub fn load(rt: &Runtime, artifact: &Artifact, grants: &Grants) -> Arc<Plugin> {
+    let digest: Digest = artifact.digest.parse().unwrap();
+    rt.load_bytes(&digest, artifact.bytes, artifact.kind.parse::<PluginKind>().unwrap(), grants).unwrap()
+}
+
+/// A context with one local node named `local` rooted in `root`.
+pub fn local_context(root: &std::path::Path) -> CallContext {
+    let nodes = Nodes::default();
+    nodes.insert("local", Arc::new(LocalNode::open(root).unwrap()));
+    CallContext { nodes: Arc::new(nodes), ..CallContext::new("test") }
+}
+
+pub fn target(resource_type: &str, key: &str, attributes: serde_json::Value) -> Target {
+    Target {
+        id: format!("{resource_type}[local,{key}]"),
+        resource_type: resource_type.into(),
+        node: "local".into(),
+        key: key.into(),
+        attributes: attributes.to_string(),
+    }
+}
