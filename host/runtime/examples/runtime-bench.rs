@@ -61,25 +61,28 @@ async fn main() {
         samples.push(t.elapsed());
     }
     println!("one call on a live instance: median {:.1} µs", median(samples).as_secs_f64() * 1e6);
+    drop(a);
+    drop(plugin);
+    drop(rt);
 
     // Compile from bytes vs first load of the cached artifact (file adaptor, the larger one).
     let digest: Digest = FILE.digest.parse().unwrap();
     let cache = std::env::temp_dir().join(format!("orc-bench-cache-{}", std::process::id()));
     let mut compile = Vec::new();
     for _ in 0..5 {
-        let t = Instant::now();
         let rt = Runtime::new(RuntimeConfig { pooling: false, ..RuntimeConfig::default() }).unwrap();
-        let t0 = Instant::now();
+        let t = Instant::now();
         rt.compile(&digest, FILE.bytes).unwrap();
-        compile.push(t0.elapsed());
-        let _ = t;
+        compile.push(t.elapsed());
     }
-    let rt = Runtime::new(RuntimeConfig { cache_dir: Some(cache.clone()), ..RuntimeConfig::default() }).unwrap();
-    rt.load_bytes(&digest, FILE.bytes, PluginKind::Adaptor, &Grants::all()).unwrap();
+    Runtime::new(RuntimeConfig { cache_dir: Some(cache.clone()), pooling: false, ..RuntimeConfig::default() })
+        .unwrap()
+        .load_bytes(&digest, FILE.bytes, PluginKind::Adaptor, &Grants::all())
+        .unwrap();
     let mut cached = Vec::new();
     let mut cached_total = Vec::new();
     for _ in 0..50 {
-        let rt = Runtime::new(RuntimeConfig { cache_dir: Some(cache.clone()), ..RuntimeConfig::default() }).unwrap();
+        let rt = Runtime::new(RuntimeConfig { cache_dir: Some(cache.clone()), pooling: false, ..RuntimeConfig::default() }).unwrap();
         let t = Instant::now();
         rt.compile(&digest, FILE.bytes).unwrap();
         cached.push(t.elapsed());

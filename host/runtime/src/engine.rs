@@ -83,7 +83,7 @@ impl Runtime {
             let mut pool = PoolingAllocationConfig::default();
             pool.total_component_instances(config.max_instances)
                 .total_core_instances(config.max_instances * 4)
-                .total_memories(config.max_instances * 2)
+                .total_memories(config.max_instances)
                 .total_tables(config.max_instances * 4)
                 .total_stacks(config.max_instances)
                 .max_memory_size(config.memory_limit_bytes)

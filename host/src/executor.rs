@@ -1,0 +1,163 @@
+//! Executors: run one action (deploy or dryrun) for one resource through its adaptor — read,
+//! diff, then apply or delete — in a fresh plugin instance, and report exactly what happened.
+//! Deploy, repair, retry and dryrun all go through [`execute`]; dryrun stops before enforcing.
+
+use std::time::{Duration, Instant};
+
+use orc_runtime::wit::{Level, Target};
+use orc_runtime::{CallContext, CallError, Change, Plugin, PluginErrorKind};
+use serde::Serialize;
+
+use crate::intent::ResourceSpec;
+
+/// Whether to enforce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    Deploy,
+    Dryrun,
+}
+
+/// How an action ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Already in the desired state (onboarding and repair that found nothing to do).
+    Unchanged,
+    /// Changes were enforced (or, for a purged resource, it was removed).
+    Changed,
+    /// Dryrun: these changes would be made.
+    WouldChange,
+    /// The adaptor or the plugin failed.
+    Failed,
+    /// The target (node, device) cannot be reached now.
+    Unavailable,
+    /// Not attempted because a resource it requires did not succeed.
+    Skipped,
+}
+
+impl Outcome {
+    pub fn succeeded(self) -> bool {
+        matches!(self, Outcome::Unchanged | Outcome::Changed | Outcome::WouldChange)
+    }
+}
+
+/// What one action did: the action-log entry.
+#[derive(Debug, Clone, Serialize)]
+pub struct ActionReport {
+    pub resource: String,
+    pub mode: Mode,
+    pub outcome: Outcome,
+    pub changes: Vec<Change>,
+    pub messages: Vec<String>,
+    /// `{code, message}` when the action failed; `code` is the runtime's (`failed`, `crashed`,
+    /// `timed_out`, `memory_limit`, …) or `skipped`.
+    pub error: Option<ActionError>,
+    #[serde(with = "duration_ms")]
+    pub duration: Duration,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ActionError {
+    pub code: String,
+    pub message: String,
+}
+
+mod duration_ms {
+    pub fn serialize<S: serde::Serializer>(d: &std::time::Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64() * 1e3)
+    }
+}
+
+/// The WIT view of a resource.
+pub fn target_of(spec: &ResourceSpec) -> Target {
+    Target {
+        id: spec.id.to_string(),
+        resource_type: spec.id.resource_type.clone(),
+        node: spec.id.node.clone(),
+        key: spec.id.key.clone(),
+        attributes: spec.attributes.to_string(),
+    }
+}
+
+/// A report for a resource that was not attempted.
+pub fn skipped(spec: &ResourceSpec, mode: Mode, because: &str) -> ActionReport {
+    ActionReport {
+        resource: spec.id.to_string(),
+        mode,
+        outcome: Outcome::Skipped,
+        changes: Vec::new(),
+        messages: Vec::new(),
+        error: Some(ActionError { code: "skipped".into(), message: format!("not attempted: {because}") }),
+        duration: Duration::ZERO,
+    }
+}
+
+/// Runs one action for `spec` through `plugin`.
+pub async fn execute(plugin: &Plugin, ctx: &CallContext, spec: &ResourceSpec, mode: Mode) -> ActionReport {
+    let started = Instant::now();
+    let span = tracing::info_span!("resource_action", resource = %spec.id, ?mode, plugin = %plugin.manifest.reference());
+    let _enter = span.enter();
+    let target = target_of(spec);
+    let mut report = ActionReport {
+        resource: spec.id.to_string(),
+        mode,
+        outcome: Outcome::Failed,
+        changes: Vec::new(),
+        messages: Vec::new(),
+        error: None,
+        duration: Duration::ZERO,
+    };
+    match run(plugin, ctx, spec, &target, mode, &mut report).await {
+        Ok(outcome) => report.outcome = outcome,
+        Err(e) => {
+            report.outcome = match e.plugin_error() {
+                Some(pe) if pe.kind == PluginErrorKind::Unavailable => Outcome::Unavailable,
+                _ => Outcome::Failed,
+            };
+            tracing::warn!(code = e.code(), error = %e, "action failed");
+            report.error = Some(ActionError { code: e.code().to_string(), message: e.to_string() });
+        }
+    }
+    report.duration = started.elapsed();
+    report
+}
+
+async fn run(plugin: &Plugin, ctx: &CallContext, spec: &ResourceSpec, target: &Target, mode: Mode, report: &mut ActionReport) -> Result<Outcome, CallError> {
+    let mut instance = plugin.adaptor(ctx).await?;
+    let result = async {
+        let current = instance.read(target).await?;
+        if spec.purged {
+            let Some(current) = current else { return Ok(Outcome::Unchanged) };
+            report.changes = vec![Change { field: "purged".into(), current: Some(serde_json::Value::Bool(false)), desired: Some(serde_json::Value::Bool(true)) }];
+            if mode == Mode::Dryrun {
+                return Ok(Outcome::WouldChange);
+            }
+            report.messages = instance.delete(target, &current).await?;
+            return Ok(Outcome::Changed);
+        }
+        let changes = instance.diff(target, current.as_deref()).await?;
+        if changes.is_empty() {
+            return Ok(Outcome::Unchanged);
+        }
+        report.changes = changes;
+        if mode == Mode::Dryrun {
+            return Ok(Outcome::WouldChange);
+        }
+        report.messages = instance.apply(target, current.as_deref(), &report.changes).await?;
+        Ok(Outcome::Changed)
+    }
+    .await;
+    report.messages.extend(instance.take_logs().into_iter().map(|l| format!("[{}] {}", level_name(l.level), l.message)));
+    result
+}
+
+fn level_name(level: Level) -> &'static str {
+    match level {
+        Level::Trace => "trace",
+        Level::Debug => "debug",
+        Level::Info => "info",
+        Level::Warn => "warn",
+        Level::Error => "error",
+    }
+}
