@@ -1,0 +1,5 @@
+//! End-to-end tests: the binaries driven as a user drives them, against real registries, real
+//! components and a real local node in temporary directories.
+
+mod plugin_author;
+mod quickstart;
