@@ -49,7 +49,12 @@ pub enum EmbeddedError {
     #[error("resource `{resource}` is on node `{node}`; an embedded deploy manages only the `local` node")]
     UnknownNode { resource: ResourceId, node: String },
     #[error("resource `{resource}` has type `{resource_type}`, but adaptor `{plugin}` handles only {handles}")]
-    WrongResourceType { resource: ResourceId, resource_type: String, plugin: String, handles: String },
+    WrongResourceType {
+        resource: ResourceId,
+        resource_type: String,
+        plugin: String,
+        handles: String,
+    },
     #[error("resource `{resource}`: cannot load its adaptor")]
     Load {
         resource: ResourceId,
@@ -82,7 +87,11 @@ impl DeployReport {
 }
 
 /// Validates, pins and deploys `intent_json`. `progress` sees each action as it finishes.
-pub async fn deploy(config: &EmbeddedConfig, intent_json: &[u8], mut progress: impl FnMut(&ActionReport, usize, usize)) -> Result<DeployReport, EmbeddedError> {
+pub async fn deploy(
+    config: &EmbeddedConfig,
+    intent_json: &[u8],
+    mut progress: impl FnMut(&ActionReport, usize, usize),
+) -> Result<DeployReport, EmbeddedError> {
     let intent = Intent::parse(intent_json)?;
     let data_dir = &config.data_dir;
     let dir_err = |path: PathBuf| move |source| EmbeddedError::DataDir { path, source };
@@ -95,23 +104,36 @@ pub async fn deploy(config: &EmbeddedConfig, intent_json: &[u8], mut progress: i
 
     for r in &intent.resources {
         if r.id.node != LOCAL_NODE {
-            return Err(EmbeddedError::UnknownNode { resource: r.id.clone(), node: r.id.node.clone() });
+            return Err(EmbeddedError::UnknownNode {
+                resource: r.id.clone(),
+                node: r.id.node.clone(),
+            });
         }
     }
 
-    let runtime = Runtime::new(RuntimeConfig { cache_dir: Some(data_dir.join("cache")), max_instances: (config.concurrency * 2).max(16) as u32, ..RuntimeConfig::default() })?;
+    let runtime = Runtime::new(RuntimeConfig {
+        cache_dir: Some(data_dir.join("cache")),
+        max_instances: (config.concurrency * 2).max(16) as u32,
+        ..RuntimeConfig::default()
+    })?;
     let mut pinned: HashMap<PluginRef, Arc<Plugin>> = HashMap::new();
     let mut plugins = Vec::with_capacity(intent.resources.len());
     for r in &intent.resources {
         if !pinned.contains_key(&r.adaptor) {
             let digest = resolve(&store, &r.adaptor).map_err(|e| match e {
-                RegistryError::NotFound { .. } | RegistryError::UnknownDigest(_) => EmbeddedError::UnknownPlugin { resource: r.id.clone(), reference: r.adaptor.clone() },
+                RegistryError::NotFound { .. } | RegistryError::UnknownDigest(_) => EmbeddedError::UnknownPlugin {
+                    resource: r.id.clone(),
+                    reference: r.adaptor.clone(),
+                },
                 other => EmbeddedError::Registry(other),
             })?;
             let plugin = runtime
                 .load(&digest, PluginKind::Adaptor, &store, &Grants::all())
                 .await
-                .map_err(|source| EmbeddedError::Load { resource: r.id.clone(), source })?;
+                .map_err(|source| EmbeddedError::Load {
+                    resource: r.id.clone(),
+                    source,
+                })?;
             pinned.insert(r.adaptor.clone(), plugin);
         }
         let plugin = pinned[&r.adaptor].clone();
@@ -132,12 +154,20 @@ pub async fn deploy(config: &EmbeddedConfig, intent_json: &[u8], mut progress: i
     let nodes = Nodes::default();
     nodes.insert(LOCAL_NODE, Arc::new(node));
     let kv = DirKv::open(data_dir.join("kv")).map_err(EmbeddedError::Kv)?;
-    let ctx = CallContext { kv: Arc::new(kv), nodes: Arc::new(nodes), ..CallContext::new("embedded") };
+    let ctx = CallContext {
+        kv: Arc::new(kv),
+        nodes: Arc::new(nodes),
+        ..CallContext::new("embedded")
+    };
 
     let actions = run_graph(&intent, &plugins, &ctx, config.mode, config.concurrency.max(1), &mut progress).await;
     let mut pinned: Vec<(String, Digest)> = pinned.into_iter().map(|(r, p)| (r.to_string(), p.digest)).collect();
     pinned.sort();
-    Ok(DeployReport { actions, pinned, local_root })
+    Ok(DeployReport {
+        actions,
+        pinned,
+        local_root,
+    })
 }
 
 /// `name@version`, a bare name (highest version) or a digest → the digest, which must be stored.
@@ -155,7 +185,9 @@ fn resolve(store: &Store, reference: &PluginRef) -> Result<Digest, RegistryError
             .versions(name)?
             .pop()
             .map(|e| e.digest)
-            .ok_or_else(|| RegistryError::NotFound { what: format!("plugin `{name}`") }),
+            .ok_or_else(|| RegistryError::NotFound {
+                what: format!("plugin `{name}`"),
+            }),
     }
 }
 

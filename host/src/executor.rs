@@ -88,7 +88,10 @@ pub fn skipped(spec: &ResourceSpec, mode: Mode, because: &str) -> ActionReport {
         outcome: Outcome::Skipped,
         changes: Vec::new(),
         messages: Vec::new(),
-        error: Some(ActionError { code: "skipped".into(), message: format!("not attempted: {because}") }),
+        error: Some(ActionError {
+            code: "skipped".into(),
+            message: format!("not attempted: {because}"),
+        }),
         duration: Duration::ZERO,
     }
 }
@@ -116,20 +119,34 @@ pub async fn execute(plugin: &Plugin, ctx: &CallContext, spec: &ResourceSpec, mo
                 _ => Outcome::Failed,
             };
             tracing::warn!(code = e.code(), error = %e, "action failed");
-            report.error = Some(ActionError { code: e.code().to_string(), message: e.to_string() });
+            report.error = Some(ActionError {
+                code: e.code().to_string(),
+                message: e.to_string(),
+            });
         }
     }
     report.duration = started.elapsed();
     report
 }
 
-async fn run(plugin: &Plugin, ctx: &CallContext, spec: &ResourceSpec, target: &Target, mode: Mode, report: &mut ActionReport) -> Result<Outcome, CallError> {
+async fn run(
+    plugin: &Plugin,
+    ctx: &CallContext,
+    spec: &ResourceSpec,
+    target: &Target,
+    mode: Mode,
+    report: &mut ActionReport,
+) -> Result<Outcome, CallError> {
     let mut instance = plugin.adaptor(ctx).await?;
     let result = async {
         let current = instance.read(target).await?;
         if spec.purged {
             let Some(current) = current else { return Ok(Outcome::Unchanged) };
-            report.changes = vec![Change { field: "purged".into(), current: Some(serde_json::Value::Bool(false)), desired: Some(serde_json::Value::Bool(true)) }];
+            report.changes = vec![Change {
+                field: "purged".into(),
+                current: Some(serde_json::Value::Bool(false)),
+                desired: Some(serde_json::Value::Bool(true)),
+            }];
             if mode == Mode::Dryrun {
                 return Ok(Outcome::WouldChange);
             }
@@ -148,7 +165,12 @@ async fn run(plugin: &Plugin, ctx: &CallContext, spec: &ResourceSpec, target: &T
         Ok(Outcome::Changed)
     }
     .await;
-    report.messages.extend(instance.take_logs().into_iter().map(|l| format!("[{}] {}", level_name(l.level), l.message)));
+    report.messages.extend(
+        instance
+            .take_logs()
+            .into_iter()
+            .map(|l| format!("[{}] {}", level_name(l.level), l.message)),
+    );
     result
 }
 

@@ -27,9 +27,14 @@ impl fmt::Display for ResourceId {
 impl FromStr for ResourceId {
     type Err = IntentError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = |why: &str| IntentError::InvalidId { id: s.chars().take(200).collect(), reason: why.to_string() };
+        let bad = |why: &str| IntentError::InvalidId {
+            id: s.chars().take(200).collect(),
+            reason: why.to_string(),
+        };
         let open = s.find('[').ok_or_else(|| bad("expected `type[node,key]`"))?;
-        let inner = s[open + 1..].strip_suffix(']').ok_or_else(|| bad("expected `type[node,key]` ending in `]`"))?;
+        let inner = s[open + 1..]
+            .strip_suffix(']')
+            .ok_or_else(|| bad("expected `type[node,key]` ending in `]`"))?;
         let resource_type = &s[..open];
         orc_manifest::validate_name(resource_type).map_err(|_| bad("the type must be lowercase letters, digits, `-` or `_`"))?;
         let (node, key) = inner.split_once(',').ok_or_else(|| bad("expected a `,` between node and key"))?;
@@ -39,7 +44,11 @@ impl FromStr for ResourceId {
         if key.is_empty() || key.chars().any(char::is_control) {
             return Err(bad("the key must be non-empty and free of control characters"));
         }
-        Ok(ResourceId { resource_type: resource_type.to_string(), node: node.to_string(), key: key.to_string() })
+        Ok(ResourceId {
+            resource_type: resource_type.to_string(),
+            node: node.to_string(),
+            key: key.to_string(),
+        })
     }
 }
 
@@ -77,7 +86,10 @@ impl FromStr for PluginRef {
     type Err = IntentError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if s.starts_with("sha256:") {
-            return s.parse().map(PluginRef::Digest).map_err(|e: orc_manifest::DigestError| IntentError::InvalidPluginRef(e.to_string()));
+            return s
+                .parse()
+                .map(PluginRef::Digest)
+                .map_err(|e: orc_manifest::DigestError| IntentError::InvalidPluginRef(e.to_string()));
         }
         let (name, version) = match s.split_once('@') {
             Some((n, v)) => (n, Some(v)),
@@ -87,7 +99,10 @@ impl FromStr for PluginRef {
         if let Some(v) = version {
             orc_manifest::validate_version(v).map_err(|e| IntentError::InvalidPluginRef(e.to_string()))?;
         }
-        Ok(PluginRef::Named { name: name.to_string(), version: version.map(str::to_string) })
+        Ok(PluginRef::Named {
+            name: name.to_string(),
+            version: version.map(str::to_string),
+        })
     }
 }
 
@@ -138,15 +153,15 @@ pub enum IntentError {
     #[error("invalid adaptor reference: {0}")]
     InvalidPluginRef(String),
     #[error("resource `{0}` appears more than once")]
-    DuplicateId(ResourceId),
+    DuplicateId(String),
     #[error("resource `{resource}` requires `{requires}`, which is not in the intent")]
-    UnknownRequirement { resource: ResourceId, requires: ResourceId },
+    UnknownRequirement { resource: String, requires: String },
     #[error("resource `{0}` requires itself")]
-    SelfRequirement(ResourceId),
-    #[error("dependency cycle: {}", .0.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(" -> "))]
-    Cycle(Vec<ResourceId>),
+    SelfRequirement(String),
+    #[error("dependency cycle: {}", .0.join(" -> "))]
+    Cycle(Vec<String>),
     #[error("resource `{resource}`: attributes must be a JSON object")]
-    AttributesNotObject { resource: ResourceId },
+    AttributesNotObject { resource: String },
 }
 
 /// An intent that passed validation: resources plus the dependency graph by index.
@@ -169,28 +184,37 @@ impl Intent {
         let mut index: HashMap<&ResourceId, usize> = HashMap::with_capacity(doc.resources.len());
         for (i, r) in doc.resources.iter().enumerate() {
             if !r.attributes.is_object() {
-                return Err(IntentError::AttributesNotObject { resource: r.id.clone() });
+                return Err(IntentError::AttributesNotObject { resource: r.id.to_string() });
             }
             if index.insert(&r.id, i).is_some() {
-                return Err(IntentError::DuplicateId(r.id.clone()));
+                return Err(IntentError::DuplicateId(r.id.to_string()));
             }
         }
         let mut requires = vec![Vec::new(); doc.resources.len()];
         let mut dependents = vec![Vec::new(); doc.resources.len()];
         for (i, r) in doc.resources.iter().enumerate() {
             for req in &r.requires {
-                let j = *index.get(req).ok_or_else(|| IntentError::UnknownRequirement { resource: r.id.clone(), requires: req.clone() })?;
+                let j = *index.get(req).ok_or_else(|| IntentError::UnknownRequirement {
+                    resource: r.id.to_string(),
+                    requires: req.to_string(),
+                })?;
                 if i == j {
-                    return Err(IntentError::SelfRequirement(r.id.clone()));
+                    return Err(IntentError::SelfRequirement(r.id.to_string()));
                 }
                 requires[i].push(j);
                 dependents[j].push(i);
             }
         }
         drop(index);
-        let intent = Intent { resources: doc.resources, requires, dependents };
+        let intent = Intent {
+            resources: doc.resources,
+            requires,
+            dependents,
+        };
         if let Some(cycle) = intent.find_cycle() {
-            return Err(IntentError::Cycle(cycle.into_iter().map(|i| intent.resources[i].id.clone()).collect()));
+            return Err(IntentError::Cycle(
+                cycle.into_iter().map(|i| intent.resources[i].id.to_string()).collect(),
+            ));
         }
         Ok(intent)
     }
@@ -249,14 +273,20 @@ mod tests {
     #[test]
     fn parses_ids_and_refs() {
         let id: ResourceId = "file[web1,/etc/motd]".parse().unwrap();
-        assert_eq!((id.resource_type.as_str(), id.node.as_str(), id.key.as_str()), ("file", "web1", "/etc/motd"));
+        assert_eq!(
+            (id.resource_type.as_str(), id.node.as_str(), id.key.as_str()),
+            ("file", "web1", "/etc/motd")
+        );
         assert_eq!(id.to_string(), "file[web1,/etc/motd]");
         let id: ResourceId = "http-object[api,/v1/things/a,b]".parse().unwrap();
         assert_eq!(id.key, "/v1/things/a,b");
         for bad in ["file", "file[web1]", "File[a,b]", "file[a,b", "file[,/x]", "file[a b,/x]"] {
             assert!(bad.parse::<ResourceId>().is_err(), "{bad}");
         }
-        assert!(matches!("file@0.1.0".parse::<PluginRef>().unwrap(), PluginRef::Named { version: Some(_), .. }));
+        assert!(matches!(
+            "file@0.1.0".parse::<PluginRef>().unwrap(),
+            PluginRef::Named { version: Some(_), .. }
+        ));
         assert!("sha256:abc".parse::<PluginRef>().is_err());
     }
 
@@ -266,10 +296,20 @@ mod tests {
         let err = doc(serde_json::json!([r("file[n,/a]", &[]), r("file[n,/a]", &[])])).unwrap_err();
         assert_eq!(err.to_string(), "resource `file[n,/a]` appears more than once");
         let err = doc(serde_json::json!([r("file[n,/a]", &["file[n,/b]"])])).unwrap_err();
-        assert_eq!(err.to_string(), "resource `file[n,/a]` requires `file[n,/b]`, which is not in the intent");
-        let err = doc(serde_json::json!([r("file[n,/a]", &["file[n,/b]"]), r("file[n,/b]", &["file[n,/c]"]), r("file[n,/c]", &["file[n,/a]"])]))
-            .unwrap_err();
-        assert_eq!(err.to_string(), "dependency cycle: file[n,/a] -> file[n,/b] -> file[n,/c] -> file[n,/a]");
+        assert_eq!(
+            err.to_string(),
+            "resource `file[n,/a]` requires `file[n,/b]`, which is not in the intent"
+        );
+        let err = doc(serde_json::json!([
+            r("file[n,/a]", &["file[n,/b]"]),
+            r("file[n,/b]", &["file[n,/c]"]),
+            r("file[n,/c]", &["file[n,/a]"])
+        ]))
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "dependency cycle: file[n,/a] -> file[n,/b] -> file[n,/c] -> file[n,/a]"
+        );
         let err = doc(serde_json::json!([{ "id": "file[n,/a]", "adaptor": "file@0.1.0", "atributes": {} }])).unwrap_err();
         assert!(err.to_string().contains("unknown field `atributes`"), "{err}");
         let ok = doc(serde_json::json!([r("file[n,/a]", &[]), r("file[n,/b]", &["file[n,/a]"])])).unwrap();

@@ -11,7 +11,11 @@ use orc_host::embedded::{self, EmbeddedConfig};
 use orc_host::executor::{Mode, Outcome};
 
 #[derive(Parser)]
-#[command(name = "orc-host", version, about = "The orc host: intent-based orchestration with sandboxed Wasm plugins")]
+#[command(
+    name = "orc-host",
+    version,
+    about = "The orc host: intent-based orchestration with sandboxed Wasm plugins"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -59,10 +63,26 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Deploy { intent, data_dir, root, dryrun, concurrency, json } => {
+        Command::Deploy {
+            intent,
+            data_dir,
+            root,
+            dryrun,
+            concurrency,
+            json,
+        } => {
             let bytes = std::fs::read(&intent).with_context(|| format!("reading {}", intent.display()))?;
-            let config = EmbeddedConfig { data_dir, local_root: root, mode: if dryrun { Mode::Dryrun } else { Mode::Deploy }, concurrency };
-            let bar = if std::io::stderr().is_terminal() && !json { ProgressBar::new(0) } else { ProgressBar::hidden() };
+            let config = EmbeddedConfig {
+                data_dir,
+                local_root: root,
+                mode: if dryrun { Mode::Dryrun } else { Mode::Deploy },
+                concurrency,
+            };
+            let bar = if std::io::stderr().is_terminal() && !json {
+                ProgressBar::new(0)
+            } else {
+                ProgressBar::hidden()
+            };
             bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"));
             let runtime = tokio::runtime::Runtime::new()?;
             let report = runtime

@@ -19,9 +19,16 @@ const PLUGINS: &[(&str, &str, bool)] = &[
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let root = manifest_dir.parent().and_then(Path::parent).expect("plugins/artifacts sits two levels below the root").to_path_buf();
+    let root = manifest_dir
+        .parent()
+        .and_then(Path::parent)
+        .expect("plugins/artifacts sits two levels below the root")
+        .to_path_buf();
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target")).join("plugins");
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("plugins");
     let cargo = PathBuf::from(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
 
     for watched in ["sdk/guest", "wit", "Cargo.toml", "Cargo.lock"] {
@@ -35,8 +42,12 @@ fn main() {
         let dir = root.join(dir);
         println!("cargo:rerun-if-changed={}", dir.display());
         let project = PluginProject::load(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-        let built = project.build(&cargo, "plugin", Some(&target_dir), |_| {}).unwrap_or_else(|e| panic!("building plugin {}: {e}", dir.display()));
-        let path = built.write_to(&out_dir).unwrap_or_else(|e| panic!("writing {}: {e}", built.file_name()));
+        let built = project
+            .build(&cargo, "plugin", Some(&target_dir), |_| {})
+            .unwrap_or_else(|e| panic!("building plugin {}: {e}", dir.display()));
+        let path = built
+            .write_to(&out_dir)
+            .unwrap_or_else(|e| panic!("writing {}: {e}", built.file_name()));
         let m = &built.manifest;
         writeln!(
             code,
@@ -49,9 +60,23 @@ fn main() {
             path = path.display().to_string(),
         )
         .expect("write to string");
-        if *fixture { fixtures.push(*constant) } else { first_party.push(*constant) }
+        if *fixture {
+            fixtures.push(*constant)
+        } else {
+            first_party.push(*constant)
+        }
     }
-    writeln!(code, "/// The plugins that ship with orc.\npub const FIRST_PARTY: &[Artifact] = &[{}];", first_party.join(", ")).expect("write");
-    writeln!(code, "/// Plugins that misbehave on purpose, for tests.\npub const FIXTURES: &[Artifact] = &[{}];", fixtures.join(", ")).expect("write");
+    writeln!(
+        code,
+        "/// The plugins that ship with orc.\npub const FIRST_PARTY: &[Artifact] = &[{}];",
+        first_party.join(", ")
+    )
+    .expect("write");
+    writeln!(
+        code,
+        "/// Plugins that misbehave on purpose, for tests.\npub const FIXTURES: &[Artifact] = &[{}];",
+        fixtures.join(", ")
+    )
+    .expect("write");
     std::fs::write(out_dir.join("artifacts.rs"), code).expect("write artifacts.rs");
 }

@@ -7,10 +7,14 @@ use std::path::{Path, PathBuf};
 
 fn main() {
     let cli = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
-    let root = cli.parent().and_then(Path::parent).expect("sdk/cli sits two levels below the root").to_path_buf();
+    let root = cli
+        .parent()
+        .and_then(Path::parent)
+        .expect("sdk/cli sits two levels below the root")
+        .to_path_buf();
     let mut files = Vec::new();
-    collect(&root, &root.join("sdk/guest/src"), &mut files);
-    collect(&root, &root.join("wit"), &mut files);
+    collect(&root.join("sdk/guest/src"), &mut files);
+    collect(&root.join("wit"), &mut files);
     files.push(root.join("sdk/guest/Cargo.toml"));
     files.push(root.join("Cargo.toml"));
     files.sort();
@@ -28,12 +32,12 @@ fn main() {
     std::fs::write(out.join("sdk_files.rs"), code).expect("write sdk_files.rs");
 }
 
-fn collect(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
         let p = e.path();
         if p.is_dir() {
-            collect(root, &p, out);
+            collect(&p, out);
         } else if p.extension().is_some_and(|x| x == "rs" || x == "wit") {
             out.push(p);
         }

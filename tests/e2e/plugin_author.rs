@@ -2,8 +2,8 @@
 //! `build`, `inspect`, `publish` to a registry service and to a registry directory, then the host
 //! loads the plugin by digest and calls it.
 
-use std::process::{Command, Stdio};
 use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 
 use orc_manifest::{Digest, PluginKind};
 use orc_runtime::{CallContext, Grants, Runtime, RuntimeConfig};
@@ -11,7 +11,9 @@ use orc_tests::{bin, repo_root, run, stdout};
 
 /// The `sha256:` line `orc-plugin build` and `publish` print.
 fn digest_line(text: &str) -> Digest {
-    text.lines().find_map(|l| l.trim().parse().ok()).unwrap_or_else(|| panic!("no digest line in:\n{text}"))
+    text.lines()
+        .find_map(|l| l.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no digest line in:\n{text}"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -24,12 +26,23 @@ async fn new_build_publish_and_load_by_digest() {
         c
     };
 
-    run(plugin(&["new", "adaptor", "greeting"]).arg("--dir").arg(work.path().join("greeting")), true);
+    run(
+        plugin(&["new", "adaptor", "greeting"])
+            .arg("--dir")
+            .arg(work.path().join("greeting")),
+        true,
+    );
     let manifest = std::fs::read_to_string(work.path().join("greeting/Cargo.toml")).unwrap();
-    assert!(!manifest.contains(&repo_root().display().to_string()), "the scaffold must not point into the repository:\n{manifest}");
+    assert!(
+        !manifest.contains(&repo_root().display().to_string()),
+        "the scaffold must not point into the repository:\n{manifest}"
+    );
 
     // Share one target dir between the builds of this test (a fresh crate compiles its deps once).
-    let build = run(plugin(&["build", "greeting"]).env("CARGO_TARGET_DIR", work.path().join("target")), true);
+    let build = run(
+        plugin(&["build", "greeting"]).env("CARGO_TARGET_DIR", work.path().join("target")),
+        true,
+    );
     let text = stdout(&build);
     let digest = digest_line(&text);
     let artifact = work.path().join("greeting/target/orc/greeting-0.1.0.wasm");
@@ -40,7 +53,14 @@ async fn new_build_publish_and_load_by_digest() {
     let info: serde_json::Value = serde_json::from_str(&inspect).unwrap();
     assert_eq!(info["manifest"]["kind"], "adaptor");
     assert_eq!(info["manifest"]["capabilities"], serde_json::json!(["node"]));
-    assert!(info["exports"].as_array().unwrap().iter().any(|e| e == "orc:plugin/resource-adaptor@0.1.0"), "{inspect}");
+    assert!(
+        info["exports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e == "orc:plugin/resource-adaptor@0.1.0"),
+        "{inspect}"
+    );
 
     // A registry service: the standalone binary on a free port.
     let root = work.path().join("registry-service");
@@ -53,7 +73,11 @@ async fn new_build_publish_and_load_by_digest() {
         .unwrap();
     let mut line = String::new();
     BufReader::new(server.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let url = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected first line: {line}")).to_string();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line: {line}"))
+        .to_string();
 
     let published = stdout(&run(plugin(&["publish"]).arg(&artifact).args(["--registry", &url]), true));
     assert!(published.contains("published greeting@0.1.0"), "{published}");
@@ -63,12 +87,22 @@ async fn new_build_publish_and_load_by_digest() {
 
     // The host runtime fetches it by digest from the service and calls it on a local node.
     let client = orc_registry::Client::new(&url).unwrap();
-    let runtime = Runtime::new(RuntimeConfig { max_instances: 8, ..RuntimeConfig::default() }).unwrap();
+    let runtime = Runtime::new(RuntimeConfig {
+        max_instances: 8,
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
     let loaded = runtime.load(&digest, PluginKind::Adaptor, &client, &Grants::all()).await.unwrap();
     let node_root = work.path().join("node");
     let nodes = orc_runtime::capability::Nodes::default();
-    nodes.insert("web1", std::sync::Arc::new(orc_runtime::capability::LocalNode::open(&node_root).unwrap()));
-    let ctx = CallContext { nodes: std::sync::Arc::new(nodes), ..CallContext::new("e2e") };
+    nodes.insert(
+        "web1",
+        std::sync::Arc::new(orc_runtime::capability::LocalNode::open(&node_root).unwrap()),
+    );
+    let ctx = CallContext {
+        nodes: std::sync::Arc::new(nodes),
+        ..CallContext::new("e2e")
+    };
     let target = orc_runtime::wit::Target {
         id: "greeting[web1,/hello.txt]".into(),
         resource_type: "greeting".into(),
@@ -80,7 +114,10 @@ async fn new_build_publish_and_load_by_digest() {
     assert_eq!(instance.read(&target).await.unwrap(), None);
     let changes = instance.diff(&target, None).await.unwrap();
     instance.apply(&target, None, &changes).await.unwrap();
-    assert_eq!(std::fs::read_to_string(node_root.join("hello.txt")).unwrap(), "hello from a fresh plugin\n");
+    assert_eq!(
+        std::fs::read_to_string(node_root.join("hello.txt")).unwrap(),
+        "hello from a fresh plugin\n"
+    );
     let logs = instance.take_logs();
     assert!(logs.iter().any(|l| l.message.contains("wrote")), "{logs:?}");
     server.kill().unwrap();
@@ -88,7 +125,10 @@ async fn new_build_publish_and_load_by_digest() {
 
     // And through a registry directory into an embedded deploy that names the plugin by digest.
     let data = work.path().join("data");
-    run(plugin(&["publish"]).arg(&artifact).arg("--registry").arg(data.join("registry")), true);
+    run(
+        plugin(&["publish"]).arg(&artifact).arg("--registry").arg(data.join("registry")),
+        true,
+    );
     let intent = work.path().join("intent.json");
     std::fs::write(
         &intent,
@@ -98,7 +138,14 @@ async fn new_build_publish_and_load_by_digest() {
         .to_string(),
     )
     .unwrap();
-    let out = run(Command::new(bin("orc-host")).arg("deploy").arg(&intent).arg("--data-dir").arg(&data), true);
+    let out = run(
+        Command::new(bin("orc-host"))
+            .arg("deploy")
+            .arg(&intent)
+            .arg("--data-dir")
+            .arg(&data),
+        true,
+    );
     assert!(stdout(&out).contains("1 changed"), "{}", stdout(&out));
     assert_eq!(std::fs::read_to_string(data.join("nodes/local/motd")).unwrap(), "hi\n");
 }
@@ -116,5 +163,8 @@ fn build_refuses_a_component_of_the_wrong_world() {
     );
     assert!(!out.status.success());
     let err = orc_tests::stderr(&out);
-    assert!(err.contains("does not implement the adaptor world") && err.contains("orc:plugin/resource-adaptor@0.1.0"), "{err}");
+    assert!(
+        err.contains("does not implement the adaptor world") && err.contains("orc:plugin/resource-adaptor@0.1.0"),
+        "{err}"
+    );
 }

@@ -10,13 +10,20 @@ pub fn bin(name: &str) -> PathBuf {
     // target/<profile>/deps/e2e-<hash> → target/<profile>/<name>
     let dir = exe.parent().and_then(|d| d.parent()).expect("target/<profile>");
     let path = dir.join(name);
-    assert!(path.exists(), "{} is not built: run `cargo build --workspace --bins` first (`.ci/run` does)", path.display());
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo build --workspace --bins` first (`.ci/run` does)",
+        path.display()
+    );
     path
 }
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ sits in the root").to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the root")
+        .to_path_buf()
 }
 
 /// Runs a command and returns its output, with stdout and stderr in the panic message on failure

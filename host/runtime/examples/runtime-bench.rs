@@ -25,7 +25,9 @@ fn pct(v: &[Duration], p: f64) -> Duration {
 async fn main() {
     let rt = Runtime::new(RuntimeConfig::default()).expect("runtime");
     let digest: Digest = BENCH_MEMORY.digest.parse().unwrap();
-    let plugin = rt.load_bytes(&digest, BENCH_MEMORY.bytes, PluginKind::Adaptor, &Grants::all()).unwrap();
+    let plugin = rt
+        .load_bytes(&digest, BENCH_MEMORY.bytes, PluginKind::Adaptor, &Grants::all())
+        .unwrap();
     let ctx = CallContext::new("bench");
     let target = Target {
         id: "bench-memory[local,k]".into(),
@@ -70,19 +72,32 @@ async fn main() {
     let cache = std::env::temp_dir().join(format!("orc-bench-cache-{}", std::process::id()));
     let mut compile = Vec::new();
     for _ in 0..5 {
-        let rt = Runtime::new(RuntimeConfig { pooling: false, ..RuntimeConfig::default() }).unwrap();
+        let rt = Runtime::new(RuntimeConfig {
+            pooling: false,
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
         let t = Instant::now();
         rt.compile(&digest, FILE.bytes).unwrap();
         compile.push(t.elapsed());
     }
-    Runtime::new(RuntimeConfig { cache_dir: Some(cache.clone()), pooling: false, ..RuntimeConfig::default() })
-        .unwrap()
-        .load_bytes(&digest, FILE.bytes, PluginKind::Adaptor, &Grants::all())
-        .unwrap();
+    Runtime::new(RuntimeConfig {
+        cache_dir: Some(cache.clone()),
+        pooling: false,
+        ..RuntimeConfig::default()
+    })
+    .unwrap()
+    .load_bytes(&digest, FILE.bytes, PluginKind::Adaptor, &Grants::all())
+    .unwrap();
     let mut cached = Vec::new();
     let mut cached_total = Vec::new();
     for _ in 0..50 {
-        let rt = Runtime::new(RuntimeConfig { cache_dir: Some(cache.clone()), pooling: false, ..RuntimeConfig::default() }).unwrap();
+        let rt = Runtime::new(RuntimeConfig {
+            cache_dir: Some(cache.clone()),
+            pooling: false,
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
         let t = Instant::now();
         rt.compile(&digest, FILE.bytes).unwrap();
         cached.push(t.elapsed());

@@ -25,7 +25,10 @@ impl CompileCache {
         // a different wasmtime or configuration gives a different key and so a different file.
         let mut h = std::collections::hash_map::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut h);
-        CompileCache { dir, engine_key: format!("{:016x}", h.finish()) }
+        CompileCache {
+            dir,
+            engine_key: format!("{:016x}", h.finish()),
+        }
     }
 
     fn paths(&self, digest: &Digest) -> Option<(PathBuf, PathBuf)> {
@@ -43,7 +46,10 @@ impl CompileCache {
                 Err(reason) => tracing::warn!(path = %artifact.display(), %reason, "discarding cached artifact"),
             }
         }
-        let component = Component::new(engine, bytes).map_err(|e| LoadError::Compile { digest: *digest, message: format!("{e:#}") })?;
+        let component = Component::new(engine, bytes).map_err(|e| LoadError::Compile {
+            digest: *digest,
+            message: format!("{e:#}"),
+        })?;
         if let Some((artifact, checksum)) = self.paths(digest)
             && let Err(e) = store(&component, &artifact, &checksum)
         {
@@ -68,7 +74,9 @@ fn load_verified(engine: &Engine, artifact: &Path, checksum: &Path) -> Result<Op
     if Digest::of(&bytes).hex() != expected.trim() {
         return Err("checksum mismatch: the file was changed after this host wrote it".into());
     }
-    deserialize(engine, &bytes).map(Some).map_err(|e| format!("incompatible artifact: {e}"))
+    deserialize(engine, &bytes)
+        .map(Some)
+        .map_err(|e| format!("incompatible artifact: {e}"))
 }
 
 #[allow(unsafe_code)]

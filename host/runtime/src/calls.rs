@@ -54,11 +54,23 @@ impl Session {
     fn new(plugin: &Plugin, ctx: &CallContext) -> Session {
         let config = plugin.runtime.config();
         let deadline = ctx.deadline.unwrap_or(config.call_deadline);
-        let memory = ctx.memory_limit_bytes.unwrap_or(config.memory_limit_bytes).min(config.memory_limit_bytes);
-        let mut store = Store::new(&plugin.runtime.inner.engine, CallState::new(&plugin.manifest.name, ctx.clone(), memory));
+        let memory = ctx
+            .memory_limit_bytes
+            .unwrap_or(config.memory_limit_bytes)
+            .min(config.memory_limit_bytes);
+        let mut store = Store::new(
+            &plugin.runtime.inner.engine,
+            CallState::new(&plugin.manifest.name, ctx.clone(), memory),
+        );
         store.limiter(|s| &mut s.limiter);
         store.epoch_deadline_trap();
-        let mut session = Session { store, plugin: plugin.name.clone(), deadline, tick: config.epoch_tick, poisoned: None };
+        let mut session = Session {
+            store,
+            plugin: plugin.name.clone(),
+            deadline,
+            tick: config.epoch_tick,
+            poisoned: None,
+        };
         session.arm();
         session
     }
@@ -72,7 +84,10 @@ impl Session {
 
     fn begin(&mut self) -> Result<(), CallError> {
         if let Some(why) = &self.poisoned {
-            return Err(CallError::Host { plugin: self.plugin.to_string(), message: format!("the instance is unusable after an earlier failure ({why})") });
+            return Err(CallError::Host {
+                plugin: self.plugin.to_string(),
+                message: format!("the instance is unusable after an earlier failure ({why})"),
+            });
         }
         self.arm();
         Ok(())
@@ -83,15 +98,24 @@ impl Session {
     }
 
     /// Turns a call's outcome into the plugin's value or a classified error.
-    fn finish<T>(&mut self, outcome: Result<wasmtime::Result<Result<T, wit_types::Error>>, tokio::time::error::Elapsed>) -> Result<T, CallError> {
+    fn finish<T>(
+        &mut self,
+        outcome: Result<wasmtime::Result<Result<T, wit_types::Error>>, tokio::time::error::Elapsed>,
+    ) -> Result<T, CallError> {
         let plugin = self.plugin.to_string();
         match outcome {
             Err(_) => {
                 self.poisoned = Some("host-side timeout".into());
-                Err(CallError::TimedOut { plugin, after: self.deadline })
+                Err(CallError::TimedOut {
+                    plugin,
+                    after: self.deadline,
+                })
             }
             Ok(Ok(Ok(value))) => Ok(value),
-            Ok(Ok(Err(e))) => Err(CallError::Failed { plugin, error: plugin_error(e) }),
+            Ok(Ok(Err(e))) => Err(CallError::Failed {
+                plugin,
+                error: plugin_error(e),
+            }),
             Ok(Err(trap)) => Err(self.classify(trap)),
         }
     }
@@ -100,16 +124,26 @@ impl Session {
         let plugin = self.plugin.to_string();
         let state = self.store.data();
         let error = if err.downcast_ref::<Trap>() == Some(&Trap::Interrupt) {
-            CallError::TimedOut { plugin, after: self.deadline }
+            CallError::TimedOut {
+                plugin,
+                after: self.deadline,
+            }
         } else if state.limiter.hit {
-            CallError::MemoryLimit { plugin, limit_bytes: state.limiter.limit }
+            CallError::MemoryLimit {
+                plugin,
+                limit_bytes: state.limiter.limit,
+            }
         } else {
             let trap = match err.downcast_ref::<Trap>() {
                 Some(t) => t.to_string(),
                 None => format!("{err:#}"),
             };
             let stderr = state.stderr_text();
-            let message = if stderr.is_empty() { trap } else { format!("{trap}; the plugin wrote: {stderr}") };
+            let message = if stderr.is_empty() {
+                trap
+            } else {
+                format!("{trap}; the plugin wrote: {stderr}")
+            };
             CallError::Crashed { plugin, message }
         };
         tracing::warn!(plugin = %self.plugin, code = error.code(), detail = ?err, "plugin call failed");
@@ -118,7 +152,10 @@ impl Session {
     }
 
     fn invalid_output(&self, message: String) -> CallError {
-        CallError::InvalidOutput { plugin: self.plugin.to_string(), message }
+        CallError::InvalidOutput {
+            plugin: self.plugin.to_string(),
+            message,
+        }
     }
 
     fn take_logs(&mut self) -> Vec<LogLine> {
@@ -142,7 +179,10 @@ macro_rules! instantiate {
     ($plugin:expr, $ctx:expr, $variant:ident, $what:literal) => {{
         let plugin: &Plugin = $plugin;
         let KindPre::$variant(pre) = &plugin.pre else {
-            return Err(CallError::Host { plugin: plugin.name.to_string(), message: format!("`{}` is a {}, not {}", plugin.name, plugin.manifest.kind, $what) });
+            return Err(CallError::Host {
+                plugin: plugin.name.to_string(),
+                message: format!("`{}` is a {}, not {}", plugin.name, plugin.manifest.kind, $what),
+            });
         };
         let mut session = Session::new(plugin, $ctx);
         let limit = session.limit();
@@ -156,7 +196,12 @@ macro_rules! instantiate {
                     other => other,
                 });
             }
-            Err(_) => return Err(CallError::TimedOut { plugin: plugin.name.to_string(), after: session.deadline }),
+            Err(_) => {
+                return Err(CallError::TimedOut {
+                    plugin: plugin.name.to_string(),
+                    after: session.deadline,
+                });
+            }
         }
     }};
 }
@@ -192,7 +237,11 @@ impl AdaptorInstance {
     pub async fn read(&mut self, target: &Target) -> Result<Option<String>, CallError> {
         self.session.begin()?;
         let s = &mut self.session;
-        let out = tokio::time::timeout(s.limit(), self.bindings.orc_plugin_resource_adaptor().call_read(&mut s.store, target)).await;
+        let out = tokio::time::timeout(
+            s.limit(),
+            self.bindings.orc_plugin_resource_adaptor().call_read(&mut s.store, target),
+        )
+        .await;
         let current = s.finish(out)?;
         if let Some(text) = &current {
             serde_json::from_str::<serde_json::Value>(text).map_err(|e| s.invalid_output(format!("`read` returned invalid JSON: {e}")))?;
@@ -205,8 +254,13 @@ impl AdaptorInstance {
         self.session.begin()?;
         let current = current.map(str::to_string);
         let s = &mut self.session;
-        let out =
-            tokio::time::timeout(s.limit(), self.bindings.orc_plugin_resource_adaptor().call_diff(&mut s.store, target, current.as_ref())).await;
+        let out = tokio::time::timeout(
+            s.limit(),
+            self.bindings
+                .orc_plugin_resource_adaptor()
+                .call_diff(&mut s.store, target, current.as_ref()),
+        )
+        .await;
         let changes = s.finish(out)?;
         changes.into_iter().map(|c| change_from_wit(s, c)).collect()
     }
@@ -218,7 +272,10 @@ impl AdaptorInstance {
         let current = current.map(str::to_string);
         let s = &mut self.session;
         let limit = s.limit();
-        let call = self.bindings.orc_plugin_resource_adaptor().call_apply(&mut s.store, target, current.as_ref(), &wit_changes);
+        let call = self
+            .bindings
+            .orc_plugin_resource_adaptor()
+            .call_apply(&mut s.store, target, current.as_ref(), &wit_changes);
         let out = tokio::time::timeout(limit, call).await;
         s.finish(out)
     }
@@ -228,7 +285,13 @@ impl AdaptorInstance {
         self.session.begin()?;
         let current = current.to_string();
         let s = &mut self.session;
-        let out = tokio::time::timeout(s.limit(), self.bindings.orc_plugin_resource_adaptor().call_delete(&mut s.store, target, &current)).await;
+        let out = tokio::time::timeout(
+            s.limit(),
+            self.bindings
+                .orc_plugin_resource_adaptor()
+                .call_delete(&mut s.store, target, &current),
+        )
+        .await;
         s.finish(out)
     }
 
@@ -240,14 +303,25 @@ impl AdaptorInstance {
 
 fn change_from_wit(s: &Session, c: wit_types::Change) -> Result<Change, CallError> {
     let parse = |v: Option<String>, which: &str| -> Result<Option<serde_json::Value>, CallError> {
-        v.map(|t| serde_json::from_str(&t).map_err(|e| s.invalid_output(format!("`diff` returned invalid JSON for the {which} value of `{}`: {e}", c.field))))
-            .transpose()
+        v.map(|t| {
+            serde_json::from_str(&t)
+                .map_err(|e| s.invalid_output(format!("`diff` returned invalid JSON for the {which} value of `{}`: {e}", c.field)))
+        })
+        .transpose()
     };
-    Ok(Change { current: parse(c.current.clone(), "current")?, desired: parse(c.desired.clone(), "desired")?, field: c.field })
+    Ok(Change {
+        current: parse(c.current.clone(), "current")?,
+        desired: parse(c.desired.clone(), "desired")?,
+        field: c.field,
+    })
 }
 
 fn change_to_wit(c: &Change) -> wit_types::Change {
-    wit_types::Change { field: c.field.clone(), current: c.current.as_ref().map(|v| v.to_string()), desired: c.desired.as_ref().map(|v| v.to_string()) }
+    wit_types::Change {
+        field: c.field.clone(),
+        current: c.current.as_ref().map(|v| v.to_string()),
+        desired: c.desired.as_ref().map(|v| v.to_string()),
+    }
 }
 
 /// A solver instance.
@@ -262,14 +336,24 @@ impl SolverInstance {
     pub async fn solve(&mut self, request: &LayoutRequest) -> Result<Result<Vec<Placement>, SolveError>, CallError> {
         self.session.begin()?;
         let s = &mut self.session;
-        let out = tokio::time::timeout(s.limit(), self.bindings.orc_plugin_cluster_solver().call_solve(&mut s.store, request)).await;
+        let out = tokio::time::timeout(
+            s.limit(),
+            self.bindings.orc_plugin_cluster_solver().call_solve(&mut s.store, request),
+        )
+        .await;
         match out {
-            Ok(Ok(Err(SolveError::Failed(e)))) => Err(CallError::Failed { plugin: s.plugin.to_string(), error: plugin_error(e) }),
+            Ok(Ok(Err(SolveError::Failed(e)))) => Err(CallError::Failed {
+                plugin: s.plugin.to_string(),
+                error: plugin_error(e),
+            }),
             Ok(Ok(result)) => Ok(result),
             Ok(Err(trap)) => Err(s.classify(trap)),
             Err(_) => {
                 s.poisoned = Some("host-side timeout".into());
-                Err(CallError::TimedOut { plugin: s.plugin.to_string(), after: s.deadline })
+                Err(CallError::TimedOut {
+                    plugin: s.plugin.to_string(),
+                    after: s.deadline,
+                })
             }
         }
     }
@@ -289,7 +373,11 @@ impl AutomatorInstance {
     pub async fn perform(&mut self, task: &Task) -> Result<Outcome, CallError> {
         self.session.begin()?;
         let s = &mut self.session;
-        let out = tokio::time::timeout(s.limit(), self.bindings.orc_plugin_service_automator().call_perform(&mut s.store, task)).await;
+        let out = tokio::time::timeout(
+            s.limit(),
+            self.bindings.orc_plugin_service_automator().call_perform(&mut s.store, task),
+        )
+        .await;
         s.finish(out)
     }
 

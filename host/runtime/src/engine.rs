@@ -75,7 +75,9 @@ impl Drop for Inner {
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime").field("config", &self.inner.config).finish_non_exhaustive()
+        f.debug_struct("Runtime")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -121,11 +123,20 @@ impl Runtime {
     /// Loads the plugin `digest` from `source` for a caller that expects a plugin of `kind`,
     /// linking only the capabilities its manifest requests and `grants` allows. Loaded plugins are
     /// kept, so the second load of the same digest with the same effective grants is a map lookup.
-    pub async fn load(&self, digest: &Digest, kind: PluginKind, source: &dyn BlobSource, grants: &Grants) -> Result<Arc<Plugin>, LoadError> {
+    pub async fn load(
+        &self,
+        digest: &Digest,
+        kind: PluginKind,
+        source: &dyn BlobSource,
+        grants: &Grants,
+    ) -> Result<Arc<Plugin>, LoadError> {
         if let Some(p) = self.cached_plugin(digest, grants) {
             return check_kind(p, kind);
         }
-        let bytes = source.fetch(digest).await.map_err(|source| LoadError::Fetch { digest: *digest, source })?;
+        let bytes = source
+            .fetch(digest)
+            .await
+            .map_err(|e| LoadError::Fetch { digest: *digest, source: Box::new(e) })?;
         self.load_bytes(digest, &bytes, kind, grants)
     }
 
@@ -142,12 +153,21 @@ impl Runtime {
             .map_err(|source| LoadError::Manifest { digest: *digest, source })?
             .ok_or(LoadError::NoManifest { digest: *digest })?;
         if manifest.kind != kind {
-            return Err(LoadError::WrongKind { digest: *digest, name: manifest.reference(), expected: kind, actual: manifest.kind });
+            return Err(LoadError::WrongKind {
+                digest: *digest,
+                name: manifest.reference(),
+                expected: kind,
+                actual: manifest.kind,
+            });
         }
         let started = Instant::now();
         let component = self.inner.cache.component(&self.inner.engine, digest, bytes)?;
         let caps = self.link_set(digest, &manifest, &component, grants)?;
-        let linker = self.linker(caps).map_err(|e| LoadError::Link { digest: *digest, name: manifest.reference(), message: format!("{e:#}") })?;
+        let linker = self.linker(caps).map_err(|e| LoadError::Link {
+            digest: *digest,
+            name: manifest.reference(),
+            message: format!("{e:#}"),
+        })?;
         let plugin = Arc::new(Plugin::new(self.clone(), *digest, manifest, caps, &component, &linker)?);
         tracing::debug!(plugin = %plugin.manifest.reference(), digest = %digest.short(), ms = started.elapsed().as_secs_f64() * 1e3, "plugin loaded");
         let key = (*digest, grants.effective(&plugin.manifest));
@@ -170,7 +190,10 @@ impl Runtime {
         let plugins = self.inner.plugins.lock().expect("plugin map");
         // The effective set depends on the manifest, which we only know once loaded: look for any
         // entry of this digest whose manifest gives the same effective set under these grants.
-        plugins.iter().find(|((d, set), p)| d == digest && *set == grants.effective(&p.manifest)).map(|(_, p)| p.clone())
+        plugins
+            .iter()
+            .find(|((d, set), p)| d == digest && *set == grants.effective(&p.manifest))
+            .map(|(_, p)| p.clone())
     }
 
     /// Checks every import of the component against the manifest and the grants; returns the set
@@ -196,14 +219,27 @@ impl Runtime {
                     continue;
                 }
                 if !manifest.capabilities.contains(&cap) {
-                    return Err(LoadError::NotRequested { digest: *digest, name: manifest.reference(), interface: name.to_string(), capability: cap });
+                    return Err(LoadError::NotRequested {
+                        digest: *digest,
+                        name: manifest.reference(),
+                        interface: name.to_string(),
+                        capability: cap,
+                    });
                 }
                 if !grants.allows(cap) {
-                    return Err(LoadError::NotGranted { digest: *digest, name: manifest.reference(), capability: cap });
+                    return Err(LoadError::NotGranted {
+                        digest: *digest,
+                        name: manifest.reference(),
+                        capability: cap,
+                    });
                 }
                 set = set.with(cap);
             } else if !(capability::is_wasi_import(name) || name == "orc:plugin/types@0.1.0") {
-                return Err(LoadError::UnknownImport { digest: *digest, name: manifest.reference(), interface: name.to_string() });
+                return Err(LoadError::UnknownImport {
+                    digest: *digest,
+                    name: manifest.reference(),
+                    interface: name.to_string(),
+                });
             }
         }
         Ok(set)
@@ -222,7 +258,12 @@ impl Runtime {
 
 fn check_kind(plugin: Arc<Plugin>, kind: PluginKind) -> Result<Arc<Plugin>, LoadError> {
     if plugin.manifest.kind != kind {
-        return Err(LoadError::WrongKind { digest: plugin.digest, name: plugin.manifest.reference(), expected: kind, actual: plugin.manifest.kind });
+        return Err(LoadError::WrongKind {
+            digest: plugin.digest,
+            name: plugin.manifest.reference(),
+            expected: kind,
+            actual: plugin.manifest.kind,
+        });
     }
     Ok(plugin)
 }

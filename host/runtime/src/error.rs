@@ -11,7 +11,7 @@ pub enum LoadError {
     Fetch {
         digest: Digest,
         #[source]
-        source: orc_registry::RegistryError,
+        source: Box<orc_registry::RegistryError>,
     },
     #[error("refusing plugin: bytes hash to {actual}, not to the requested {expected}")]
     DigestMismatch { expected: Digest, actual: Digest },
@@ -24,13 +24,33 @@ pub enum LoadError {
         source: orc_manifest::ManifestError,
     },
     #[error("plugin {digest} (`{name}`) is a {actual}, not a {expected}")]
-    WrongKind { digest: Digest, name: String, expected: PluginKind, actual: PluginKind },
+    WrongKind {
+        digest: Digest,
+        name: String,
+        expected: PluginKind,
+        actual: PluginKind,
+    },
     #[error("plugin {digest} (`{name}`) does not implement the {kind} world: it exports [{exports}] but must export `{required}`")]
-    WrongWorld { digest: Digest, name: String, kind: PluginKind, exports: String, required: String },
+    WrongWorld {
+        digest: Digest,
+        name: String,
+        kind: PluginKind,
+        exports: String,
+        required: String,
+    },
     #[error("plugin {digest} (`{name}`) imports `{interface}`, but its manifest does not request capability `{capability}`")]
-    NotRequested { digest: Digest, name: String, interface: String, capability: Capability },
+    NotRequested {
+        digest: Digest,
+        name: String,
+        interface: String,
+        capability: Capability,
+    },
     #[error("plugin {digest} (`{name}`) needs capability `{capability}`, which this environment does not grant")]
-    NotGranted { digest: Digest, name: String, capability: Capability },
+    NotGranted {
+        digest: Digest,
+        name: String,
+        capability: Capability,
+    },
     #[error("plugin {digest} (`{name}`) imports `{interface}`, which the host does not provide")]
     UnknownImport { digest: Digest, name: String, interface: String },
     #[error("plugin {digest} is not a valid component: {message}")]

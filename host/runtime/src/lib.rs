@@ -11,8 +11,8 @@
 
 mod bindings;
 mod cache;
-pub mod capability;
 mod calls;
+pub mod capability;
 mod engine;
 mod error;
 mod plugin;

@@ -30,7 +30,10 @@ pub struct Plugin {
 
 impl std::fmt::Debug for Plugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Plugin").field("digest", &self.digest).field("manifest", &self.manifest).finish_non_exhaustive()
+        f.debug_struct("Plugin")
+            .field("digest", &self.digest)
+            .field("manifest", &self.manifest)
+            .finish_non_exhaustive()
     }
 }
 
@@ -43,7 +46,11 @@ impl Plugin {
         component: &Component,
         linker: &Linker<CallState>,
     ) -> Result<Plugin, LoadError> {
-        let link_err = |e: wasmtime::Error| LoadError::Link { digest, name: manifest.reference(), message: format!("{e:#}") };
+        let link_err = |e: wasmtime::Error| LoadError::Link {
+            digest,
+            name: manifest.reference(),
+            message: format!("{e:#}"),
+        };
         let instance_pre = linker.instantiate_pre(component).map_err(link_err)?;
         let pre = match manifest.kind {
             PluginKind::Adaptor => KindPre::Adaptor(AdaptorPre::new(instance_pre).map_err(link_err)?),
@@ -51,7 +58,14 @@ impl Plugin {
             PluginKind::Automator => KindPre::Automator(AutomatorPre::new(instance_pre).map_err(link_err)?),
         };
         let name: Arc<str> = manifest.reference().into();
-        Ok(Plugin { digest, manifest, runtime, capabilities, pre, name })
+        Ok(Plugin {
+            digest,
+            manifest,
+            runtime,
+            capabilities,
+            pre,
+            name,
+        })
     }
 
     /// The capabilities this plugin was linked with (requested ∩ granted, plus `log`).

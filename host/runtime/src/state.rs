@@ -33,7 +33,10 @@ impl CallState {
             ctx,
             logs: Vec::new(),
             dropped_logs: 0,
-            limiter: MemoryLimiter { limit: memory_limit, hit: false },
+            limiter: MemoryLimiter {
+                limit: memory_limit,
+                hit: false,
+            },
             table: ResourceTable::new(),
             wasi: None,
             stderr: None,
@@ -42,7 +45,10 @@ impl CallState {
 
     /// What the plugin wrote to stderr (a panic message, typically), lossily decoded.
     pub(crate) fn stderr_text(&self) -> String {
-        self.stderr.as_ref().map(|p| String::from_utf8_lossy(&p.contents()).trim().to_string()).unwrap_or_default()
+        self.stderr
+            .as_ref()
+            .map(|p| String::from_utf8_lossy(&p.contents()).trim().to_string())
+            .unwrap_or_default()
     }
 }
 
@@ -55,7 +61,10 @@ impl WasiView for CallState {
             self.stderr = Some(stderr);
             self.wasi = Some(ctx);
         }
-        WasiCtxView { ctx: self.wasi.as_mut().expect("just built"), table: &mut self.table }
+        WasiCtxView {
+            ctx: self.wasi.as_mut().expect("just built"),
+            table: &mut self.table,
+        }
     }
 }
 

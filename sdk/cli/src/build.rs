@@ -28,7 +28,13 @@ pub fn run(dir: Option<PathBuf>, out: Option<PathBuf>, profile: &str, json: bool
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        println!("built {} {} ({}, {} bytes)", m.kind, m.reference(), built.path.display(), built.plugin.bytes.len());
+        println!(
+            "built {} {} ({}, {} bytes)",
+            m.kind,
+            m.reference(),
+            built.path.display(),
+            built.plugin.bytes.len()
+        );
         println!("{}", built.plugin.digest);
     }
     Ok(built)
@@ -61,7 +67,11 @@ pub fn build(dir: &Path, out: Option<&Path>, profile: &str) -> Result<Built> {
 /// component that does not export its kind's interface, or that imports a capability its manifest
 /// does not request, with the same message the host would give.
 pub fn check(plugin: &BuiltPlugin) -> Result<()> {
-    let runtime = Runtime::new(RuntimeConfig { pooling: false, ..RuntimeConfig::default() }).context("starting the Wasm runtime")?;
+    let runtime = Runtime::new(RuntimeConfig {
+        pooling: false,
+        ..RuntimeConfig::default()
+    })
+    .context("starting the Wasm runtime")?;
     runtime
         .load_bytes(&plugin.digest, &plugin.bytes, plugin.manifest.kind, &Grants::all())
         .with_context(|| format!("{} does not pass the host's checks", plugin.manifest.reference()))?;

@@ -10,7 +10,11 @@ pub fn run(file: &Path, json: bool) -> Result<()> {
     let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
     let digest = Digest::of(&bytes);
     let manifest = orc_manifest::extract(&bytes).with_context(|| format!("{} is not a valid plugin", file.display()))?;
-    let runtime = Runtime::new(RuntimeConfig { pooling: false, ..RuntimeConfig::default() }).context("starting the Wasm runtime")?;
+    let runtime = Runtime::new(RuntimeConfig {
+        pooling: false,
+        ..RuntimeConfig::default()
+    })
+    .context("starting the Wasm runtime")?;
     let component = runtime.compile(&digest, &bytes)?;
     let (imports, exports) = orc_runtime::interfaces(&runtime, &component);
     if json {
@@ -32,7 +36,10 @@ pub fn run(file: &Path, json: bool) -> Result<()> {
             println!("plugin:  {} ({})", m.reference(), m.kind);
             println!("world:   {}", m.world);
             let caps: Vec<&str> = m.capabilities.iter().map(|c| c.as_str()).collect();
-            println!("capabilities requested: {}", if caps.is_empty() { "none".to_string() } else { caps.join(", ") });
+            println!(
+                "capabilities requested: {}",
+                if caps.is_empty() { "none".to_string() } else { caps.join(", ") }
+            );
             if !m.resource_types.is_empty() {
                 println!("resource types: {}", m.resource_types.join(", "));
             }

@@ -17,7 +17,12 @@ pub fn run(path: Option<PathBuf>, registry: &str, json: bool) -> Result<()> {
         let manifest = orc_manifest::extract(&bytes)
             .with_context(|| format!("{} is not a valid plugin", path.display()))?
             .with_context(|| format!("{} carries no manifest: build it with `orc-plugin build`", path.display()))?;
-        crate::build::check(&orc_manifest::project::BuiltPlugin { manifest, bytes: bytes.clone(), digest, cargo_artifact: path.clone() })?;
+        crate::build::check(&orc_manifest::project::BuiltPlugin {
+            manifest,
+            bytes: bytes.clone(),
+            digest,
+            cargo_artifact: path.clone(),
+        })?;
         bytes
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -27,9 +32,16 @@ pub fn run(path: Option<PathBuf>, registry: &str, json: bool) -> Result<()> {
     })?;
     let e = &published.entry;
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "created": published.created, "entry": e }))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "created": published.created, "entry": e }))?
+        );
     } else {
-        let verb = if published.created { "published" } else { "already published (no change)" };
+        let verb = if published.created {
+            "published"
+        } else {
+            "already published (no change)"
+        };
         println!("{verb} {}@{} to {registry}", e.name, e.version);
         println!("{}", e.digest);
     }

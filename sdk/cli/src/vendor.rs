@@ -23,8 +23,17 @@ pub fn orc_home() -> Result<PathBuf> {
 
 /// Writes the SDK (if not there already) and returns the directory of the `orc-sdk` crate.
 pub fn ensure_sdk() -> Result<PathBuf> {
-    let hash = orc_manifest::Digest::of(embedded::FILES.iter().flat_map(|(p, c)| [p.as_bytes(), c.as_bytes()]).collect::<Vec<_>>().concat().as_slice());
-    let base = orc_home()?.join("sdk").join(format!("{}-{}", env!("CARGO_PKG_VERSION"), &hash.hex()[..12]));
+    let hash = orc_manifest::Digest::of(
+        embedded::FILES
+            .iter()
+            .flat_map(|(p, c)| [p.as_bytes(), c.as_bytes()])
+            .collect::<Vec<_>>()
+            .concat()
+            .as_slice(),
+    );
+    let base = orc_home()?
+        .join("sdk")
+        .join(format!("{}-{}", env!("CARGO_PKG_VERSION"), &hash.hex()[..12]));
     let crate_dir = base.join("sdk/guest");
     if base.join(".complete").exists() {
         return Ok(crate_dir);
@@ -55,7 +64,11 @@ pub fn ensure_sdk() -> Result<PathBuf> {
 }
 
 fn file(path: &str) -> Result<&'static str> {
-    embedded::FILES.iter().find(|(p, _)| *p == path).map(|(_, c)| *c).with_context(|| format!("{path} is not embedded"))
+    embedded::FILES
+        .iter()
+        .find(|(p, _)| *p == path)
+        .map(|(_, c)| *c)
+        .with_context(|| format!("{path} is not embedded"))
 }
 
 /// The SDK's manifest with every `workspace = true` resolved against the workspace's pins.
@@ -68,13 +81,18 @@ fn standalone_manifest(sdk: &str, workspace: &Table) -> Result<String> {
     if let Some(Value::Table(package)) = manifest.get_mut("package") {
         for (key, value) in package.iter_mut() {
             if is_inherited(value) {
-                *value = ws_package.get(key).cloned().with_context(|| format!("workspace has no package.{key}"))?;
+                *value = ws_package
+                    .get(key)
+                    .cloned()
+                    .with_context(|| format!("workspace has no package.{key}"))?;
             }
         }
         package.insert("publish".into(), Value::Boolean(false));
     }
     for section in ["dependencies", "dev-dependencies", "build-dependencies"] {
-        let Some(Value::Table(deps)) = manifest.get_mut(section) else { continue };
+        let Some(Value::Table(deps)) = manifest.get_mut(section) else {
+            continue;
+        };
         for (name, spec) in deps.iter_mut() {
             if !is_inherited(spec) {
                 continue;
@@ -105,7 +123,10 @@ fn standalone_manifest(sdk: &str, workspace: &Table) -> Result<String> {
             *spec = Value::Table(resolved);
         }
     }
-    Ok(format!("# Written by orc-plugin from the orc-sdk sources it carries. Do not edit.\n{}", toml::to_string(&manifest)?))
+    Ok(format!(
+        "# Written by orc-plugin from the orc-sdk sources it carries. Do not edit.\n{}",
+        toml::to_string(&manifest)?
+    ))
 }
 
 fn is_inherited(v: &Value) -> bool {

@@ -28,7 +28,9 @@ impl Digest {
     }
 
     pub fn from_hex(hex_digits: &str) -> Result<Digest, DigestError> {
-        let err = || DigestError { input: hex_digits.chars().take(100).collect() };
+        let err = || DigestError {
+            input: hex_digits.chars().take(100).collect(),
+        };
         if hex_digits.len() != 64 || !hex_digits.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)) {
             return Err(err());
         }
@@ -63,8 +65,12 @@ impl FromStr for Digest {
     type Err = DigestError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.strip_prefix("sha256:") {
-            Some(hex_digits) => Digest::from_hex(hex_digits).map_err(|_| DigestError { input: s.chars().take(100).collect() }),
-            None => Err(DigestError { input: s.chars().take(100).collect() }),
+            Some(hex_digits) => Digest::from_hex(hex_digits).map_err(|_| DigestError {
+                input: s.chars().take(100).collect(),
+            }),
+            None => Err(DigestError {
+                input: s.chars().take(100).collect(),
+            }),
         }
     }
 }
@@ -89,9 +95,18 @@ mod tests {
     #[test]
     fn round_trips_and_refuses_garbage() {
         let d = Digest::of(b"hello");
-        assert_eq!(d.to_string(), "sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824");
+        assert_eq!(
+            d.to_string(),
+            "sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+        );
         assert_eq!(d.to_string().parse::<Digest>().unwrap(), d);
-        for bad in ["", "sha256:", "md5:abc", "sha256:../../etc/passwd", &format!("sha256:{}", "A".repeat(64))] {
+        for bad in [
+            "",
+            "sha256:",
+            "md5:abc",
+            "sha256:../../etc/passwd",
+            &format!("sha256:{}", "A".repeat(64)),
+        ] {
             let err = bad.parse::<Digest>().unwrap_err();
             assert!(err.to_string().contains("is not a digest"), "{bad}");
         }

@@ -6,8 +6,8 @@
 //! capabilities a manifest requests) and the `orc-plugin` CLI and build scripts (which write it).
 
 mod digest;
-mod section;
 pub mod project;
+mod section;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -181,7 +181,8 @@ impl Manifest {
             return Err(ManifestError::Invalid(format!("a {} may not request capability `{c}`", self.kind)));
         }
         for t in &self.resource_types {
-            validate_name(t).map_err(|_| ManifestError::Invalid(format!("resource type `{t}` must be lowercase letters, digits and `-`")))?;
+            validate_name(t)
+                .map_err(|_| ManifestError::Invalid(format!("resource type `{t}` must be lowercase letters, digits and `-`")))?;
         }
         Ok(())
     }
@@ -207,7 +208,9 @@ pub fn validate_name(name: &str) -> Result<(), ManifestError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
     if ok {
         Ok(())
     } else {

@@ -82,19 +82,30 @@ impl PluginProject {
     /// description to the package's; `[package.metadata.orc]` gives the kind and capabilities.
     pub fn load(dir: &Path) -> Result<PluginProject, ProjectError> {
         let path = dir.join("Cargo.toml");
-        let text = std::fs::read_to_string(&path).map_err(|source| ProjectError::Read { path: path.clone(), source })?;
-        let parsed: CargoToml =
-            toml::from_str(&text).map_err(|e| ProjectError::CargoToml { path: path.clone(), message: e.message().to_string() })?;
-        let meta_err = |message: String| ProjectError::Metadata { path: path.clone(), message };
-        let package = parsed.package.ok_or_else(|| meta_err("no [package]: point at a plugin crate, not a workspace".into()))?;
+        let text = std::fs::read_to_string(&path).map_err(|source| ProjectError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let parsed: CargoToml = toml::from_str(&text).map_err(|e| ProjectError::CargoToml {
+            path: path.clone(),
+            message: e.message().to_string(),
+        })?;
+        let meta_err = |message: String| ProjectError::Metadata {
+            path: path.clone(),
+            message,
+        };
+        let package = parsed
+            .package
+            .ok_or_else(|| meta_err("no [package]: point at a plugin crate, not a workspace".into()))?;
         let orc = package
             .metadata
             .and_then(|m| m.orc)
             .ok_or_else(|| meta_err("no [package.metadata.orc] table: this is not an orc plugin crate".into()))?;
         let version = match package.version {
             Some(toml::Value::String(v)) => v,
-            Some(v) if is_inherited(&v) => workspace_package_field(dir, "version")
-                .ok_or_else(|| meta_err("package.version is inherited, but no enclosing workspace sets [workspace.package] version".into()))?,
+            Some(v) if is_inherited(&v) => workspace_package_field(dir, "version").ok_or_else(|| {
+                meta_err("package.version is inherited, but no enclosing workspace sets [workspace.package] version".into())
+            })?,
             Some(_) => return Err(meta_err("package.version must be a string".into())),
             None => "0.0.0".into(),
         };
@@ -120,23 +131,39 @@ impl PluginProject {
             description,
         };
         manifest.validate().map_err(|e| meta_err(e.to_string()))?;
-        Ok(PluginProject { dir: dir.to_path_buf(), package: package.name, manifest })
+        Ok(PluginProject {
+            dir: dir.to_path_buf(),
+            package: package.name,
+            manifest,
+        })
     }
 
     /// The `cargo build` command for this crate. `profile` is `release` for `orc-plugin build` and
     /// `plugin` inside this repository; `target_dir` overrides Cargo's.
     pub fn build_command(&self, cargo: &Path, profile: &str, target_dir: Option<&Path>) -> Command {
         let mut cmd = Command::new(cargo);
-        cmd.arg("build")
-            .arg("--manifest-path")
-            .arg(self.dir.join("Cargo.toml"))
-            .args(["--target", TARGET, "--profile", profile, "--message-format=json-render-diagnostics", "-p", &self.package]);
+        cmd.arg("build").arg("--manifest-path").arg(self.dir.join("Cargo.toml")).args([
+            "--target",
+            TARGET,
+            "--profile",
+            profile,
+            "--message-format=json-render-diagnostics",
+            "-p",
+            &self.package,
+        ]);
         if let Some(dir) = target_dir {
             cmd.arg("--target-dir").arg(dir);
         }
         // A build script's environment describes the outer build (its flags, wrappers and target
         // dir); none of it applies to the guest build.
-        for var in ["RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_TARGET_DIR", "RUSTC_WRAPPER", "RUSTC_WORKSPACE_WRAPPER", "CARGO_BUILD_TARGET"] {
+        for var in [
+            "RUSTFLAGS",
+            "CARGO_ENCODED_RUSTFLAGS",
+            "CARGO_TARGET_DIR",
+            "RUSTC_WRAPPER",
+            "RUSTC_WORKSPACE_WRAPPER",
+            "CARGO_BUILD_TARGET",
+        ] {
             cmd.env_remove(var);
         }
         cmd
@@ -167,7 +194,9 @@ impl PluginProject {
         let mut diagnostics = String::new();
         for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
             let line = line.map_err(ProjectError::Spawn)?;
-            let Ok(msg) = serde_json::from_str::<CargoMessage>(&line) else { continue };
+            let Ok(msg) = serde_json::from_str::<CargoMessage>(&line) else {
+                continue;
+            };
             match msg.reason.as_str() {
                 "compiler-artifact" => {
                     let name = msg.target.as_ref().map(|t| t.name.as_str()).unwrap_or("?");
@@ -198,9 +227,17 @@ impl PluginProject {
             return Err(ProjectError::Build { diagnostics, hint });
         }
         let artifact = wasm.ok_or_else(|| ProjectError::NoArtifact(self.package.clone()))?;
-        let raw = std::fs::read(&artifact).map_err(|source| ProjectError::Read { path: artifact.clone(), source })?;
+        let raw = std::fs::read(&artifact).map_err(|source| ProjectError::Read {
+            path: artifact.clone(),
+            source,
+        })?;
         let bytes = embed(&raw, &self.manifest)?;
-        Ok(BuiltPlugin { digest: Digest::of(&bytes), manifest: self.manifest.clone(), bytes, cargo_artifact: artifact })
+        Ok(BuiltPlugin {
+            digest: Digest::of(&bytes),
+            manifest: self.manifest.clone(),
+            bytes,
+            cargo_artifact: artifact,
+        })
     }
 }
 
@@ -298,7 +335,10 @@ mod tests {
 
     #[test]
     fn package_ids_in_both_forms() {
-        assert!(package_id_names("path+file:///w/plugins/file#orc-plugin-file@0.1.0", "orc-plugin-file"));
+        assert!(package_id_names(
+            "path+file:///w/plugins/file#orc-plugin-file@0.1.0",
+            "orc-plugin-file"
+        ));
         assert!(package_id_names("path+file:///w/plugins/hello#0.1.0", "hello"));
         assert!(!package_id_names("path+file:///w/plugins/hello#0.1.0", "other"));
         assert!(package_id_names("hello 0.1.0 (path+file:///w/hello)", "hello"));

@@ -37,7 +37,9 @@ pub fn extract(component: &[u8]) -> Result<Option<Manifest>, ManifestError> {
         match payload.map_err(ManifestError::NotWasm)? {
             Payload::Version { encoding, .. } => {
                 if depth == 0 && encoding != Encoding::Component {
-                    return Err(ManifestError::Invalid("a core module, not a component: build for wasm32-wasip2".into()));
+                    return Err(ManifestError::Invalid(
+                        "a core module, not a component: build for wasm32-wasip2".into(),
+                    ));
                 }
                 depth += 1;
             }

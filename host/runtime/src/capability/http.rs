@@ -35,7 +35,11 @@ fn origin_of(url: &reqwest::Url) -> Option<Origin> {
     if scheme != "http" && scheme != "https" {
         return None;
     }
-    Some(Origin { scheme: scheme.to_string(), host: url.host_str()?.to_ascii_lowercase(), port: url.port_or_known_default()? })
+    Some(Origin {
+        scheme: scheme.to_string(),
+        host: url.host_str()?.to_ascii_lowercase(),
+        port: url.port_or_known_default()?,
+    })
 }
 
 /// What an environment allows.
@@ -50,7 +54,12 @@ pub struct HttpPolicy {
 
 impl Default for HttpPolicy {
     fn default() -> Self {
-        HttpPolicy { allowed: Vec::new(), secrets: HashMap::new(), timeout: Duration::from_secs(30), max_response_bytes: 16 << 20 }
+        HttpPolicy {
+            allowed: Vec::new(),
+            secrets: HashMap::new(),
+            timeout: Duration::from_secs(30),
+            max_response_bytes: 16 << 20,
+        }
     }
 }
 
@@ -64,7 +73,10 @@ pub struct HttpAccess {
 impl HttpAccess {
     /// Refuses every request.
     pub fn deny_all() -> HttpAccess {
-        HttpAccess { policy: HttpPolicy::default(), client: None }
+        HttpAccess {
+            policy: HttpPolicy::default(),
+            client: None,
+        }
     }
 
     pub fn new(policy: HttpPolicy) -> Result<HttpAccess, String> {
@@ -75,16 +87,23 @@ impl HttpAccess {
             .no_proxy()
             .build()
             .map_err(|e| format!("cannot build HTTP client: {e}"))?;
-        Ok(HttpAccess { policy, client: Some(client) })
+        Ok(HttpAccess {
+            policy,
+            client: Some(client),
+        })
     }
 
     /// Checks the request against the policy; the error names the refused origin or secret.
     fn check(&self, url: &reqwest::Url, secret: Option<&str>) -> Result<Option<String>, Error> {
-        let origin = origin_of(url).ok_or_else(|| wit_error(ErrorKind::InvalidInput, format!("`{url}` is not an http(s) URL with a host")))?;
+        let origin =
+            origin_of(url).ok_or_else(|| wit_error(ErrorKind::InvalidInput, format!("`{url}` is not an http(s) URL with a host")))?;
         if !self.policy.allowed.contains(&origin) {
             return Err(wit_error(
                 ErrorKind::Denied,
-                format!("outgoing HTTP to {}://{}:{} is not allowed by this environment's policy", origin.scheme, origin.host, origin.port),
+                format!(
+                    "outgoing HTTP to {}://{}:{} is not allowed by this environment's policy",
+                    origin.scheme, origin.host, origin.port
+                ),
             ));
         }
         match secret {
@@ -103,9 +122,13 @@ impl HttpAccess {
 impl Host for CallState {
     async fn send(&mut self, request: Request) -> Result<Response, Error> {
         let access = self.ctx.http.clone();
-        let url = reqwest::Url::parse(&request.url).map_err(|e| wit_error(ErrorKind::InvalidInput, format!("`{}` is not a URL: {e}", request.url)))?;
+        let url = reqwest::Url::parse(&request.url)
+            .map_err(|e| wit_error(ErrorKind::InvalidInput, format!("`{}` is not a URL: {e}", request.url)))?;
         let secret = access.check(&url, request.secret.as_deref())?;
-        let client = access.client.as_ref().ok_or_else(|| wit_error(ErrorKind::Denied, "outgoing HTTP is not allowed"))?;
+        let client = access
+            .client
+            .as_ref()
+            .ok_or_else(|| wit_error(ErrorKind::Denied, "outgoing HTTP is not allowed"))?;
         let method = reqwest::Method::from_bytes(request.method.as_bytes())
             .map_err(|_| wit_error(ErrorKind::InvalidInput, format!("`{}` is not an HTTP method", request.method)))?;
         let mut builder = client.request(method, url.clone());
@@ -125,7 +148,11 @@ impl Host for CallState {
             builder = builder.timeout(Duration::from_millis(ms.into()));
         }
         let response = builder.send().await.map_err(|e| {
-            let kind = if e.is_connect() || e.is_timeout() { ErrorKind::Unavailable } else { ErrorKind::Retryable };
+            let kind = if e.is_connect() || e.is_timeout() {
+                ErrorKind::Unavailable
+            } else {
+                ErrorKind::Retryable
+            };
             wit_error(kind, format!("{} {}: {e}", request.method, url))
         })?;
         let status = response.status().as_u16();
@@ -139,7 +166,10 @@ impl Host for CallState {
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|e| wit_error(ErrorKind::Retryable, format!("reading the response of {url}: {e}")))?;
             if body.len() + chunk.len() > access.policy.max_response_bytes {
-                return Err(wit_error(ErrorKind::Permanent, format!("the response of {url} exceeds {} bytes", access.policy.max_response_bytes)));
+                return Err(wit_error(
+                    ErrorKind::Permanent,
+                    format!("the response of {url} exceeds {} bytes", access.policy.max_response_bytes),
+                ));
             }
             body.extend_from_slice(&chunk);
         }

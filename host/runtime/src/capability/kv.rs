@@ -45,7 +45,10 @@ impl KvStore for MemoryKv {
         Ok(self.map.lock().expect("kv").get(&(scope.to_string(), key.to_string())).cloned())
     }
     fn set(&self, scope: &str, key: &str, value: &[u8]) -> Result<(), KvError> {
-        self.map.lock().expect("kv").insert((scope.to_string(), key.to_string()), value.to_vec());
+        self.map
+            .lock()
+            .expect("kv")
+            .insert((scope.to_string(), key.to_string()), value.to_vec());
         Ok(())
     }
     fn delete(&self, scope: &str, key: &str) -> Result<bool, KvError> {
@@ -71,7 +74,10 @@ pub struct DirKv {
 impl DirKv {
     pub fn open(root: impl Into<PathBuf>) -> Result<DirKv, KvError> {
         let root = root.into();
-        std::fs::create_dir_all(&root).map_err(|source| KvError::Io { context: format!("cannot create {}", root.display()), source })?;
+        std::fs::create_dir_all(&root).map_err(|source| KvError::Io {
+            context: format!("cannot create {}", root.display()),
+            source,
+        })?;
         Ok(DirKv { root })
     }
 
@@ -85,7 +91,10 @@ fn hex_name(s: &str) -> String {
 }
 
 fn unhex(s: &str) -> Option<String> {
-    let bytes: Option<Vec<u8>> = (0..s.len()).step_by(2).map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok())).collect();
+    let bytes: Option<Vec<u8>> = (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect();
     String::from_utf8(bytes?).ok()
 }
 
@@ -144,7 +153,10 @@ impl DirKv {
 
 fn check_key(key: &str) -> Result<(), Error> {
     if key.is_empty() || key.len() > MAX_KEY {
-        return Err(wit_error(ErrorKind::InvalidInput, format!("kv key must be 1..={MAX_KEY} bytes, got {}", key.len())));
+        return Err(wit_error(
+            ErrorKind::InvalidInput,
+            format!("kv key must be 1..={MAX_KEY} bytes, got {}", key.len()),
+        ));
     }
     Ok(())
 }
@@ -163,7 +175,10 @@ impl Host for CallState {
     async fn set(&mut self, key: String, value: Vec<u8>) -> Result<(), Error> {
         check_key(&key)?;
         if value.len() > MAX_VALUE {
-            return Err(wit_error(ErrorKind::InvalidInput, format!("kv value for `{key}` is {} bytes; the limit is {MAX_VALUE}", value.len())));
+            return Err(wit_error(
+                ErrorKind::InvalidInput,
+                format!("kv value for `{key}` is {} bytes; the limit is {MAX_VALUE}", value.len()),
+            ));
         }
         self.ctx.kv.set(&self.kv_scope, &key, &value).map_err(backend_error)
     }

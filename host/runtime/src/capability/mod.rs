@@ -54,7 +54,9 @@ pub struct Grants {
 impl Grants {
     /// Only `log`.
     pub fn none() -> Grants {
-        Grants { set: CapabilitySet::default().with(Capability::Log) }
+        Grants {
+            set: CapabilitySet::default().with(Capability::Log),
+        }
     }
 
     pub fn all() -> Grants {
@@ -96,7 +98,9 @@ pub struct CallContext {
 
 impl std::fmt::Debug for CallContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CallContext").field("environment", &self.environment).finish_non_exhaustive()
+        f.debug_struct("CallContext")
+            .field("environment", &self.environment)
+            .finish_non_exhaustive()
     }
 }
 
@@ -137,7 +141,10 @@ pub(crate) fn linker(engine: &Engine, caps: CapabilitySet) -> wasmtime::Result<L
 
 /// The WIT error type, built from its parts.
 pub(crate) fn wit_error(kind: wit::types::ErrorKind, message: impl Into<String>) -> wit::types::Error {
-    wit::types::Error { kind, message: message.into() }
+    wit::types::Error {
+        kind,
+        message: message.into(),
+    }
 }
 
 impl wit::types::Host for CallState {}

@@ -48,7 +48,10 @@ pub struct NodeError {
 
 impl NodeError {
     pub fn new(kind: NodeErrorKind, message: impl Into<String>) -> NodeError {
-        NodeError { kind, message: message.into() }
+        NodeError {
+            kind,
+            message: message.into(),
+        }
     }
 }
 
@@ -140,7 +143,10 @@ impl LocalNode {
         let root_path: PathBuf = root.into();
         std::fs::create_dir_all(&root_path)?;
         let root = Dir::open_ambient_dir(&root_path, ambient_authority())?;
-        Ok(LocalNode { root: Arc::new(root), root_path })
+        Ok(LocalNode {
+            root: Arc::new(root),
+            root_path,
+        })
     }
 
     pub fn root_path(&self) -> &Path {
@@ -168,10 +174,16 @@ impl LocalNode {
 /// the root is refused by `cap-std` itself.
 fn relative(path: &str) -> Result<PathBuf, NodeError> {
     if path.contains('\0') {
-        return Err(NodeError::new(NodeErrorKind::InvalidInput, format!("path `{}` contains a NUL byte", path.escape_debug())));
+        return Err(NodeError::new(
+            NodeErrorKind::InvalidInput,
+            format!("path `{}` contains a NUL byte", path.escape_debug()),
+        ));
     }
     let Some(rest) = path.strip_prefix('/') else {
-        return Err(NodeError::new(NodeErrorKind::InvalidInput, format!("path `{path}` is not absolute")));
+        return Err(NodeError::new(
+            NodeErrorKind::InvalidInput,
+            format!("path `{path}` is not absolute"),
+        ));
     };
     let rest = rest.trim_start_matches('/');
     Ok(if rest.is_empty() { PathBuf::from(".") } else { PathBuf::from(rest) })
@@ -188,7 +200,10 @@ fn io_error(path: &Path, what: &str, e: std::io::Error) -> NodeError {
     // cap-std reports an escape from the root as a generic error mentioning the sandbox.
     let text = e.to_string();
     if text.contains("outside of the filesystem") || text.contains("sandbox") {
-        return NodeError::new(NodeErrorKind::Denied, format!("cannot {what} {}: the path leads outside the node's root", shown.display()));
+        return NodeError::new(
+            NodeErrorKind::Denied,
+            format!("cannot {what} {}: the path leads outside the node's root", shown.display()),
+        );
     }
     NodeError::new(kind, format!("cannot {what} {}: {e}", shown.display()))
 }
@@ -242,7 +257,9 @@ impl NodeBackend for LocalNode {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .kill_on_drop(true);
-            let mut child = cmd.spawn().map_err(|e| NodeError::new(NodeErrorKind::InvalidInput, format!("cannot start `{program}`: {e}")))?;
+            let mut child = cmd
+                .spawn()
+                .map_err(|e| NodeError::new(NodeErrorKind::InvalidInput, format!("cannot start `{program}`: {e}")))?;
             if let Some(input) = command.stdin {
                 let mut stdin = child.stdin.take().expect("piped");
                 tokio::spawn(async move {
@@ -257,19 +274,31 @@ impl NodeBackend for LocalNode {
                 Ok(status) => status.map_err(|e| NodeError::new(NodeErrorKind::Failed, format!("waiting for `{program}`: {e}")))?,
                 Err(_) => {
                     let _ = child.kill().await;
-                    return Err(NodeError::new(NodeErrorKind::Failed, format!("command `{program}` timed out after {timeout:?} and was killed")));
+                    return Err(NodeError::new(
+                        NodeErrorKind::Failed,
+                        format!("command `{program}` timed out after {timeout:?} and was killed"),
+                    ));
                 }
             };
             let stdout = stdout.await.unwrap_or_default();
             let stderr = stderr.await.unwrap_or_default();
-            Ok(CommandOutput { exit_code: status.code().unwrap_or(-1), stdout, stderr })
+            Ok(CommandOutput {
+                exit_code: status.code().unwrap_or(-1),
+                stdout,
+                stderr,
+            })
         })
     }
 
     fn read_file<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Vec<u8>>, NodeError>> {
         self.blocking(path, |root, rel| {
             match root.symlink_metadata(rel) {
-                Ok(m) if m.is_dir() => return Err(NodeError::new(NodeErrorKind::InvalidInput, format!("{} is a directory", Path::new("/").join(rel).display()))),
+                Ok(m) if m.is_dir() => {
+                    return Err(NodeError::new(
+                        NodeErrorKind::InvalidInput,
+                        format!("{} is a directory", Path::new("/").join(rel).display()),
+                    ));
+                }
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
                 Err(e) => return Err(io_error(rel, "read", e)),
@@ -288,23 +317,37 @@ impl NodeBackend for LocalNode {
             if let Some(s) = &existing
                 && s.kind == FileKind::Directory
             {
-                return Err(NodeError::new(NodeErrorKind::InvalidInput, format!("{} is a directory", Path::new("/").join(rel).display())));
+                return Err(NodeError::new(
+                    NodeErrorKind::InvalidInput,
+                    format!("{} is a directory", Path::new("/").join(rel).display()),
+                ));
             }
             let parent = rel.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
             match lstat(root, parent)? {
                 Some(s) if s.kind == FileKind::Directory => {}
-                Some(_) => return Err(NodeError::new(NodeErrorKind::InvalidInput, format!("{} is not a directory", Path::new("/").join(parent).display()))),
+                Some(_) => {
+                    return Err(NodeError::new(
+                        NodeErrorKind::InvalidInput,
+                        format!("{} is not a directory", Path::new("/").join(parent).display()),
+                    ));
+                }
                 None => {
-                    return Err(NodeError::new(NodeErrorKind::InvalidInput, format!("parent directory {} does not exist", Path::new("/").join(parent).display())));
+                    return Err(NodeError::new(
+                        NodeErrorKind::InvalidInput,
+                        format!("parent directory {} does not exist", Path::new("/").join(parent).display()),
+                    ));
                 }
             }
             let mode = mode.or(existing.map(|s| s.mode)).unwrap_or(0o644);
             let name = rel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             let tmp = parent.join(format!(".{name}.orc-tmp-{}", std::process::id()));
             let result = (|| {
-                let mut file = root.open_with(&tmp, OpenOptions::new().write(true).create(true).truncate(true)).map_err(|e| io_error(&tmp, "create", e))?;
+                let mut file = root
+                    .open_with(&tmp, OpenOptions::new().write(true).create(true).truncate(true))
+                    .map_err(|e| io_error(&tmp, "create", e))?;
                 file.write_all(&content).map_err(|e| io_error(&tmp, "write", e))?;
-                file.set_permissions(Permissions::from_mode(mode)).map_err(|e| io_error(&tmp, "chmod", e))?;
+                file.set_permissions(Permissions::from_mode(mode))
+                    .map_err(|e| io_error(&tmp, "chmod", e))?;
                 file.sync_all().map_err(|e| io_error(&tmp, "sync", e))?;
                 root.rename(&tmp, root, rel).map_err(|e| io_error(rel, "replace", e))
             })();
@@ -316,34 +359,46 @@ impl NodeBackend for LocalNode {
     }
 
     fn stat<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<FileStat>, NodeError>> {
-        self.blocking(path, |root, rel| lstat(root, rel))
+        self.blocking(path, lstat)
     }
 
     fn create_dir<'a>(&'a self, path: &'a str, mode: Option<u32>, parents: bool) -> BoxFuture<'a, Result<(), NodeError>> {
         self.blocking(path, move |root, rel| {
             match lstat(root, rel)? {
                 Some(s) if s.kind == FileKind::Directory => {}
-                Some(_) => return Err(NodeError::new(NodeErrorKind::InvalidInput, format!("{} exists and is not a directory", Path::new("/").join(rel).display()))),
+                Some(_) => {
+                    return Err(NodeError::new(
+                        NodeErrorKind::InvalidInput,
+                        format!("{} exists and is not a directory", Path::new("/").join(rel).display()),
+                    ));
+                }
                 None => {
                     let made = if parents { root.create_dir_all(rel) } else { root.create_dir(rel) };
                     made.map_err(|e| io_error(rel, "create directory", e))?;
                 }
             }
             if let Some(mode) = mode {
-                root.set_permissions(rel, Permissions::from_mode(mode)).map_err(|e| io_error(rel, "chmod", e))?;
+                root.set_permissions(rel, Permissions::from_mode(mode))
+                    .map_err(|e| io_error(rel, "chmod", e))?;
             }
             Ok(())
         })
     }
 
     fn set_mode<'a>(&'a self, path: &'a str, mode: u32) -> BoxFuture<'a, Result<(), NodeError>> {
-        self.blocking(path, move |root, rel| root.set_permissions(rel, Permissions::from_mode(mode)).map_err(|e| io_error(rel, "chmod", e)))
+        self.blocking(path, move |root, rel| {
+            root.set_permissions(rel, Permissions::from_mode(mode))
+                .map_err(|e| io_error(rel, "chmod", e))
+        })
     }
 
     fn remove<'a>(&'a self, path: &'a str, recursive: bool) -> BoxFuture<'a, Result<bool, NodeError>> {
         self.blocking(path, move |root, rel| {
             if rel == Path::new(".") {
-                return Err(NodeError::new(NodeErrorKind::Denied, "refusing to remove the node's root directory"));
+                return Err(NodeError::new(
+                    NodeErrorKind::Denied,
+                    "refusing to remove the node's root directory",
+                ));
             }
             let Some(stat) = lstat(root, rel)? else { return Ok(false) };
             let done = match (stat.kind, recursive) {
@@ -401,7 +456,11 @@ impl wit::Host for CallState {
             })
             .await
             .map_err(to_wit)?;
-        Ok(wit::CommandOutput { exit_code: out.exit_code, stdout: out.stdout, stderr: out.stderr })
+        Ok(wit::CommandOutput {
+            exit_code: out.exit_code,
+            stdout: out.stdout,
+            stderr: out.stderr,
+        })
     }
 
     async fn read_file(&mut self, node: String, path: String) -> Result<Option<Vec<u8>>, Error> {
@@ -465,7 +524,10 @@ mod tests {
             let err = node.read_file(escape).await.unwrap_err();
             assert_eq!(err.kind, NodeErrorKind::Denied, "{escape}: {err}");
             let err = node.write_file(escape, b"x".to_vec(), None).await.unwrap_err();
-            assert!(matches!(err.kind, NodeErrorKind::Denied | NodeErrorKind::InvalidInput), "{escape}: {err}");
+            assert!(
+                matches!(err.kind, NodeErrorKind::Denied | NodeErrorKind::InvalidInput),
+                "{escape}: {err}"
+            );
         }
         assert_eq!(std::fs::read(dir.path().join("secret")).unwrap(), b"outside");
         // A symlink pointing outside cannot be followed.
@@ -487,7 +549,11 @@ mod tests {
         let node = LocalNode::open(dir.path()).unwrap();
         let out = node
             .run(NodeCommand {
-                argv: vec!["sh".into(), "-c".into(), "pwd; echo \"$GREETING\"; echo \"${HOME:-nohome}\"; cat".into()],
+                argv: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    "pwd; echo \"$GREETING\"; echo \"${HOME:-nohome}\"; cat".into(),
+                ],
                 stdin: Some(b"from stdin".to_vec()),
                 env: vec![("GREETING".into(), "hello".into())],
                 ..Default::default()
@@ -496,9 +562,19 @@ mod tests {
             .unwrap();
         let text = String::from_utf8(out.stdout).unwrap();
         assert_eq!(out.exit_code, 0);
-        assert!(text.starts_with(&format!("{}\nhello\nnohome\nfrom stdin", dir.path().canonicalize().unwrap().display())), "{text}");
+        assert!(
+            text.starts_with(&format!(
+                "{}\nhello\nnohome\nfrom stdin",
+                dir.path().canonicalize().unwrap().display()
+            )),
+            "{text}"
+        );
         let err = node
-            .run(NodeCommand { argv: vec!["sleep".into(), "5".into()], timeout: Some(Duration::from_millis(100)), ..Default::default() })
+            .run(NodeCommand {
+                argv: vec!["sleep".into(), "5".into()],
+                timeout: Some(Duration::from_millis(100)),
+                ..Default::default()
+            })
             .await
             .unwrap_err();
         assert!(err.message.contains("timed out"), "{err}");

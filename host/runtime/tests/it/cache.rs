@@ -9,14 +9,21 @@ use serde_json::json;
 use crate::target;
 
 fn cached_runtime(dir: &std::path::Path) -> Runtime {
-    Runtime::new(RuntimeConfig { cache_dir: Some(dir.to_path_buf()), max_instances: 10, ..RuntimeConfig::default() }).unwrap()
+    Runtime::new(RuntimeConfig {
+        cache_dir: Some(dir.to_path_buf()),
+        max_instances: 10,
+        ..RuntimeConfig::default()
+    })
+    .unwrap()
 }
 
 #[tokio::test]
 async fn cached_artifacts_are_reused_and_verified() {
     let cache = tempfile::tempdir().unwrap();
     let digest: Digest = FILE.digest.parse().unwrap();
-    cached_runtime(cache.path()).load_bytes(&digest, FILE.bytes, PluginKind::Adaptor, &Grants::all()).unwrap();
+    cached_runtime(cache.path())
+        .load_bytes(&digest, FILE.bytes, PluginKind::Adaptor, &Grants::all())
+        .unwrap();
     let artifact = std::fs::read_dir(cache.path())
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -32,7 +39,9 @@ async fn cached_artifacts_are_reused_and_verified() {
     let rt = cached_runtime(cache.path());
     let plugin = rt.load_bytes(&digest, FILE.bytes, PluginKind::Adaptor, &Grants::all()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let ctx = CallContext { ..crate::local_context(dir.path()) };
+    let ctx = CallContext {
+        ..crate::local_context(dir.path())
+    };
     let mut a = plugin.adaptor(&ctx).await.unwrap();
     assert_eq!(a.read(&target("file", "/absent", json!({"content": ""}))).await.unwrap(), None);
     // It was rewritten with a good copy.

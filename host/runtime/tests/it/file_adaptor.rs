@@ -25,7 +25,10 @@ async fn file_converges_is_idempotent_and_repairs_drift() {
     let changes = a.diff(&etc, None).await.unwrap();
     assert!(!changes.is_empty());
     a.apply(&etc, None, &changes).await.unwrap();
-    assert_eq!(std::fs::metadata(dir.path().join("etc")).unwrap().permissions().mode() & 0o7777, 0o750);
+    assert_eq!(
+        std::fs::metadata(dir.path().join("etc")).unwrap().permissions().mode() & 0o7777,
+        0o750
+    );
 
     let motd = target("file", "/etc/motd", json!({"content": "hello\n", "mode": "0640"}));
     let mut a = file.adaptor(&ctx).await.unwrap();
@@ -54,7 +57,10 @@ async fn file_converges_is_idempotent_and_repairs_drift() {
     assert_eq!(content.current, Some(json!("tampered\n")));
     assert_eq!(content.desired, Some(json!("hello\n")));
     let mode = changes.iter().find(|c| c.field == "mode").expect("mode drift");
-    assert_eq!((mode.current.clone(), mode.desired.clone()), (Some(json!("0666")), Some(json!("0640"))));
+    assert_eq!(
+        (mode.current.clone(), mode.desired.clone()),
+        (Some(json!("0666")), Some(json!("0640")))
+    );
     a.apply(&motd, current.as_deref(), &changes).await.unwrap();
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "hello\n");
     let mut a = file.adaptor(&ctx).await.unwrap();
@@ -76,7 +82,10 @@ async fn bad_attributes_and_bad_paths_are_named() {
 
     let bad = target("file", "/motd", json!({"content": "x", "mood": "0644"}));
     let err = file.adaptor(&ctx).await.unwrap().read(&bad).await.unwrap_err();
-    assert!(err.to_string().contains("file[local,/motd]") && err.to_string().contains("mood"), "{err}");
+    assert!(
+        err.to_string().contains("file[local,/motd]") && err.to_string().contains("mood"),
+        "{err}"
+    );
 
     let escape = target("file", "/../outside", json!({"content": "x"}));
     let mut a = file.adaptor(&ctx).await.unwrap();

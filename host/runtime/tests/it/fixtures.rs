@@ -18,17 +18,30 @@ async fn read(rt: &orc_runtime::Runtime, ctx: &CallContext, behave: serde_json::
 #[tokio::test]
 async fn each_misbehaviour_is_reported_distinctly_and_the_next_call_works() {
     let rt = runtime();
-    let ctx = CallContext { deadline: Some(Duration::from_millis(300)), ..CallContext::new("test") };
+    let ctx = CallContext {
+        deadline: Some(Duration::from_millis(300)),
+        ..CallContext::new("test")
+    };
 
-    assert_eq!(read(&rt, &ctx, json!({"behave": "ok"})).await.unwrap().as_deref(), Some(r#"{"ok":true}"#));
+    assert_eq!(
+        read(&rt, &ctx, json!({"behave": "ok"})).await.unwrap().as_deref(),
+        Some(r#"{"ok":true}"#)
+    );
 
     let started = Instant::now();
     let err = read(&rt, &ctx, json!({"behave": "loop"})).await.unwrap_err();
     assert!(matches!(err, CallError::TimedOut { .. }), "{err}");
-    assert!(started.elapsed() < Duration::from_secs(3), "interrupted promptly: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "interrupted promptly: {:?}",
+        started.elapsed()
+    );
 
     let err = read(&rt, &ctx, json!({"behave": "alloc"})).await.unwrap_err();
-    assert!(matches!(err, CallError::MemoryLimit { limit_bytes, .. } if limit_bytes == 32 << 20), "{err}");
+    assert!(
+        matches!(err, CallError::MemoryLimit { limit_bytes, .. } if limit_bytes == 32 << 20),
+        "{err}"
+    );
 
     let err = read(&rt, &ctx, json!({"behave": "panic"})).await.unwrap_err();
     match &err {
@@ -37,11 +50,17 @@ async fn each_misbehaviour_is_reported_distinctly_and_the_next_call_works() {
     }
 
     let err = read(&rt, &ctx, json!({"behave": "trap"})).await.unwrap_err();
-    assert!(matches!(err, CallError::Crashed { ref message, .. } if message.contains("unreachable")), "{err}");
+    assert!(
+        matches!(err, CallError::Crashed { ref message, .. } if message.contains("unreachable")),
+        "{err}"
+    );
 
     let err = read(&rt, &ctx, json!({"behave": "error"})).await.unwrap_err();
     let e = err.plugin_error().expect("a plugin error");
-    assert_eq!((e.kind, e.message.as_str()), (PluginErrorKind::Permanent, "misbehave: asked to fail"));
+    assert_eq!(
+        (e.kind, e.message.as_str()),
+        (PluginErrorKind::Permanent, "misbehave: asked to fail")
+    );
 
     let err = read(&rt, &ctx, json!({"behave": "nonsense"})).await.unwrap_err();
     assert_eq!(err.plugin_error().unwrap().kind, PluginErrorKind::InvalidInput);
@@ -50,7 +69,11 @@ async fn each_misbehaviour_is_reported_distinctly_and_the_next_call_works() {
     let err = read(&rt, &ctx, json!({"behave": "http"})).await.unwrap_err();
     let e = err.plugin_error().expect("a plugin error");
     assert_eq!(e.kind, PluginErrorKind::Denied, "{e:?}");
-    assert!(e.message.contains("127.0.0.1:9") && e.message.contains("not allowed"), "{}", e.message);
+    assert!(
+        e.message.contains("127.0.0.1:9") && e.message.contains("not allowed"),
+        "{}",
+        e.message
+    );
 
     // And after all that, the runtime still serves.
     assert!(read(&rt, &ctx, json!({"behave": "ok"})).await.unwrap().is_some());
@@ -63,7 +86,10 @@ async fn a_trapped_instance_refuses_further_calls_but_new_instances_work() {
     let plugin = load(&rt, &MISBEHAVE, &Grants::all());
     let mut instance = plugin.adaptor(&ctx).await.unwrap();
     assert!(instance.read(&target("misbehave", "/x", json!({"behave": "trap"}))).await.is_err());
-    let err = instance.read(&target("misbehave", "/x", json!({"behave": "ok"}))).await.unwrap_err();
+    let err = instance
+        .read(&target("misbehave", "/x", json!({"behave": "ok"})))
+        .await
+        .unwrap_err();
     assert!(matches!(err, CallError::Host { .. }), "{err}");
     let mut fresh = plugin.adaptor(&ctx).await.unwrap();
     assert!(fresh.read(&target("misbehave", "/x", json!({"behave": "ok"}))).await.is_ok());
@@ -75,20 +101,41 @@ fn capabilities_not_granted_are_refused_at_load_time() {
     let digest: Digest = MISBEHAVE.digest.parse().unwrap();
     let grants = Grants::none().with(Capability::Node).with(Capability::Kv);
     let err = rt.load_bytes(&digest, MISBEHAVE.bytes, PluginKind::Adaptor, &grants).unwrap_err();
-    assert!(matches!(err, LoadError::NotGranted { capability: Capability::Http, .. }), "{err}");
-    assert!(err.to_string().contains("misbehave@0.1.0") && err.to_string().contains("`http`"), "{err}");
+    assert!(
+        matches!(
+            err,
+            LoadError::NotGranted {
+                capability: Capability::Http,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("misbehave@0.1.0") && err.to_string().contains("`http`"),
+        "{err}"
+    );
 }
 
 #[test]
 fn a_component_of_the_wrong_world_is_refused() {
     let rt = runtime();
     let digest: Digest = WRONG_WORLD.digest.parse().unwrap();
-    let err = rt.load_bytes(&digest, WRONG_WORLD.bytes, PluginKind::Adaptor, &Grants::all()).unwrap_err();
+    let err = rt
+        .load_bytes(&digest, WRONG_WORLD.bytes, PluginKind::Adaptor, &Grants::all())
+        .unwrap_err();
     assert!(matches!(err, LoadError::WrongWorld { .. }), "{err}");
     assert!(err.to_string().contains("orc:plugin/cluster-solver@0.1.0"), "{err}");
     assert!(err.to_string().contains("must export `orc:plugin/resource-adaptor@0.1.0`"), "{err}");
     // Asking for a different kind than the manifest says is refused too.
-    let err = rt.load_bytes(&MISBEHAVE.digest.parse().unwrap(), MISBEHAVE.bytes, PluginKind::Solver, &Grants::all()).unwrap_err();
+    let err = rt
+        .load_bytes(
+            &MISBEHAVE.digest.parse().unwrap(),
+            MISBEHAVE.bytes,
+            PluginKind::Solver,
+            &Grants::all(),
+        )
+        .unwrap_err();
     assert!(matches!(err, LoadError::WrongKind { .. }), "{err}");
 }
 
@@ -104,7 +151,9 @@ fn tampered_or_unmanifested_bytes_are_refused() {
 
     // The component exactly as cargo wrote it, without the manifest section: refused.
     let bare = strip_manifest(MISBEHAVE.bytes);
-    let err = rt.load_bytes(&Digest::of(&bare), &bare, PluginKind::Adaptor, &Grants::all()).unwrap_err();
+    let err = rt
+        .load_bytes(&Digest::of(&bare), &bare, PluginKind::Adaptor, &Grants::all())
+        .unwrap_err();
     assert!(matches!(err, LoadError::NoManifest { .. }), "{err}");
 }
 

@@ -14,19 +14,28 @@ use orc_runtime::wit::Target;
 use orc_runtime::{CallContext, Grants, Plugin, Runtime, RuntimeConfig};
 
 pub fn runtime() -> Runtime {
-    Runtime::new(RuntimeConfig { memory_limit_bytes: 32 << 20, max_instances: 50, ..RuntimeConfig::default() }).expect("runtime")
+    Runtime::new(RuntimeConfig {
+        memory_limit_bytes: 32 << 20,
+        max_instances: 50,
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime")
 }
 
 pub fn load(rt: &Runtime, artifact: &Artifact, grants: &Grants) -> Arc<Plugin> {
     let digest: Digest = artifact.digest.parse().unwrap();
-    rt.load_bytes(&digest, artifact.bytes, artifact.kind.parse::<PluginKind>().unwrap(), grants).unwrap()
+    rt.load_bytes(&digest, artifact.bytes, artifact.kind.parse::<PluginKind>().unwrap(), grants)
+        .unwrap()
 }
 
 /// A context with one local node named `local` rooted in `root`.
 pub fn local_context(root: &std::path::Path) -> CallContext {
     let nodes = Nodes::default();
     nodes.insert("local", Arc::new(LocalNode::open(root).unwrap()));
-    CallContext { nodes: Arc::new(nodes), ..CallContext::new("test") }
+    CallContext {
+        nodes: Arc::new(nodes),
+        ..CallContext::new("test")
+    }
 }
 
 pub fn target(resource_type: &str, key: &str, attributes: serde_json::Value) -> Target {
