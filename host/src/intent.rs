@@ -184,7 +184,9 @@ impl Intent {
         let mut index: HashMap<&ResourceId, usize> = HashMap::with_capacity(doc.resources.len());
         for (i, r) in doc.resources.iter().enumerate() {
             if !r.attributes.is_object() {
-                return Err(IntentError::AttributesNotObject { resource: r.id.to_string() });
+                return Err(IntentError::AttributesNotObject {
+                    resource: r.id.to_string(),
+                });
             }
             if index.insert(&r.id, i).is_some() {
                 return Err(IntentError::DuplicateId(r.id.to_string()));

@@ -133,10 +133,10 @@ impl Runtime {
         if let Some(p) = self.cached_plugin(digest, grants) {
             return check_kind(p, kind);
         }
-        let bytes = source
-            .fetch(digest)
-            .await
-            .map_err(|e| LoadError::Fetch { digest: *digest, source: Box::new(e) })?;
+        let bytes = source.fetch(digest).await.map_err(|e| LoadError::Fetch {
+            digest: *digest,
+            source: Box::new(e),
+        })?;
         self.load_bytes(digest, &bytes, kind, grants)
     }
 
