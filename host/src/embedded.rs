@@ -14,10 +14,11 @@ use orc_manifest::{Digest, PluginKind};
 use orc_registry::{RegistryError, Store, StoreOptions};
 use orc_runtime::capability::{DirKv, LocalNode, Nodes};
 use orc_runtime::{CallContext, EngineError, Grants, LoadError, Plugin, Runtime, RuntimeConfig};
-use tokio::task::JoinSet;
+use std::sync::Mutex;
 
 use crate::executor::{self, ActionReport, Mode, Outcome};
 use crate::intent::{Intent, IntentError, PluginRef, ResourceId};
+use crate::scheduler::{self, BoxFuture, Event, Scheduler, Settings, Sink, Status, Version};
 
 /// The only node an embedded deploy knows.
 pub const LOCAL_NODE: &str = "local";
@@ -86,11 +87,12 @@ impl DeployReport {
     }
 }
 
-/// Validates, pins and deploys `intent_json`. `progress` sees each action as it finishes.
+/// Validates, pins and deploys `intent_json`. `progress` sees each resource that settles, with the
+/// count settled so far and the total.
 pub async fn deploy(
     config: &EmbeddedConfig,
     intent_json: &[u8],
-    mut progress: impl FnMut(&ActionReport, usize, usize),
+    progress: impl Fn(&str, usize, usize) + Send + Sync + 'static,
 ) -> Result<DeployReport, EmbeddedError> {
     let intent = Intent::parse(intent_json)?;
     let data_dir = &config.data_dir;
@@ -160,7 +162,18 @@ pub async fn deploy(
         ..CallContext::new("embedded")
     };
 
-    let actions = run_graph(&intent, &plugins, &ctx, config.mode, config.concurrency.max(1), &mut progress).await;
+    let version = Arc::new(Version::new(1, intent, plugins));
+    let actions = match config.mode {
+        Mode::Dryrun => {
+            let reports = scheduler::dryrun(&version, &ctx, config.concurrency).await;
+            let total = reports.len();
+            for (i, r) in reports.iter().enumerate() {
+                progress(&r.resource, i + 1, total);
+            }
+            reports
+        }
+        Mode::Deploy => run_once(version, ctx, config.concurrency, Arc::new(progress)).await,
+    };
     let mut pinned: Vec<(String, Digest)> = pinned.into_iter().map(|(r, p)| (r.to_string(), p.digest)).collect();
     pinned.sort();
     Ok(DeployReport {
@@ -191,74 +204,95 @@ fn resolve(store: &Store, reference: &PluginRef) -> Result<Digest, RegistryError
     }
 }
 
-/// Runs every resource once its requirements have succeeded; the dependents of a failure are
-/// skipped. Between two purged resources the edge is reversed, so dependents are removed first.
-async fn run_graph(
-    intent: &Intent,
-    plugins: &[Arc<Plugin>],
-    ctx: &CallContext,
-    mode: Mode,
-    concurrency: usize,
-    progress: &mut impl FnMut(&ActionReport, usize, usize),
-) -> Vec<ActionReport> {
-    let n = intent.resources.len();
-    let mut waits_for: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for (i, reqs) in intent.requires.iter().enumerate() {
-        for &j in reqs {
-            if intent.resources[i].purged && intent.resources[j].purged {
-                waits_for[j].push(i);
-            } else {
-                waits_for[i].push(j);
+/// Told each resource that settles, with the number settled so far and the total.
+type Progress = Arc<dyn Fn(&str, usize, usize) + Send + Sync>;
+
+/// Deploys a version once through the scheduler (the code path a server uses) and waits until it
+/// settles; retries and self-healing are the server's business, so they are off.
+async fn run_once(version: Arc<Version>, ctx: CallContext, concurrency: usize, progress: Progress) -> Vec<ActionReport> {
+    let total = version.intent.resources.len();
+    let sink = Arc::new(CollectingSink {
+        progress,
+        total,
+        seen: Mutex::new(Collected::default()),
+    });
+    let settings = Settings {
+        env_concurrency: concurrency.max(1),
+        node_concurrency: concurrency.max(1),
+        retry_interval: std::time::Duration::from_secs(3600 * 24 * 365),
+        max_retry_interval: std::time::Duration::from_secs(3600 * 24 * 365),
+        repair_interval: None,
+    };
+    let scheduler = Scheduler::spawn(ctx, settings, sink.clone(), HashMap::new());
+    scheduler.release(version.clone());
+    scheduler.settled().await;
+    let mut seen = sink.seen.lock().expect("sink");
+    version
+        .intent
+        .resources
+        .iter()
+        .map(|spec| {
+            let id = spec.id.to_string();
+            let status = seen.status.get(&id).copied();
+            match (status, seen.reports.remove(&id)) {
+                (Some(Status::Skipped), _) | (_, None) => {
+                    let because = seen
+                        .skip_reason
+                        .get(&id)
+                        .cloned()
+                        .unwrap_or_else(|| "a requirement did not succeed".into());
+                    executor::skipped(spec, Mode::Deploy, &because)
+                }
+                (_, Some(report)) => report,
             }
-        }
-    }
-    let mut blocking: Vec<Vec<usize>> = vec![Vec::new(); n];
-    let mut pending: Vec<usize> = vec![0; n];
-    for (i, deps) in waits_for.iter().enumerate() {
-        pending[i] = deps.len();
-        for &j in deps {
-            blocking[j].push(i);
-        }
-    }
-    let mut reports: Vec<Option<ActionReport>> = vec![None; n];
-    let mut ready: Vec<usize> = (0..n).filter(|&i| pending[i] == 0).rev().collect();
-    let mut running = JoinSet::new();
-    let mut done = 0;
-    while done < n {
-        while running.len() < concurrency
-            && let Some(i) = ready.pop()
-        {
-            let (plugin, ctx, spec) = (plugins[i].clone(), ctx.clone(), intent.resources[i].clone());
-            running.spawn(async move { (i, executor::execute(&plugin, &ctx, &spec, mode).await) });
-        }
-        let Some(joined) = running.join_next().await else { break };
-        let (i, report) = joined.expect("resource actions do not panic");
-        let ok = report.outcome.succeeded();
-        done += 1;
-        progress(&report, done, n);
-        reports[i] = Some(report);
-        if ok {
-            for &d in &blocking[i] {
-                pending[d] -= 1;
-                if pending[d] == 0 {
-                    ready.push(d);
+        })
+        .collect()
+}
+
+#[derive(Default)]
+struct Collected {
+    status: HashMap<String, Status>,
+    skip_reason: HashMap<String, String>,
+    reports: HashMap<String, ActionReport>,
+    done: usize,
+}
+
+/// Keeps the last action report and status of every resource, and reports progress.
+struct CollectingSink {
+    progress: Progress,
+    total: usize,
+    seen: Mutex<Collected>,
+}
+
+impl Sink for CollectingSink {
+    fn record(&self, events: Vec<Event>) -> BoxFuture<'_, ()> {
+        let mut seen = self.seen.lock().expect("sink");
+        for event in events {
+            match event {
+                Event::State(state) => {
+                    let terminal =
+                        |s: Option<&Status>| matches!(s, Some(Status::Deployed | Status::Failed | Status::Skipped | Status::Unavailable));
+                    let was = terminal(seen.status.get(&state.resource));
+                    let now = terminal(Some(&state.status));
+                    if state.status == Status::Skipped
+                        && let Some(e) = &state.last_error
+                    {
+                        seen.skip_reason
+                            .insert(state.resource.clone(), e.message.trim_start_matches("not attempted: ").to_string());
+                    }
+                    seen.status.insert(state.resource.clone(), state.status);
+                    if now && !was {
+                        seen.done += 1;
+                        (self.progress)(&state.resource, seen.done, self.total);
+                    } else if was && !now {
+                        seen.done -= 1;
+                    }
+                }
+                Event::Action { report, .. } => {
+                    seen.reports.insert(report.resource.clone(), report);
                 }
             }
-        } else {
-            // Skip everything downstream, transitively.
-            let mut stack = blocking[i].clone();
-            while let Some(d) = stack.pop() {
-                if reports[d].is_some() {
-                    continue;
-                }
-                let because = format!("`{}` did not succeed", intent.resources[i].id);
-                let report = executor::skipped(&intent.resources[d], mode, &because);
-                done += 1;
-                progress(&report, done, n);
-                reports[d] = Some(report);
-                stack.extend(blocking[d].iter().copied());
-            }
         }
+        Box::pin(std::future::ready(()))
     }
-    reports.into_iter().map(|r| r.expect("every resource has a report")).collect()
 }

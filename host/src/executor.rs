@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use orc_runtime::wit::{Level, Target};
 use orc_runtime::{CallContext, CallError, Change, Plugin, PluginErrorKind};
 use serde::Serialize;
+use tracing::Instrument;
 
 use crate::intent::ResourceSpec;
 
@@ -57,7 +58,7 @@ pub struct ActionReport {
     pub duration: Duration,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ActionError {
     pub code: String,
     pub message: String,
@@ -98,9 +99,12 @@ pub fn skipped(spec: &ResourceSpec, mode: Mode, because: &str) -> ActionReport {
 
 /// Runs one action for `spec` through `plugin`.
 pub async fn execute(plugin: &Plugin, ctx: &CallContext, spec: &ResourceSpec, mode: Mode) -> ActionReport {
-    let started = Instant::now();
     let span = tracing::info_span!("resource_action", resource = %spec.id, ?mode, plugin = %plugin.manifest.reference());
-    let _enter = span.enter();
+    execute_in_span(plugin, ctx, spec, mode).instrument(span).await
+}
+
+async fn execute_in_span(plugin: &Plugin, ctx: &CallContext, spec: &ResourceSpec, mode: Mode) -> ActionReport {
+    let started = Instant::now();
     let target = target_of(spec);
     let mut report = ActionReport {
         resource: spec.id.to_string(),

@@ -9,3 +9,4 @@
 pub mod embedded;
 pub mod executor;
 pub mod intent;
+pub mod scheduler;

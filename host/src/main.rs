@@ -86,10 +86,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").expect("valid template"));
             let runtime = tokio::runtime::Runtime::new()?;
             let report = runtime
-                .block_on(embedded::deploy(&config, &bytes, |action, done, total| {
-                    bar.set_length(total as u64);
-                    bar.set_position(done as u64);
-                    bar.set_message(action.resource.clone());
+                .block_on(embedded::deploy(&config, &bytes, {
+                    let bar = bar.clone();
+                    move |resource, done, total| {
+                        bar.set_length(total as u64);
+                        bar.set_position(done as u64);
+                        bar.set_message(resource.to_string());
+                    }
                 }))
                 .with_context(|| format!("deploying {}", intent.display()))?;
             bar.finish_and_clear();

@@ -168,3 +168,79 @@ fn build_refuses_a_component_of_the_wrong_world() {
         "{err}"
     );
 }
+
+/// The solver and automator scaffolds build and run through the host's runtime too.
+#[tokio::test(flavor = "multi_thread")]
+async fn solver_and_automator_scaffolds_build_and_run() {
+    use orc_runtime::wit::{Action, LayoutRequest, NodeInfo, SolveError, Task};
+
+    let work = tempfile::tempdir().unwrap();
+    let home = work.path().join("orc-home");
+    let runtime = Runtime::new(RuntimeConfig {
+        max_instances: 8,
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    let mut built = Vec::new();
+    for (kind, name) in [("solver", "spread"), ("automator", "scripted")] {
+        let run_cli = |args: &[&str]| {
+            let mut c = Command::new(bin("orc-plugin"));
+            c.args(args)
+                .current_dir(work.path())
+                .env("ORC_HOME", &home)
+                .env("CARGO_TARGET_DIR", work.path().join("target"));
+            run(&mut c, true)
+        };
+        run_cli(&["new", kind, name]);
+        let digest = digest_line(&stdout(&run_cli(&["build", name])));
+        let bytes = std::fs::read(work.path().join(name).join(format!("target/orc/{name}-0.1.0.wasm"))).unwrap();
+        built.push((digest, bytes));
+    }
+
+    let (digest, bytes) = &built[0];
+    let solver = runtime.load_bytes(digest, bytes, PluginKind::Solver, &Grants::none()).unwrap();
+    let mut instance = solver.solver(&CallContext::new("e2e")).await.unwrap();
+    let node = |name: &str| NodeInfo {
+        name: name.into(),
+        labels: vec![],
+        facts: "{}".into(),
+    };
+    let request = LayoutRequest {
+        template: r#"{"services":["db","web","cache"]}"#.into(),
+        size: 2,
+        nodes: vec![node("n1"), node("n2"), node("n3")],
+        existing: vec![],
+    };
+    let layout = instance.solve(&request).await.unwrap().unwrap();
+    assert_eq!(layout.len(), 2);
+    assert_eq!(layout[0].services, vec!["db", "cache"]);
+    let too_big = LayoutRequest { size: 5, ..request };
+    match instance.solve(&too_big).await.unwrap() {
+        Err(SolveError::NoValidLayout(e)) => assert_eq!(e.constraint, "size"),
+        other => panic!("expected no valid layout, got {other:?}"),
+    }
+
+    let (digest, bytes) = &built[1];
+    let automator = runtime.load_bytes(digest, bytes, PluginKind::Automator, &Grants::all()).unwrap();
+    let node_root = work.path().join("node");
+    let nodes = orc_runtime::capability::Nodes::default();
+    nodes.insert(
+        "n1",
+        std::sync::Arc::new(orc_runtime::capability::LocalNode::open(&node_root).unwrap()),
+    );
+    let ctx = CallContext {
+        nodes: std::sync::Arc::new(nodes),
+        ..CallContext::new("e2e")
+    };
+    let task = Task {
+        cluster: "c1".into(),
+        service: "web".into(),
+        node: "n1".into(),
+        action: Action::Install,
+        config: r#"{"scripts":{"install":"echo installed $ORC_SERVICE > marker; cat marker"}}"#.into(),
+        layout: "{}".into(),
+    };
+    let outcome = automator.automator(&ctx).await.unwrap().perform(&task).await.unwrap();
+    assert_eq!(outcome.messages, vec!["installed web\n"]);
+    assert_eq!(std::fs::read_to_string(node_root.join("marker")).unwrap(), "installed web\n");
+}

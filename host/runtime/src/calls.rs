@@ -189,12 +189,14 @@ macro_rules! instantiate {
         match tokio::time::timeout(limit, pre.instantiate_async(&mut session.store)).await {
             Ok(Ok(bindings)) => (session, bindings),
             Ok(Err(e)) => {
-                let err = session.classify(e);
-                // A resource limit of the pool is a host condition, not the plugin's fault.
-                return Err(match err {
-                    CallError::Crashed { plugin, message } if message.contains("limit") => CallError::Host { plugin, message },
-                    other => other,
-                });
+                // Not a trap of the guest (e.g. the pool's instance limit): a host condition.
+                if e.downcast_ref::<Trap>().is_none() && !session.store.data().limiter.hit {
+                    return Err(CallError::Host {
+                        plugin: plugin.name.to_string(),
+                        message: format!("{e:#}"),
+                    });
+                }
+                return Err(session.classify(e));
             }
             Err(_) => {
                 return Err(CallError::TimedOut {

@@ -1,0 +1,263 @@
+//! The scheduler's triggers against real plugins (first-party and fixtures) on a real local node:
+//! dependency order, skip and recover, retry, user deploy, user repair, self-healing,
+//! supersession by a newer version, and purge order.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use orc_host::intent::Intent;
+use orc_host::scheduler::{BoxFuture, Event, Scheduler, Settings, Sink, Snapshot, Status, Trigger, Version};
+use orc_manifest::{Digest, PluginKind};
+use orc_plugin_artifacts::Artifact;
+use orc_runtime::capability::{KvStore, LocalNode, MemoryKv, Nodes};
+use orc_runtime::{CallContext, Grants, Runtime, RuntimeConfig};
+use serde_json::json;
+
+#[derive(Default)]
+struct Recorder(Mutex<Vec<Event>>);
+
+impl Sink for Recorder {
+    fn record(&self, events: Vec<Event>) -> BoxFuture<'_, ()> {
+        self.0.lock().unwrap().extend(events);
+        Box::pin(std::future::ready(()))
+    }
+}
+
+impl Recorder {
+    fn actions(&self, resource: &str) -> Vec<(Trigger, orc_host::executor::Outcome)> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                Event::Action { trigger, report, .. } if report.resource == resource => Some((*trigger, report.outcome)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn order_of_changes(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match e {
+                Event::Action { report, .. } if report.outcome == orc_host::executor::Outcome::Changed => Some(report.resource.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+struct Harness {
+    runtime: Runtime,
+    ctx: CallContext,
+    kv: Arc<MemoryKv>,
+    root: tempfile::TempDir,
+    recorder: Arc<Recorder>,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let root = tempfile::tempdir().unwrap();
+        let nodes = Nodes::default();
+        nodes.insert("local", Arc::new(LocalNode::open(root.path()).unwrap()));
+        let kv = Arc::new(MemoryKv::default());
+        let ctx = CallContext {
+            kv: kv.clone(),
+            nodes: Arc::new(nodes),
+            ..CallContext::new("test")
+        };
+        let runtime = Runtime::new(RuntimeConfig {
+            max_instances: 64,
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        Harness {
+            runtime,
+            ctx,
+            kv,
+            root,
+            recorder: Arc::default(),
+        }
+    }
+
+    fn version(&self, number: u64, resources: serde_json::Value) -> Arc<Version> {
+        let intent = Intent::parse(json!({ "resources": resources }).to_string().as_bytes()).unwrap();
+        let plugins = intent
+            .resources
+            .iter()
+            .map(|r| {
+                let name = r.adaptor.to_string();
+                let name = name.split('@').next().unwrap();
+                let artifact: &Artifact = orc_plugin_artifacts::by_name(name).unwrap();
+                let digest: Digest = artifact.digest.parse().unwrap();
+                self.runtime
+                    .load_bytes(&digest, artifact.bytes, PluginKind::Adaptor, &Grants::all())
+                    .unwrap()
+            })
+            .collect();
+        Arc::new(Version::new(number, intent, plugins))
+    }
+
+    fn scheduler(&self, settings: Settings) -> Scheduler {
+        Scheduler::spawn(self.ctx.clone(), settings, self.recorder.clone(), HashMap::new())
+    }
+}
+
+fn quick() -> Settings {
+    Settings {
+        env_concurrency: 8,
+        node_concurrency: 4,
+        retry_interval: Duration::from_millis(50),
+        max_retry_interval: Duration::from_millis(200),
+        repair_interval: None,
+    }
+}
+
+/// Polls until `check` holds for a settled snapshot, or fails after 20 s.
+async fn until(scheduler: &Scheduler, what: &str, check: impl Fn(&Snapshot) -> bool) -> Snapshot {
+    let started = Instant::now();
+    loop {
+        let snapshot = scheduler.settled().await;
+        if check(&snapshot) {
+            return snapshot;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}: {snapshot:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn memory(id: &str, value: i64, requires: &[&str]) -> serde_json::Value {
+    json!({ "id": format!("bench-memory[local,{id}]"), "adaptor": "bench-memory@0.1.0", "attributes": { "v": value }, "requires": requires })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_requirement_skips_dependents_which_deploy_once_it_recovers() {
+    let h = Harness::new();
+    let s = h.scheduler(quick());
+    h.kv.set("test/misbehave", "flaky", b"0").unwrap();
+    s.release(h.version(
+        1,
+        json!([
+            { "id": "misbehave[local,a]", "adaptor": "misbehave@0.1.0", "attributes": { "behave": "fail_times", "times": 2, "counter": "flaky" } },
+            memory("b", 1, &["misbehave[local,a]"]),
+            memory("c", 1, &["bench-memory[local,b]"]),
+            memory("free", 1, &[]),
+        ]),
+    ));
+    let first = s.settled().await;
+    assert_eq!(first.count(Status::Failed), 1, "{first:?}");
+    assert_eq!(first.count(Status::Skipped), 2, "{first:?}");
+    assert_eq!(first.count(Status::Deployed), 1, "{first:?}");
+    until(&s, "everything deployed after retries", |snap| snap.count(Status::Deployed) == 4).await;
+    let a = h.recorder.actions("misbehave[local,a]");
+    assert_eq!(a.len(), 3, "{a:?}");
+    assert_eq!(a[1].0, Trigger::Retry);
+    // b ran only after a succeeded, c only after b.
+    let order = h.recorder.order_of_changes();
+    let pos = |id: &str| order.iter().position(|r| r == id).unwrap();
+    assert!(pos("bench-memory[local,b]") < pos("bench-memory[local,c]"), "{order:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn user_deploy_retries_failures_now_and_repair_restores_drift() {
+    let h = Harness::new();
+    let s = h.scheduler(Settings {
+        retry_interval: Duration::from_secs(3600),
+        max_retry_interval: Duration::from_secs(3600),
+        ..quick()
+    });
+    s.release(h.version(
+        1,
+        json!([
+            { "id": "misbehave[local,a]", "adaptor": "misbehave@0.1.0", "attributes": { "behave": "fail_times", "times": 1, "counter": "once" } },
+            memory("b", 7, &["misbehave[local,a]"]),
+        ]),
+    ));
+    let snap = s.settled().await;
+    assert_eq!((snap.count(Status::Failed), snap.count(Status::Skipped)), (1, 1), "{snap:?}");
+    s.deploy_failed();
+    until(&s, "user deploy", |snap| snap.count(Status::Deployed) == 2).await;
+
+    // Drift behind the scheduler's back, then a user repair.
+    h.kv.set("test/bench-memory", "bench-memory[local,b]", b"{\"v\":99}").unwrap();
+    s.repair();
+    until(&s, "repair", |_| {
+        h.recorder
+            .actions("bench-memory[local,b]")
+            .iter()
+            .any(|(t, o)| *t == Trigger::Repair && *o == orc_host::executor::Outcome::Changed)
+    })
+    .await;
+    assert_eq!(
+        h.kv.get("test/bench-memory", "bench-memory[local,b]").unwrap().unwrap(),
+        b"{\"v\":7}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn self_healing_repairs_drift_on_its_own() {
+    let h = Harness::new();
+    let s = h.scheduler(Settings {
+        repair_interval: Some(Duration::from_millis(100)),
+        ..quick()
+    });
+    s.release(h.version(1, json!([memory("x", 1, &[])])));
+    until(&s, "deployed", |snap| snap.count(Status::Deployed) == 1).await;
+    h.kv.set("test/bench-memory", "bench-memory[local,x]", b"{\"v\":2}").unwrap();
+    let started = Instant::now();
+    while h.kv.get("test/bench-memory", "bench-memory[local,x]").unwrap().unwrap() != b"{\"v\":1}" {
+        assert!(started.elapsed() < Duration::from_secs(20), "drift never repaired");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_version_supersedes_the_old_one() {
+    let h = Harness::new();
+    let s = h.scheduler(quick());
+    let slow = |v: i64| json!({ "id": "misbehave[local,slow]", "adaptor": "misbehave@0.1.0", "attributes": { "behave": "slow", "ms": 150, "tag": v } });
+    let _ = slow;
+    s.release(h.version(1, json!([memory("m", 1, &[]), memory("n", 1, &["bench-memory[local,m]"])])));
+    s.release(h.version(2, json!([memory("m", 2, &[]), memory("n", 2, &["bench-memory[local,m]"])])));
+    let snap = until(&s, "v2 deployed", |snap| {
+        snap.version == Some(2) && snap.count(Status::Deployed) == 2
+    })
+    .await;
+    assert_eq!(snap.version, Some(2));
+    assert_eq!(
+        h.kv.get("test/bench-memory", "bench-memory[local,m]").unwrap().unwrap(),
+        b"{\"v\":2}"
+    );
+    assert_eq!(
+        h.kv.get("test/bench-memory", "bench-memory[local,n]").unwrap().unwrap(),
+        b"{\"v\":2}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn purged_resources_are_removed_dependents_first() {
+    let h = Harness::new();
+    let s = h.scheduler(quick());
+    let dir = json!({ "id": "directory[local,/d]", "adaptor": "directory@0.1.0", "attributes": {} });
+    let file =
+        json!({ "id": "file[local,/d/f]", "adaptor": "file@0.1.0", "attributes": { "content": "x" }, "requires": ["directory[local,/d]"] });
+    s.release(h.version(1, json!([dir, file])));
+    until(&s, "created", |snap| snap.count(Status::Deployed) == 2).await;
+    assert!(h.root.path().join("d/f").exists());
+    let mut dir = dir.clone();
+    dir["purged"] = true.into();
+    let mut file = file.clone();
+    file["purged"] = true.into();
+    s.release(h.version(2, json!([dir, file])));
+    until(&s, "purged", |snap| snap.version == Some(2) && snap.count(Status::Deployed) == 2).await;
+    assert!(
+        !h.root.path().join("d").exists(),
+        "the directory (not recursive) could only go after its file"
+    );
+}
