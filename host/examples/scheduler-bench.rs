@@ -56,12 +56,25 @@ async fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10_000);
     let runtime = Runtime::new(RuntimeConfig::default()).expect("runtime");
     let digest: Digest = BENCH_MEMORY.digest.parse().unwrap();
-    let plugin = runtime.load_bytes(&digest, BENCH_MEMORY.bytes, PluginKind::Adaptor, &Grants::all()).unwrap();
-    let settings = Settings { env_concurrency: 64, node_concurrency: 16, repair_interval: None, ..Settings::default() };
-    println!("{n} bench-memory resources on 8 nodes, {} worker threads", tokio::runtime::Handle::current().metrics().num_workers());
+    let plugin = runtime
+        .load_bytes(&digest, BENCH_MEMORY.bytes, PluginKind::Adaptor, &Grants::all())
+        .unwrap();
+    let settings = Settings {
+        env_concurrency: 64,
+        node_concurrency: 16,
+        repair_interval: None,
+        ..Settings::default()
+    };
+    println!(
+        "{n} bench-memory resources on 8 nodes, {} worker threads",
+        tokio::runtime::Handle::current().metrics().num_workers()
+    );
 
     for (label, graph) in [("independent", false), ("dependency graph (chains of 10, fan-in)", true)] {
-        let ctx = CallContext { kv: Arc::new(MemoryKv::default()), ..CallContext::new("bench") };
+        let ctx = CallContext {
+            kv: Arc::new(MemoryKv::default()),
+            ..CallContext::new("bench")
+        };
         let sink = Arc::new(Counting::default());
         let scheduler = Scheduler::spawn(ctx.clone(), settings.clone(), sink.clone(), HashMap::new());
         let intent = intent(n, graph);
