@@ -10,3 +10,4 @@ pub mod embedded;
 pub mod executor;
 pub mod intent;
 pub mod scheduler;
+pub mod store;

@@ -115,17 +115,8 @@ pub fn desired_hash(spec: &ResourceSpec, adaptor: &Digest) -> Digest {
     Digest::of(canonical.to_string().as_bytes())
 }
 
-/// A resource's status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Available,
-    Deploying,
-    Deployed,
-    Failed,
-    Skipped,
-    Unavailable,
-}
+/// A resource's status: the store's, so that what the scheduler decides is what is persisted.
+pub use crate::store::ResourceStatus as Status;
 
 /// Why an action ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -667,7 +658,7 @@ impl Loop {
             *counts.entry(e.status).or_default() += 1;
         }
         let mut counts: Vec<(Status, usize)> = counts.into_iter().collect();
-        counts.sort_by_key(|(s, _)| *s as u8);
+        counts.sort_by_key(|(s, _)| *s);
         let snapshot = Snapshot {
             version: self.version.as_ref().map(|v| v.number),
             counts,

@@ -1,0 +1,162 @@
+//! Environments: create, list, get, rename, settings, halt/resume, delete (with everything in
+//! them, by cascade). Names are unique.
+
+use super::error::{backend, backend_with};
+use super::{Environment, EnvironmentId, EnvironmentSettings, Result, Store, StoreError, now_ms, parse_id};
+
+type Row = (String, String, String, bool, i64, Option<i64>, i64, i64);
+
+macro_rules! columns {
+    () => {
+        "id, name, settings, halted, latest_version, released_version, created_at, updated_at"
+    };
+}
+
+fn environment(row: Row) -> Result<Environment> {
+    let (id, name, settings, halted, latest_version, released_version, created_at, updated_at) = row;
+    let settings = serde_json::from_str(&settings)
+        .map_err(|e| StoreError::corrupt(format!("the settings of environment `{name}` cannot be read: {e}")))?;
+    Ok(Environment {
+        id: parse_id(&id, "environment")?,
+        name,
+        settings,
+        halted,
+        latest_version,
+        released_version,
+        created_at,
+        updated_at,
+    })
+}
+
+fn settings_json(settings: &EnvironmentSettings) -> String {
+    serde_json::to_string(settings).expect("settings serialise")
+}
+
+fn or_name_taken(result: Result<Option<Row>>, name: &str) -> Result<Option<Row>> {
+    match result {
+        Err(e) if e.is_unique_violation() => Err(StoreError::Conflict {
+            what: format!("an environment named `{name}` already exists"),
+        }),
+        other => other,
+    }
+}
+
+pub(crate) fn environment_not_found(id: &EnvironmentId) -> StoreError {
+    StoreError::not_found(format!("environment {id}"))
+}
+
+impl Store {
+    pub async fn create_environment(&self, name: &str, settings: &EnvironmentSettings) -> Result<Environment> {
+        let id = EnvironmentId::random();
+        let now = now_ms();
+        let row = on_pool!(self, pool => {
+            sqlx::query_as(concat!(
+                "INSERT INTO environments (id, name, settings, halted, latest_version, created_at, updated_at) ",
+                "VALUES ($1, $2, $3, FALSE, 0, $4, $4) RETURNING ", columns!()
+            ))
+            .bind(id.to_string())
+            .bind(name)
+            .bind(settings_json(settings))
+            .bind(now)
+            .fetch_optional(pool)
+            .await
+            .map_err(backend_with(|| format!("creating environment `{name}`")))
+        });
+        environment(or_name_taken(row, name)?.expect("INSERT … RETURNING returns the row"))
+    }
+
+    /// All environments, by name.
+    pub async fn list_environments(&self) -> Result<Vec<Environment>> {
+        let rows: Vec<Row> = on_pool!(self, pool => {
+            sqlx::query_as(concat!("SELECT ", columns!(), " FROM environments ORDER BY name"))
+                .fetch_all(pool)
+                .await
+                .map_err(backend("listing environments"))?
+        });
+        rows.into_iter().map(environment).collect()
+    }
+
+    pub async fn get_environment(&self, id: &EnvironmentId) -> Result<Environment> {
+        let row: Option<Row> = on_pool!(self, pool => {
+            sqlx::query_as(concat!("SELECT ", columns!(), " FROM environments WHERE id = $1"))
+                .bind(id.to_string())
+                .fetch_optional(pool)
+                .await
+                .map_err(backend_with(|| format!("reading environment {id}")))?
+        });
+        environment(row.ok_or_else(|| environment_not_found(id))?)
+    }
+
+    pub async fn find_environment_by_name(&self, name: &str) -> Result<Option<Environment>> {
+        let row: Option<Row> = on_pool!(self, pool => {
+            sqlx::query_as(concat!("SELECT ", columns!(), " FROM environments WHERE name = $1"))
+                .bind(name)
+                .fetch_optional(pool)
+                .await
+                .map_err(backend_with(|| format!("looking up environment `{name}`")))?
+        });
+        row.map(environment).transpose()
+    }
+
+    pub async fn rename_environment(&self, id: &EnvironmentId, name: &str) -> Result<Environment> {
+        let row = on_pool!(self, pool => {
+            sqlx::query_as(concat!(
+                "UPDATE environments SET name = $2, updated_at = $3 WHERE id = $1 RETURNING ", columns!()
+            ))
+            .bind(id.to_string())
+            .bind(name)
+            .bind(now_ms())
+            .fetch_optional(pool)
+            .await
+            .map_err(backend_with(|| format!("renaming environment {id} to `{name}`")))
+        });
+        environment(or_name_taken(row, name)?.ok_or_else(|| environment_not_found(id))?)
+    }
+
+    pub async fn update_settings(&self, id: &EnvironmentId, settings: &EnvironmentSettings) -> Result<Environment> {
+        let row: Option<Row> = on_pool!(self, pool => {
+            sqlx::query_as(concat!(
+                "UPDATE environments SET settings = $2, updated_at = $3 WHERE id = $1 RETURNING ", columns!()
+            ))
+            .bind(id.to_string())
+            .bind(settings_json(settings))
+            .bind(now_ms())
+            .fetch_optional(pool)
+            .await
+            .map_err(backend_with(|| format!("updating the settings of environment {id}")))?
+        });
+        environment(row.ok_or_else(|| environment_not_found(id))?)
+    }
+
+    /// Halts (`true`) or resumes (`false`) the environment's scheduler.
+    pub async fn set_halted(&self, id: &EnvironmentId, halted: bool) -> Result<Environment> {
+        let row: Option<Row> = on_pool!(self, pool => {
+            sqlx::query_as(concat!(
+                "UPDATE environments SET halted = $2, updated_at = $3 WHERE id = $1 RETURNING ", columns!()
+            ))
+            .bind(id.to_string())
+            .bind(halted)
+            .bind(now_ms())
+            .fetch_optional(pool)
+            .await
+            .map_err(backend_with(|| format!("halting or resuming environment {id}")))?
+        });
+        environment(row.ok_or_else(|| environment_not_found(id))?)
+    }
+
+    /// Deletes the environment and everything in it: versions, states, actions, reports.
+    pub async fn delete_environment(&self, id: &EnvironmentId) -> Result<()> {
+        let deleted = on_pool!(self, pool => {
+            sqlx::query("DELETE FROM environments WHERE id = $1")
+                .bind(id.to_string())
+                .execute(pool)
+                .await
+                .map_err(backend_with(|| format!("deleting environment {id}")))?
+                .rows_affected()
+        });
+        if deleted == 0 {
+            return Err(environment_not_found(id));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,238 @@
+//! `DbKv`: the runtime's `KvStore` (plugin key/value state, by scope and key) kept in the
+//! database, so it lives where everything else of an environment lives and survives a move to
+//! another replica.
+//!
+//! `KvStore` is synchronous, and it is called from inside async host functions on a tokio worker
+//! thread. Blocking on the host's own pool from there (`Handle::block_on`) panics on a
+//! current-thread runtime and, with `block_in_place`, still depends on the caller's runtime to
+//! drive the pool's I/O. So `DbKv` owns a small pool of its own, driven by its own thread and
+//! current-thread runtime: a call sends its request over a channel and blocks the calling thread
+//! for one database round trip (as `DirKv` blocks on file I/O), whatever runtime the caller is
+//! on, and nothing it waits for needs the caller's thread. Requests run concurrently on that
+//! runtime, up to the pool's size.
+
+use std::sync::mpsc as std_mpsc;
+
+use orc_runtime::capability::kv::{KvError, KvStore};
+use sqlx::pool::PoolOptions;
+use tokio::sync::{mpsc, oneshot};
+
+use super::error::backend;
+use super::{Backend, Db, Store, StoreError, now_ms};
+
+/// Connections of the key/value pool.
+const KV_CONNECTIONS: u32 = 4;
+
+enum Op {
+    Get { scope: String, key: String },
+    Set { scope: String, key: String, value: Vec<u8> },
+    Delete { scope: String, key: String },
+    List { scope: String, prefix: String },
+}
+
+enum Reply {
+    Value(Option<Vec<u8>>),
+    Done,
+    Deleted(bool),
+    Keys(Vec<String>),
+}
+
+struct Request {
+    op: Op,
+    reply: std_mpsc::SyncSender<Result<Reply, sqlx::Error>>,
+}
+
+/// Plugin key/value state in the store's database. Dropping it stops its thread and closes its
+/// connections.
+#[derive(Debug)]
+pub struct DbKv {
+    requests: mpsc::UnboundedSender<Request>,
+    backend: Backend,
+}
+
+impl DbKv {
+    /// Starts the key/value thread with its own connections to `store`'s database.
+    pub async fn open(store: &Store) -> Result<DbKv, StoreError> {
+        let db = store.db.clone();
+        let backend = store.backend();
+        let (requests, mut incoming) = mpsc::unbounded_channel::<Request>();
+        let (ready, started) = oneshot::channel::<Result<(), StoreError>>();
+        std::thread::Builder::new()
+            .name("orc-kv".to_string())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready.send(Err(StoreError::Config {
+                            location: "key/value store".to_string(),
+                            reason: format!("cannot start its runtime: {e}"),
+                        }));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let kv = match own_pool(&db).await {
+                        Ok(kv) => kv,
+                        Err(e) => {
+                            let _ = ready.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = ready.send(Ok(()));
+                    while let Some(request) = incoming.recv().await {
+                        let kv = kv.clone();
+                        tokio::spawn(async move {
+                            let _ = request.reply.send(run(&kv, request.op).await);
+                        });
+                    }
+                    kv.close().await;
+                });
+            })
+            .map_err(|e| StoreError::Config {
+                location: "key/value store".to_string(),
+                reason: format!("cannot start its thread: {e}"),
+            })?;
+        started.await.map_err(|_| StoreError::Config {
+            location: "key/value store".to_string(),
+            reason: "its thread stopped while starting".to_string(),
+        })??;
+        Ok(DbKv { requests, backend })
+    }
+
+    fn call(&self, op: Op, doing: impl FnOnce() -> String) -> Result<Reply, KvError> {
+        let (reply, answer) = std_mpsc::sync_channel(1);
+        let failed = |source: std::io::Error| KvError::Io {
+            context: format!("{} database: {}", self.backend, doing()),
+            source,
+        };
+        if self.requests.send(Request { op, reply }).is_err() {
+            return Err(failed(std::io::Error::other("the key/value thread has stopped")));
+        }
+        match answer.recv() {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(e)) => Err(failed(std::io::Error::other(e))),
+            Err(_) => Err(failed(std::io::Error::other("the key/value thread has stopped"))),
+        }
+    }
+}
+
+/// A pool like `db`'s (same database, same connection settings), owned by the calling runtime.
+async fn own_pool(db: &Db) -> Result<Store, StoreError> {
+    let db = match db {
+        Db::Sqlite(pool) => Db::Sqlite(
+            PoolOptions::new()
+                .max_connections(KV_CONNECTIONS)
+                .connect_with((*pool.connect_options()).clone())
+                .await
+                .map_err(backend("opening the key/value connections"))?,
+        ),
+        Db::Postgres(pool) => Db::Postgres(
+            PoolOptions::new()
+                .max_connections(KV_CONNECTIONS)
+                .connect_with((*pool.connect_options()).clone())
+                .await
+                .map_err(backend("opening the key/value connections"))?,
+        ),
+    };
+    Ok(Store { db })
+}
+
+async fn run(kv: &Store, op: Op) -> Result<Reply, sqlx::Error> {
+    Ok(match op {
+        Op::Get { scope, key } => Reply::Value(on_pool!(kv, pool => {
+            sqlx::query_scalar("SELECT value FROM plugin_kv WHERE scope = $1 AND key = $2")
+                .bind(scope)
+                .bind(key)
+                .fetch_optional(pool)
+                .await?
+        })),
+        Op::Set { scope, key, value } => {
+            on_pool!(kv, pool => {
+                sqlx::query(
+                    "INSERT INTO plugin_kv (scope, key, value, updated_at) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (scope, key) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                )
+                .bind(scope)
+                .bind(key)
+                .bind(value)
+                .bind(now_ms())
+                .execute(pool)
+                .await?
+                .rows_affected()
+            });
+            Reply::Done
+        }
+        Op::Delete { scope, key } => Reply::Deleted(on_pool!(kv, pool => {
+            sqlx::query("DELETE FROM plugin_kv WHERE scope = $1 AND key = $2")
+                .bind(scope)
+                .bind(key)
+                .execute(pool)
+                .await?
+                .rows_affected()
+                > 0
+        })),
+        Op::List { scope, prefix } => Reply::Keys(on_pool!(kv, pool => {
+            sqlx::query_scalar(
+                "SELECT key FROM plugin_kv WHERE scope = $1 AND substr(key, 1, length(CAST($2 AS TEXT))) = $2 ORDER BY key",
+            )
+            .bind(scope)
+            .bind(prefix)
+            .fetch_all(pool)
+            .await?
+        })),
+    })
+}
+
+fn unexpected() -> KvError {
+    KvError::Io {
+        context: "database key/value store".to_string(),
+        source: std::io::Error::other("unexpected reply"),
+    }
+}
+
+impl KvStore for DbKv {
+    fn get(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, KvError> {
+        let op = Op::Get {
+            scope: scope.to_string(),
+            key: key.to_string(),
+        };
+        match self.call(op, || format!("cannot read `{key}` in `{scope}`"))? {
+            Reply::Value(v) => Ok(v),
+            _ => Err(unexpected()),
+        }
+    }
+
+    fn set(&self, scope: &str, key: &str, value: &[u8]) -> Result<(), KvError> {
+        let op = Op::Set {
+            scope: scope.to_string(),
+            key: key.to_string(),
+            value: value.to_vec(),
+        };
+        match self.call(op, || format!("cannot write `{key}` in `{scope}`"))? {
+            Reply::Done => Ok(()),
+            _ => Err(unexpected()),
+        }
+    }
+
+    fn delete(&self, scope: &str, key: &str) -> Result<bool, KvError> {
+        let op = Op::Delete {
+            scope: scope.to_string(),
+            key: key.to_string(),
+        };
+        match self.call(op, || format!("cannot delete `{key}` in `{scope}`"))? {
+            Reply::Deleted(d) => Ok(d),
+            _ => Err(unexpected()),
+        }
+    }
+
+    fn list(&self, scope: &str, prefix: &str) -> Result<Vec<String>, KvError> {
+        let op = Op::List {
+            scope: scope.to_string(),
+            prefix: prefix.to_string(),
+        };
+        match self.call(op, || format!("cannot list `{prefix}…` in `{scope}`"))? {
+            Reply::Keys(k) => Ok(k),
+            _ => Err(unexpected()),
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! The persistence layer of orc-host: environments, intent versions, resource states, the action
+//! log, dryrun reports, admin tokens and the plugin key/value store, on SQLite (the embedded
+//! default: one file in the data directory) or PostgreSQL (production, scale-out), with the same
+//! behaviour on both.
+//!
+//! # Two backends, one enum
+//! [`Store`] holds `Db::Sqlite(SqlitePool)` or `Db::Postgres(PgPool)` rather than sqlx's
+//! `AnyPool`, because the hot paths need what `Any` erases: PostgreSQL batches go through
+//! `UNNEST` of typed arrays (one statement for 10,000 rows, no parameter limit), SQLite batches
+//! through chunked multi-row `VALUES` under `BEGIN IMMEDIATE`; `Any` has no arrays, no
+//! per-backend transaction start and would convert every value through its own enum. Most SQL
+//! is nonetheless written once: sqlx's SQLite driver also accepts `$1` placeholders, and
+//! `on_pool!` expands one block of code for each pool, so each arm is type-checked against its
+//! own driver. Only what differs (batch writes, substring search, transaction start) is written
+//! twice.
+//!
+//! # Schema and migrations
+//! One migration set per backend (`host/migrations/sqlite`, `host/migrations/postgres`), the
+//! same tables and columns, applied by `connect` (sqlx's migrator: idempotent, and on
+//! PostgreSQL serialised between replicas by an advisory lock). They are embedded with
+//! `include_str!` and handed to `Migrator::with_migrations` instead of `sqlx::migrate!`: the
+//! macro would compile sqlx's proc-macro crate with both database drivers (and the bundled
+//! SQLite C library) a second time for the build host. A unit test checks that every file in
+//! the folders is embedded. Times are `i64` milliseconds since the epoch; ids are UUID text;
+//! JSON is text. SQLite runs in WAL mode with `synchronous=NORMAL`, a busy timeout and foreign
+//! keys on; an in-memory SQLite database is refused (a pool would see several databases).
+//!
+//! # Batches
+//! Writes that come in thousands (`upsert_states`, `set_status`, `insert_actions`) are one
+//! transaction per call and a handful of statements, never one statement per row. The schema
+//! serves them: no index on a resource's `status` (it changes at every step of a deploy; status
+//! filters scan the environment's key range instead), `fillfactor` headroom on PostgreSQL for
+//! in-place updates, time-ordered action ids ([`ActionId::new`]). The integration tests print
+//! the 10,000-row timings (`cargo test -p orc-host --test store -- --nocapture batch_timings`).
+//!
+//! # Conventions
+//! `get_*` answers [`StoreError::NotFound`] for a missing row, `find_*` answers `None`. Every
+//! query is scoped by environment: nothing crosses environments. [`DbKv`] is the runtime's
+//! `KvStore` over the same database (see its module for how a sync trait meets an async pool).
+//!
+//! Architecture invariant: nothing outside `store` issues SQL; the rest of the host sees typed
+//! records and [`StoreError`].
+
+use std::path::Path;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{PgPool, Postgres, SqlSafeStr, Sqlite, SqlitePool, Transaction};
+
+/// Runs `$body` once per backend with `$pool` bound to that backend's pool (`&SqlitePool` or
+/// `&PgPool`): one source, two monomorphic, separately type-checked copies.
+macro_rules! on_pool {
+    ($store:expr, $pool:ident => $body:expr) => {
+        match &$store.db {
+            $crate::store::Db::Sqlite($pool) => $body,
+            $crate::store::Db::Postgres($pool) => $body,
+        }
+    };
+}
+
+mod actions;
+mod dryruns;
+mod environments;
+mod error;
+mod intents;
+mod kv;
+mod model;
+mod states;
+mod tokens;
+
+pub use error::StoreError;
+pub use kv::DbKv;
+pub use model::*;
+
+use error::backend;
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Which database a [`Store`] runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Sqlite => "SQLite",
+            Backend::Postgres => "PostgreSQL",
+        })
+    }
+}
+
+/// Pool settings.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Most connections the pool opens (SQLite: readers run in parallel, writers queue).
+    pub max_connections: u32,
+    /// How long a caller waits for a free connection before failing.
+    pub acquire_timeout: Duration,
+    /// SQLite: how long a writer waits for another writer's lock before failing.
+    pub busy_timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            max_connections: 8,
+            acquire_timeout: Duration::from_secs(30),
+            busy_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The database handle of the host. Cheap to clone (pools are shared).
+#[derive(Debug, Clone)]
+pub struct Store {
+    pub(crate) db: Db,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Db {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// The file name of the SQLite database inside a data directory.
+pub const SQLITE_FILE: &str = "orc.db";
+
+impl Store {
+    /// Opens (creating if needed) the SQLite database at `path` and applies the migrations.
+    pub async fn open_sqlite(path: impl AsRef<Path>) -> Result<Store> {
+        Store::open_sqlite_with(path, &StoreOptions::default()).await
+    }
+
+    pub async fn open_sqlite_with(path: impl AsRef<Path>, options: &StoreOptions) -> Result<Store> {
+        Store::sqlite(SqliteConnectOptions::new().filename(path.as_ref()), options).await
+    }
+
+    /// Connects to `location` and applies the migrations: `postgres://…` / `postgresql://…`, or
+    /// `sqlite://PATH` / `sqlite:PATH` (created if missing).
+    pub async fn connect(location: &str) -> Result<Store> {
+        Store::connect_with(location, &StoreOptions::default()).await
+    }
+
+    pub async fn connect_with(location: &str, options: &StoreOptions) -> Result<Store> {
+        let invalid = |reason: &str| StoreError::Config {
+            location: redact(location),
+            reason: reason.to_string(),
+        };
+        if location.starts_with("postgres://") || location.starts_with("postgresql://") {
+            let connect: PgConnectOptions = location.parse().map_err(|e: sqlx::Error| invalid(&e.to_string()))?;
+            Store::postgres(connect, options).await
+        } else if location.starts_with("sqlite:") {
+            if location.contains(":memory:") || location.contains("mode=memory") {
+                return Err(invalid(
+                    "an in-memory SQLite database is not supported: every pooled connection would see its own; use a file",
+                ));
+            }
+            let connect: SqliteConnectOptions = location.parse().map_err(|e: sqlx::Error| invalid(&e.to_string()))?;
+            Store::sqlite(connect.create_if_missing(true), options).await
+        } else {
+            Err(invalid("expected postgres://…, postgresql://… or sqlite:PATH"))
+        }
+    }
+
+    /// Connects to PostgreSQL with explicit options and applies the migrations.
+    pub async fn postgres(connect: PgConnectOptions, options: &StoreOptions) -> Result<Store> {
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect.application_name("orc-host"))
+            .await
+            .map_err(backend("connecting to PostgreSQL"))?;
+        let store = Store { db: Db::Postgres(pool) };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn sqlite(connect: SqliteConnectOptions, options: &StoreOptions) -> Result<Store> {
+        let path = connect.get_filename();
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| StoreError::Config {
+                location: path.display().to_string(),
+                reason: format!("cannot create {}: {e}", parent.display()),
+            })?;
+        }
+        let connect = connect
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .busy_timeout(options.busy_timeout)
+            .foreign_keys(true)
+            .pragma("temp_store", "memory");
+        let pool = SqlitePoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(backend("opening the SQLite database"))?;
+        let store = Store { db: Db::Sqlite(pool) };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let backend = self.backend();
+        let run = match &self.db {
+            Db::Sqlite(pool) => SQLITE_MIGRATOR.run(pool).await,
+            Db::Postgres(pool) => POSTGRES_MIGRATOR.run(pool).await,
+        };
+        run.map_err(|source| StoreError::Migrate { backend, source })
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self.db {
+            Db::Sqlite(_) => Backend::Sqlite,
+            Db::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// Closes every connection, waiting for those in use to be returned.
+    pub async fn close(&self) {
+        on_pool!(self, pool => pool.close().await)
+    }
+}
+
+/// `scheme://user:secret@host/db` → `scheme://…@host/db`: locations go into error messages.
+fn redact(location: &str) -> String {
+    match (location.find("://"), location.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}…{}", &location[..s + 3], &location[at..]),
+        _ => location.to_string(),
+    }
+}
+
+/// Opens write transactions. SQLite: `BEGIN IMMEDIATE` takes the write lock up front, so a
+/// transaction that reads before it writes waits for the busy timeout instead of failing when
+/// another writer committed in between (a deferred transaction cannot upgrade a stale snapshot).
+pub(crate) trait BeginWrite {
+    type Db: sqlx::Database;
+    async fn begin_write(&self) -> Result<Transaction<'static, Self::Db>, sqlx::Error>;
+}
+
+impl BeginWrite for SqlitePool {
+    type Db = Sqlite;
+    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+        self.begin_with("BEGIN IMMEDIATE").await
+    }
+}
+
+impl BeginWrite for PgPool {
+    type Db = Postgres;
+    async fn begin_write(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        self.begin().await
+    }
+}
+
+/// SQLite's default limit on bound parameters per statement (`SQLITE_MAX_VARIABLE_NUMBER`).
+pub(crate) const SQLITE_MAX_PARAMS: usize = 32_766;
+
+/// Rows per multi-row SQLite statement with `columns` parameters per row.
+pub(crate) const fn sqlite_rows_per_statement(columns: usize) -> usize {
+    SQLITE_MAX_PARAMS / columns
+}
+
+/// (version, description, SQL) of each migration, in order.
+type Embedded = &'static [(i64, &'static str, &'static str)];
+
+const SQLITE_MIGRATIONS: Embedded = &[(1, "init", include_str!("../../migrations/sqlite/0001_init.sql"))];
+const POSTGRES_MIGRATIONS: Embedded = &[(1, "init", include_str!("../../migrations/postgres/0001_init.sql"))];
+
+fn migrator(embedded: Embedded) -> Migrator {
+    Migrator::with_migrations(
+        embedded
+            .iter()
+            .map(|&(version, description, sql)| {
+                Migration::new(version, description.into(), MigrationType::Simple, sql.into_sql_str(), false)
+            })
+            .collect(),
+    )
+}
+
+static SQLITE_MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| migrator(SQLITE_MIGRATIONS));
+static POSTGRES_MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| migrator(POSTGRES_MIGRATIONS));
+
+/// Parses an id read from the database.
+pub(crate) fn parse_id<T: std::str::FromStr>(text: &str, what: &str) -> Result<T> {
+    text.parse()
+        .map_err(|_| StoreError::corrupt(format!("{what} id `{text}` is not a UUID")))
+}
+
+/// Parses an enum name read from the database.
+pub(crate) fn parse_name<T: std::str::FromStr<Err = UnknownName>>(text: &str) -> Result<T> {
+    text.parse().map_err(|e: UnknownName| StoreError::corrupt(e.to_string()))
+}
+
+pub(crate) fn error_info(code: Option<String>, message: Option<String>) -> Option<ErrorInfo> {
+    match (code, message) {
+        (None, None) => None,
+        (code, message) => Some(ErrorInfo {
+            code: code.unwrap_or_default(),
+            message: message.unwrap_or_default(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_migration_file_is_embedded_in_order() {
+        for (folder, embedded) in [("sqlite", SQLITE_MIGRATIONS), ("postgres", POSTGRES_MIGRATIONS)] {
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations").join(folder);
+            let mut files: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .filter(|n| n.ends_with(".sql"))
+                .collect();
+            files.sort();
+            let listed: Vec<String> = embedded.iter().map(|(v, d, _)| format!("{v:04}_{d}.sql")).collect();
+            assert_eq!(files, listed, "migrations/{folder} and the embedded list differ");
+            for ((_, _, sql), file) in embedded.iter().zip(&files) {
+                assert_eq!(*sql, std::fs::read_to_string(dir.join(file)).unwrap(), "{folder}/{file}");
+            }
+        }
+        assert_eq!(
+            SQLITE_MIGRATIONS.iter().map(|m| m.0).collect::<Vec<_>>(),
+            POSTGRES_MIGRATIONS.iter().map(|m| m.0).collect::<Vec<_>>(),
+            "both backends have the same migration versions"
+        );
+    }
+
+    #[test]
+    fn locations_are_redacted() {
+        assert_eq!(redact("postgres://orc:hunter2@db:5432/orc"), "postgres://…@db:5432/orc");
+        assert_eq!(redact("sqlite:/var/lib/orc/orc.db"), "sqlite:/var/lib/orc/orc.db");
+    }
+}

@@ -1,0 +1,447 @@
+//! The records the store keeps, as Rust values: typed ids, environments and their settings, intent
+//! versions, resource states and their status transitions, the action log, dryrun reports, admin
+//! tokens. JSON documents (intents, changes, messages, reports) travel as JSON text: the store
+//! keeps them verbatim and never looks inside.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Milliseconds since the Unix epoch: the one time format of the store, on both backends.
+pub type Millis = i64;
+
+/// Now, in [`Millis`].
+pub fn now_ms() -> Millis {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
+macro_rules! uuid_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(Uuid);
+
+        impl $name {
+            /// A new random (v4) id.
+            pub fn random() -> $name {
+                $name(Uuid::new_v4())
+            }
+            pub fn as_uuid(&self) -> &Uuid {
+                &self.0
+            }
+        }
+
+        impl From<Uuid> for $name {
+            fn from(u: Uuid) -> $name {
+                $name(u)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                // Hyphenated lowercase: the form stored in the database.
+                fmt::Display::fmt(&self.0.hyphenated(), f)
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = uuid::Error;
+            fn from_str(s: &str) -> Result<$name, uuid::Error> {
+                Uuid::parse_str(s).map($name)
+            }
+        }
+    };
+}
+
+uuid_id!(
+    /// An environment (a tenant). Stored as hyphenated UUID text.
+    EnvironmentId
+);
+uuid_id!(
+    /// One entry of the action log.
+    ActionId
+);
+
+impl ActionId {
+    /// A new time-ordered (UUIDv7) id: entries written together get neighbouring ids, so the
+    /// log's unique index grows at its end instead of taking random inserts (a third faster for
+    /// a 10,000-entry batch on SQLite).
+    pub fn new() -> ActionId {
+        ActionId(Uuid::now_v7())
+    }
+}
+
+impl Default for ActionId {
+    fn default() -> Self {
+        ActionId::new()
+    }
+}
+uuid_id!(
+    /// One dryrun report.
+    DryrunId
+);
+uuid_id!(
+    /// One admin token (the id, not the secret).
+    TokenId
+);
+
+/// A stored enum value that is not one of the known names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {kind} `{value}`")]
+pub struct UnknownName {
+    pub kind: &'static str,
+    pub value: String,
+}
+
+macro_rules! named_enum {
+    ($(#[$doc:meta])* $name:ident ($kind:literal) { $($(#[$vdoc:meta])* $variant:ident => $text:literal,)+ }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum $name {
+            $($(#[$vdoc])* $variant,)+
+        }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            /// The name stored in the database and used in the API.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownName;
+            fn from_str(s: &str) -> Result<$name, UnknownName> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(UnknownName { kind: $kind, value: s.chars().take(100).collect() }),
+                }
+            }
+        }
+    };
+}
+
+named_enum!(
+    /// Where a resource stands: `available` → `deploying` → `deployed` | `failed` | `skipped` |
+    /// `unavailable`.
+    ResourceStatus("resource status") {
+        /// Waiting to be deployed (new, changed, or recovered after a crash).
+        Available => "available",
+        /// An action is in flight. Never left behind: see `Store::recover_deploying`.
+        Deploying => "deploying",
+        Deployed => "deployed",
+        Failed => "failed",
+        /// A resource it requires did not succeed.
+        Skipped => "skipped",
+        /// Its node cannot be reached.
+        Unavailable => "unavailable",
+    }
+);
+
+named_enum!(
+    /// What an action-log entry did.
+    ActionKind("action kind") {
+        Deploy => "deploy",
+        Repair => "repair",
+        Dryrun => "dryrun",
+        Read => "read",
+        Delete => "delete",
+    }
+);
+
+named_enum!(
+    /// Where a dryrun report stands.
+    DryrunStatus("dryrun status") {
+        Running => "running",
+        Done => "done",
+        Failed => "failed",
+    }
+);
+
+/// An environment's knobs for its scheduler.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnvironmentSettings {
+    /// Self-healing: a resource not verified for this long is re-read and restored.
+    pub repair_interval_s: u64,
+    /// Failed resources are retried after this long (the scheduler adds backoff and jitter).
+    pub retry_interval_s: u64,
+    /// Most actions in flight against one node.
+    pub per_node_concurrency: u32,
+    /// Most actions in flight in the environment.
+    pub env_concurrency: u32,
+    /// Release every submitted version at once.
+    pub auto_deploy: bool,
+}
+
+impl Default for EnvironmentSettings {
+    fn default() -> Self {
+        EnvironmentSettings {
+            repair_interval_s: 600,
+            retry_interval_s: 60,
+            per_node_concurrency: 16,
+            env_concurrency: 256,
+            auto_deploy: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Environment {
+    pub id: EnvironmentId,
+    pub name: String,
+    pub settings: EnvironmentSettings,
+    pub halted: bool,
+    /// The highest version submitted so far (0 before the first).
+    pub latest_version: i64,
+    /// The version the scheduler drives towards, once one is released.
+    pub released_version: Option<i64>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// An intent version without its document (for listings).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionInfo {
+    pub environment: EnvironmentId,
+    pub version: i64,
+    pub created_at: Millis,
+    /// When it was last released (a rollback releases an older version again).
+    pub released_at: Option<Millis>,
+    /// It is the environment's released version.
+    pub active: bool,
+}
+
+/// An intent version with its immutable document (JSON text).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntentVersion {
+    #[serde(flatten)]
+    pub info: VersionInfo,
+    pub document: String,
+}
+
+/// A failure as the log and the state keep it: a stable code and a message naming the culprit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    pub code: String,
+    pub message: String,
+}
+
+/// The state of one resource in one environment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceState {
+    /// `type[node,key]`.
+    pub resource_id: String,
+    pub resource_type: String,
+    pub node: String,
+    /// Hash of the desired attributes in `version`.
+    pub desired_hash: String,
+    /// Hash of the attributes last enforced successfully.
+    pub deployed_hash: Option<String>,
+    pub status: ResourceStatus,
+    /// The intent version this state belongs to.
+    pub version: i64,
+    pub last_deploy_at: Option<Millis>,
+    pub last_verified_at: Option<Millis>,
+    pub attempts: i64,
+    pub last_error: Option<ErrorInfo>,
+    pub next_retry_at: Option<Millis>,
+}
+
+/// What a status transition does to the attempt counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Attempts {
+    #[default]
+    Keep,
+    Increment,
+    Reset,
+}
+
+/// One status transition of [`Store::set_status`](super::Store::set_status). `None` in the
+/// `deployed_hash` / `last_*_at` fields keeps the stored value; `last_error` and `next_retry_at`
+/// are always written (`None` clears them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusChange {
+    pub resource_id: String,
+    pub status: ResourceStatus,
+    pub deployed_hash: Option<String>,
+    pub last_deploy_at: Option<Millis>,
+    pub last_verified_at: Option<Millis>,
+    pub attempts: Attempts,
+    pub last_error: Option<ErrorInfo>,
+    pub next_retry_at: Option<Millis>,
+    /// Apply only if the stored state still belongs to this version: a change computed for a
+    /// superseded version is dropped instead of overwriting the newer state.
+    pub if_version: Option<i64>,
+}
+
+impl StatusChange {
+    /// Sets `status`; keeps everything else except `last_error` and `next_retry_at` (cleared).
+    pub fn new(resource_id: impl Into<String>, status: ResourceStatus) -> StatusChange {
+        StatusChange {
+            resource_id: resource_id.into(),
+            status,
+            deployed_hash: None,
+            last_deploy_at: None,
+            last_verified_at: None,
+            attempts: Attempts::Keep,
+            last_error: None,
+            next_retry_at: None,
+            if_version: None,
+        }
+    }
+}
+
+/// Filters and page of [`Store::list_states`](super::Store::list_states). States come in
+/// resource-id order (bytewise); `after` is the keyset cursor (the last id of the previous page).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StateFilter {
+    pub status: Option<ResourceStatus>,
+    pub resource_type: Option<String>,
+    pub node: Option<String>,
+    /// Case-insensitive (ASCII) substring of the resource id.
+    pub text: Option<String>,
+    pub after: Option<String>,
+    /// 1..=[`MAX_PAGE`]; 0 means [`DEFAULT_PAGE`].
+    pub limit: u32,
+}
+
+impl Default for StateFilter {
+    fn default() -> Self {
+        StateFilter {
+            status: None,
+            resource_type: None,
+            node: None,
+            text: None,
+            after: None,
+            limit: DEFAULT_PAGE,
+        }
+    }
+}
+
+pub const DEFAULT_PAGE: u32 = 100;
+pub const MAX_PAGE: u32 = 10_000;
+
+pub(crate) fn page_size(limit: u32) -> u32 {
+    match limit {
+        0 => DEFAULT_PAGE,
+        n => n.min(MAX_PAGE),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatePage {
+    pub items: Vec<ResourceState>,
+    /// Pass as `after` for the next page; `None` on the last page.
+    pub next_after: Option<String>,
+}
+
+/// One entry of the action log, as written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionRecord {
+    pub id: ActionId,
+    pub environment: EnvironmentId,
+    pub resource_id: String,
+    pub kind: ActionKind,
+    /// The intent version the action worked for.
+    pub version: Option<i64>,
+    pub started_at: Millis,
+    pub finished_at: Millis,
+    /// The executor's outcome (`unchanged`, `changed`, `would_change`, `failed`, …).
+    pub outcome: String,
+    /// JSON array of changes (field, current, desired).
+    pub changes: String,
+    /// JSON array of messages.
+    pub messages: String,
+    pub error: Option<ErrorInfo>,
+}
+
+/// An action-log entry as read back, with its place in the log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoggedAction {
+    /// Insertion order, increasing; the pagination cursor.
+    pub seq: i64,
+    #[serde(flatten)]
+    pub action: ActionRecord,
+}
+
+/// Filters and page of [`Store::list_actions`](super::Store::list_actions). Newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ActionFilter {
+    pub resource_id: Option<String>,
+    pub kind: Option<ActionKind>,
+    pub outcome: Option<String>,
+    pub version: Option<i64>,
+    /// `started_at >= since`.
+    pub since: Option<Millis>,
+    /// `started_at < until`.
+    pub until: Option<Millis>,
+    /// Keyset cursor: entries with `seq < before`.
+    pub before: Option<i64>,
+    pub limit: u32,
+}
+
+impl Default for ActionFilter {
+    fn default() -> Self {
+        ActionFilter {
+            resource_id: None,
+            kind: None,
+            outcome: None,
+            version: None,
+            since: None,
+            until: None,
+            before: None,
+            limit: DEFAULT_PAGE,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionPage {
+    pub items: Vec<LoggedAction>,
+    /// Pass as `before` for the next (older) page; `None` on the last page.
+    pub next_before: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DryrunReport {
+    pub id: DryrunId,
+    pub environment: EnvironmentId,
+    pub version: i64,
+    pub status: DryrunStatus,
+    pub created_at: Millis,
+    pub finished_at: Option<Millis>,
+    /// JSON text, once finished.
+    pub report: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdminToken {
+    pub id: TokenId,
+    pub created_at: Millis,
+}
+
+/// The hash under which a token is stored and looked up: lowercase hex of its sha256.
+pub fn hash_token(token: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(token.as_bytes()))
+}

@@ -1,0 +1,435 @@
+//! Resource states: batch upsert, batch status transitions, reads with filters and keyset
+//! pagination, counts per status, and crash recovery of `deploying`.
+//!
+//! Batches are one transaction. PostgreSQL gets one statement per batch (`UNNEST` of one array
+//! per column); SQLite gets multi-row statements of as many rows as its parameter limit allows.
+//! A resource id given twice in one batch counts once, the last occurrence winning, on both
+//! backends (PostgreSQL would refuse to touch a row twice in one statement).
+
+use std::collections::HashSet;
+
+use sqlx::{Postgres, QueryBuilder, Sqlite};
+
+use super::environments::environment_not_found;
+use super::error::backend_with;
+use super::{
+    Attempts, BeginWrite, Db, EnvironmentId, ResourceState, ResourceStatus, Result, StateFilter, StatePage, StatusChange, Store,
+    StoreError, error_info, now_ms, page_size, parse_name, sqlite_rows_per_statement,
+};
+
+type Row = (
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    String,
+    i64,
+    Option<i64>,
+    Option<i64>,
+    i64,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+);
+
+macro_rules! columns {
+    () => {
+        "resource_id, resource_type, node, desired_hash, deployed_hash, status, version, last_deploy_at, \
+         last_verified_at, attempts, error_code, error_message, next_retry_at"
+    };
+}
+
+fn state(row: Row) -> Result<ResourceState> {
+    let (
+        resource_id,
+        resource_type,
+        node,
+        desired_hash,
+        deployed_hash,
+        status,
+        version,
+        last_deploy_at,
+        last_verified_at,
+        attempts,
+        error_code,
+        error_message,
+        next_retry_at,
+    ) = row;
+    Ok(ResourceState {
+        status: parse_name(&status)?,
+        resource_id,
+        resource_type,
+        node,
+        desired_hash,
+        deployed_hash,
+        version,
+        last_deploy_at,
+        last_verified_at,
+        attempts,
+        last_error: error_info(error_code, error_message),
+        next_retry_at,
+    })
+}
+
+/// The items of `batch` with distinct keys, the last occurrence of each key winning, in the
+/// order of those last occurrences.
+fn last_per_key<T>(batch: &[T], key: impl Fn(&T) -> &str) -> Vec<&T> {
+    let mut seen = HashSet::with_capacity(batch.len());
+    let mut kept: Vec<&T> = batch.iter().rev().filter(|item| seen.insert(key(item))).collect();
+    kept.reverse();
+    kept
+}
+
+fn attempts_op(a: Attempts) -> i64 {
+    match a {
+        Attempts::Keep => 0,
+        Attempts::Increment => 1,
+        Attempts::Reset => -1,
+    }
+}
+
+macro_rules! upsert_conflict {
+    () => {
+        " ON CONFLICT (environment_id, resource_id) DO UPDATE SET \
+         resource_type = excluded.resource_type, node = excluded.node, desired_hash = excluded.desired_hash, \
+         deployed_hash = excluded.deployed_hash, status = excluded.status, version = excluded.version, \
+         last_deploy_at = excluded.last_deploy_at, last_verified_at = excluded.last_verified_at, \
+         attempts = excluded.attempts, error_code = excluded.error_code, error_message = excluded.error_message, \
+         next_retry_at = excluded.next_retry_at, updated_at = excluded.updated_at"
+    };
+}
+
+const SET_STATUS: &str = "status = v.status, \
+    deployed_hash = COALESCE(v.deployed_hash, s.deployed_hash), \
+    last_deploy_at = COALESCE(v.last_deploy_at, s.last_deploy_at), \
+    last_verified_at = COALESCE(v.last_verified_at, s.last_verified_at), \
+    attempts = CASE WHEN v.attempts_op < 0 THEN 0 ELSE s.attempts + v.attempts_op END, \
+    error_code = v.error_code, error_message = v.error_message, next_retry_at = v.next_retry_at";
+
+const SET_STATUS_MATCH: &str = "s.resource_id = v.resource_id AND (v.if_version IS NULL OR s.version = v.if_version)";
+
+impl Store {
+    /// Inserts or replaces the states of `env` in one transaction. Every field is written as
+    /// given (read first if you mean to keep some).
+    pub async fn upsert_states(&self, env: &EnvironmentId, states: &[ResourceState]) -> Result<()> {
+        if states.is_empty() {
+            return Ok(());
+        }
+        match self.write_states(env, states).await {
+            Err(e) if e.is_foreign_key_violation() => Err(environment_not_found(env)),
+            other => other,
+        }
+    }
+
+    async fn write_states(&self, env: &EnvironmentId, states: &[ResourceState]) -> Result<()> {
+        let states = last_per_key(states, |s| &s.resource_id);
+        let env_id = env.to_string();
+        let now = now_ms();
+        let context = || format!("storing {} resource states of environment {env}", states.len());
+        match &self.db {
+            Db::Sqlite(pool) => {
+                let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
+                for chunk in states.chunks(sqlite_rows_per_statement(15)) {
+                    let mut q = QueryBuilder::<Sqlite>::new(concat!(
+                        "INSERT INTO resource_states (environment_id, ",
+                        columns!(),
+                        ", updated_at) "
+                    ));
+                    q.push_values(chunk, |mut row, s| {
+                        row.push_bind(&env_id)
+                            .push_bind(&s.resource_id)
+                            .push_bind(&s.resource_type)
+                            .push_bind(&s.node)
+                            .push_bind(&s.desired_hash)
+                            .push_bind(s.deployed_hash.as_deref())
+                            .push_bind(s.status.as_str())
+                            .push_bind(s.version)
+                            .push_bind(s.last_deploy_at)
+                            .push_bind(s.last_verified_at)
+                            .push_bind(s.attempts)
+                            .push_bind(s.last_error.as_ref().map(|e| e.code.as_str()))
+                            .push_bind(s.last_error.as_ref().map(|e| e.message.as_str()))
+                            .push_bind(s.next_retry_at)
+                            .push_bind(now);
+                    });
+                    q.push(upsert_conflict!());
+                    q.build().execute(&mut *tx).await.map_err(backend_with(context))?;
+                }
+                tx.commit().await.map_err(backend_with(context))?;
+            }
+            Db::Postgres(pool) => {
+                let q = sqlx::query::<Postgres>(concat!(
+                    "INSERT INTO resource_states (environment_id, ",
+                    columns!(),
+                    ", updated_at) SELECT $1, u.*, $2 FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], \
+                     $7::text[], $8::text[], $9::int8[], $10::int8[], $11::int8[], $12::int8[], $13::text[], $14::text[], \
+                     $15::int8[]) AS u",
+                    upsert_conflict!()
+                ))
+                .bind(&env_id)
+                .bind(now)
+                .bind(states.iter().map(|s| s.resource_id.as_str()).collect::<Vec<_>>())
+                .bind(states.iter().map(|s| s.resource_type.as_str()).collect::<Vec<_>>())
+                .bind(states.iter().map(|s| s.node.as_str()).collect::<Vec<_>>())
+                .bind(states.iter().map(|s| s.desired_hash.as_str()).collect::<Vec<_>>())
+                .bind(states.iter().map(|s| s.deployed_hash.as_deref()).collect::<Vec<_>>())
+                .bind(states.iter().map(|s| s.status.as_str()).collect::<Vec<_>>())
+                .bind(states.iter().map(|s| s.version).collect::<Vec<_>>())
+                .bind(states.iter().map(|s| s.last_deploy_at).collect::<Vec<_>>())
+                .bind(states.iter().map(|s| s.last_verified_at).collect::<Vec<_>>())
+                .bind(states.iter().map(|s| s.attempts).collect::<Vec<_>>())
+                .bind(
+                    states
+                        .iter()
+                        .map(|s| s.last_error.as_ref().map(|e| e.code.as_str()))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(
+                    states
+                        .iter()
+                        .map(|s| s.last_error.as_ref().map(|e| e.message.as_str()))
+                        .collect::<Vec<_>>(),
+                )
+                .bind(states.iter().map(|s| s.next_retry_at).collect::<Vec<_>>());
+                // One statement: atomic on its own, no explicit transaction needed.
+                q.execute(pool).await.map_err(backend_with(context))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies status transitions in one transaction; returns how many states changed (a change
+    /// whose resource is unknown, or whose `if_version` no longer matches, changes nothing).
+    pub async fn set_status(&self, env: &EnvironmentId, changes: &[StatusChange]) -> Result<u64> {
+        if changes.is_empty() {
+            return Ok(0);
+        }
+        let changes = last_per_key(changes, |c| &c.resource_id);
+        let env_id = env.to_string();
+        let now = now_ms();
+        let context = || format!("changing the status of {} resources of environment {env}", changes.len());
+        let mut changed = 0;
+        match &self.db {
+            Db::Sqlite(pool) => {
+                let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
+                for chunk in changes.chunks(sqlite_rows_per_statement(10)) {
+                    let mut q = QueryBuilder::<Sqlite>::new(
+                        "WITH v (resource_id, status, deployed_hash, last_deploy_at, last_verified_at, attempts_op, \
+                         error_code, error_message, next_retry_at, if_version) AS (",
+                    );
+                    q.push_values(chunk, |mut row, c| {
+                        row.push_bind(&c.resource_id)
+                            .push_bind(c.status.as_str())
+                            .push_bind(c.deployed_hash.as_deref())
+                            .push_bind(c.last_deploy_at)
+                            .push_bind(c.last_verified_at)
+                            .push_bind(attempts_op(c.attempts))
+                            .push_bind(c.last_error.as_ref().map(|e| e.code.as_str()))
+                            .push_bind(c.last_error.as_ref().map(|e| e.message.as_str()))
+                            .push_bind(c.next_retry_at)
+                            .push_bind(c.if_version);
+                    });
+                    q.push(") UPDATE resource_states AS s SET ")
+                        .push(SET_STATUS)
+                        .push(", updated_at = ")
+                        .push_bind(now)
+                        .push(" FROM v WHERE s.environment_id = ")
+                        .push_bind(&env_id)
+                        .push(" AND ")
+                        .push(SET_STATUS_MATCH);
+                    changed += q.build().execute(&mut *tx).await.map_err(backend_with(context))?.rows_affected();
+                }
+                tx.commit().await.map_err(backend_with(context))?;
+            }
+            Db::Postgres(pool) => {
+                let sql = format!(
+                    "UPDATE resource_states AS s SET {SET_STATUS}, updated_at = $2 \
+                     FROM UNNEST($3::text[], $4::text[], $5::text[], $6::int8[], $7::int8[], $8::int8[], $9::text[], \
+                     $10::text[], $11::int8[], $12::int8[]) \
+                     AS v (resource_id, status, deployed_hash, last_deploy_at, last_verified_at, attempts_op, \
+                     error_code, error_message, next_retry_at, if_version) \
+                     WHERE s.environment_id = $1 AND {SET_STATUS_MATCH}"
+                );
+                changed = sqlx::query::<Postgres>(sqlx::AssertSqlSafe(sql))
+                    .bind(&env_id)
+                    .bind(now)
+                    .bind(changes.iter().map(|c| c.resource_id.as_str()).collect::<Vec<_>>())
+                    .bind(changes.iter().map(|c| c.status.as_str()).collect::<Vec<_>>())
+                    .bind(changes.iter().map(|c| c.deployed_hash.as_deref()).collect::<Vec<_>>())
+                    .bind(changes.iter().map(|c| c.last_deploy_at).collect::<Vec<_>>())
+                    .bind(changes.iter().map(|c| c.last_verified_at).collect::<Vec<_>>())
+                    .bind(changes.iter().map(|c| attempts_op(c.attempts)).collect::<Vec<_>>())
+                    .bind(
+                        changes
+                            .iter()
+                            .map(|c| c.last_error.as_ref().map(|e| e.code.as_str()))
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(
+                        changes
+                            .iter()
+                            .map(|c| c.last_error.as_ref().map(|e| e.message.as_str()))
+                            .collect::<Vec<_>>(),
+                    )
+                    .bind(changes.iter().map(|c| c.next_retry_at).collect::<Vec<_>>())
+                    .bind(changes.iter().map(|c| c.if_version).collect::<Vec<_>>())
+                    .execute(pool)
+                    .await
+                    .map_err(backend_with(context))?
+                    .rows_affected();
+            }
+        }
+        Ok(changed)
+    }
+
+    /// The state of one resource.
+    pub async fn get_state(&self, env: &EnvironmentId, resource_id: &str) -> Result<ResourceState> {
+        let row: Option<Row> = on_pool!(self, pool => {
+            sqlx::query_as(concat!(
+                "SELECT ", columns!(), " FROM resource_states WHERE environment_id = $1 AND resource_id = $2"
+            ))
+            .bind(env.to_string())
+            .bind(resource_id)
+            .fetch_optional(pool)
+            .await
+            .map_err(backend_with(|| format!("reading the state of `{resource_id}` in environment {env}")))?
+        });
+        state(row.ok_or_else(|| StoreError::not_found(format!("resource `{resource_id}` in environment {env}")))?)
+    }
+
+    /// Every state of the environment, by resource id (for a scheduler loading its environment).
+    pub async fn load_states(&self, env: &EnvironmentId) -> Result<Vec<ResourceState>> {
+        let rows: Vec<Row> = on_pool!(self, pool => {
+            sqlx::query_as(concat!(
+                "SELECT ", columns!(), " FROM resource_states WHERE environment_id = $1 ORDER BY resource_id"
+            ))
+            .bind(env.to_string())
+            .fetch_all(pool)
+            .await
+            .map_err(backend_with(|| format!("loading the states of environment {env}")))?
+        });
+        rows.into_iter().map(state).collect()
+    }
+
+    /// One page of states matching `filter`, by resource id.
+    pub async fn list_states(&self, env: &EnvironmentId, filter: &StateFilter) -> Result<StatePage> {
+        let limit = page_size(filter.limit);
+        let text = filter.text.as_ref().map(|t| t.to_ascii_lowercase());
+        // (condition with `?` for its parameter, value); `$1` is the environment.
+        let mut conditions: Vec<(&str, &str)> = Vec::new();
+        if let Some(status) = filter.status {
+            conditions.push(("status = ?", status.as_str()));
+        }
+        if let Some(t) = &filter.resource_type {
+            conditions.push(("resource_type = ?", t));
+        }
+        if let Some(node) = &filter.node {
+            conditions.push(("node = ?", node));
+        }
+        if let Some(text) = &text {
+            let find = match self.db {
+                Db::Sqlite(_) => "instr(lower(resource_id), ?) > 0",
+                Db::Postgres(_) => "strpos(lower(resource_id), ?) > 0",
+            };
+            conditions.push((find, text));
+        }
+        if let Some(after) = &filter.after {
+            conditions.push(("resource_id > ?", after));
+        }
+        let mut sql = String::from(concat!("SELECT ", columns!(), " FROM resource_states WHERE environment_id = $1"));
+        for (i, (condition, _)) in conditions.iter().enumerate() {
+            sql.push_str(" AND ");
+            sql.push_str(&condition.replace('?', &format!("${}", i + 2)));
+        }
+        sql.push_str(&format!(" ORDER BY resource_id LIMIT {}", limit + 1));
+        let rows: Vec<Row> = on_pool!(self, pool => {
+            let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(env.to_string());
+            for (_, value) in &conditions {
+                q = q.bind(*value);
+            }
+            q.fetch_all(pool)
+                .await
+                .map_err(backend_with(|| format!("listing the states of environment {env}")))?
+        });
+        let mut items = rows.into_iter().map(state).collect::<Result<Vec<_>>>()?;
+        let next_after = if items.len() > limit as usize {
+            items.truncate(limit as usize);
+            items.last().map(|s| s.resource_id.clone())
+        } else {
+            None
+        };
+        Ok(StatePage { items, next_after })
+    }
+
+    /// How many states of the environment are in each status (statuses with none are left out).
+    pub async fn status_counts(&self, env: &EnvironmentId) -> Result<Vec<(ResourceStatus, i64)>> {
+        let rows: Vec<(String, i64)> = on_pool!(self, pool => {
+            sqlx::query_as("SELECT status, COUNT(*) FROM resource_states WHERE environment_id = $1 GROUP BY status")
+                .bind(env.to_string())
+                .fetch_all(pool)
+                .await
+                .map_err(backend_with(|| format!("counting the states of environment {env}")))?
+        });
+        let mut counts = rows
+            .into_iter()
+            .map(|(status, n)| Ok((parse_name(&status)?, n)))
+            .collect::<Result<Vec<_>>>()?;
+        counts.sort();
+        Ok(counts)
+    }
+
+    /// Crash recovery: every state of `env` left `deploying` goes back to `available` (its action
+    /// never finished, so it runs again). Returns their ids, sorted.
+    pub async fn recover_deploying(&self, env: &EnvironmentId) -> Result<Vec<String>> {
+        let mut ids: Vec<String> = on_pool!(self, pool => {
+            sqlx::query_scalar(
+                "UPDATE resource_states SET status = 'available', updated_at = $2 \
+                 WHERE environment_id = $1 AND status = 'deploying' RETURNING resource_id",
+            )
+            .bind(env.to_string())
+            .bind(now_ms())
+            .fetch_all(pool)
+            .await
+            .map_err(backend_with(|| format!("recovering the deploying resources of environment {env}")))?
+        });
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Removes the states of resources that left the intent; returns how many existed.
+    pub async fn delete_states(&self, env: &EnvironmentId, resource_ids: &[String]) -> Result<u64> {
+        if resource_ids.is_empty() {
+            return Ok(0);
+        }
+        let env_id = env.to_string();
+        let context = || format!("deleting {} resource states of environment {env}", resource_ids.len());
+        let mut deleted = 0;
+        match &self.db {
+            Db::Sqlite(pool) => {
+                let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
+                for chunk in resource_ids.chunks(sqlite_rows_per_statement(1) - 1) {
+                    let mut q = QueryBuilder::<Sqlite>::new("DELETE FROM resource_states WHERE environment_id = ");
+                    q.push_bind(&env_id).push(" AND resource_id IN (");
+                    let mut list = q.separated(", ");
+                    for id in chunk {
+                        list.push_bind(id);
+                    }
+                    q.push(")");
+                    deleted += q.build().execute(&mut *tx).await.map_err(backend_with(context))?.rows_affected();
+                }
+                tx.commit().await.map_err(backend_with(context))?;
+            }
+            Db::Postgres(pool) => {
+                deleted = sqlx::query::<Postgres>("DELETE FROM resource_states WHERE environment_id = $1 AND resource_id = ANY($2)")
+                    .bind(&env_id)
+                    .bind(resource_ids)
+                    .execute(pool)
+                    .await
+                    .map_err(backend_with(context))?
+                    .rows_affected();
+            }
+        }
+        Ok(deleted)
+    }
+}

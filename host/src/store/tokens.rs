@@ -1,0 +1,73 @@
+//! Admin tokens, stored only as the sha256 of the secret ([`hash_token`](super::hash_token)).
+
+use super::error::{backend, backend_with};
+use super::{AdminToken, Result, Store, StoreError, TokenId, now_ms, parse_id};
+
+impl Store {
+    /// Stores a token by its hash (lowercase hex sha256 of the secret).
+    pub async fn insert_admin_token(&self, token_hash: &str) -> Result<AdminToken> {
+        let token = AdminToken {
+            id: TokenId::random(),
+            created_at: now_ms(),
+        };
+        let inserted = on_pool!(self, pool => {
+            sqlx::query("INSERT INTO admin_tokens (id, token_hash, created_at) VALUES ($1, $2, $3)")
+                .bind(token.id.to_string())
+                .bind(token_hash)
+                .bind(token.created_at)
+                .execute(pool)
+                .await
+                .map(|done| done.rows_affected())
+                .map_err(backend("storing an admin token"))
+        });
+        match inserted {
+            Err(e) if e.is_unique_violation() => Err(StoreError::Conflict {
+                what: "an admin token with this hash already exists".to_string(),
+            }),
+            Err(e) => Err(e),
+            Ok(_) => Ok(token),
+        }
+    }
+
+    /// The token whose hash is `token_hash`, if any.
+    pub async fn find_admin_token(&self, token_hash: &str) -> Result<Option<AdminToken>> {
+        let row: Option<(String, i64)> = on_pool!(self, pool => {
+            sqlx::query_as("SELECT id, created_at FROM admin_tokens WHERE token_hash = $1")
+                .bind(token_hash)
+                .fetch_optional(pool)
+                .await
+                .map_err(backend("looking up an admin token"))?
+        });
+        row.map(|(id, created_at)| {
+            Ok(AdminToken {
+                id: parse_id(&id, "admin token")?,
+                created_at,
+            })
+        })
+        .transpose()
+    }
+
+    pub async fn count_admin_tokens(&self) -> Result<i64> {
+        on_pool!(self, pool => {
+            sqlx::query_scalar("SELECT COUNT(*) FROM admin_tokens")
+                .fetch_one(pool)
+                .await
+                .map_err(backend("counting admin tokens"))
+        })
+    }
+
+    pub async fn delete_admin_token(&self, id: &TokenId) -> Result<()> {
+        let deleted = on_pool!(self, pool => {
+            sqlx::query("DELETE FROM admin_tokens WHERE id = $1")
+                .bind(id.to_string())
+                .execute(pool)
+                .await
+                .map_err(backend_with(|| format!("deleting admin token {id}")))?
+                .rows_affected()
+        });
+        if deleted == 0 {
+            return Err(StoreError::not_found(format!("admin token {id}")));
+        }
+        Ok(())
+    }
+}

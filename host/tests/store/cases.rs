@@ -1,0 +1,845 @@
+//! The test cases, each a function of a fresh database; `main.rs` runs each on both backends.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Result, ensure};
+use orc_host::store::{
+    ActionFilter, ActionId, ActionKind, ActionRecord, Attempts, Backend, DbKv, DryrunId, DryrunStatus, EnvironmentId, EnvironmentSettings,
+    ErrorInfo, ResourceState, ResourceStatus, StateFilter, StatusChange, Store, StoreError, hash_token, now_ms,
+};
+use orc_runtime::capability::KvStore;
+
+use crate::harness::TestDb;
+
+fn state(i: usize, status: ResourceStatus, version: i64) -> ResourceState {
+    let node = format!("web{}", i % 3);
+    let (resource_type, key) = if i.is_multiple_of(2) {
+        ("file", format!("/etc/app/{i:05}.conf"))
+    } else {
+        ("directory", format!("/srv/app/{i:05}"))
+    };
+    ResourceState {
+        resource_id: format!("{resource_type}[{node},{key}]"),
+        resource_type: resource_type.to_string(),
+        node,
+        desired_hash: format!("sha256:{i:064x}"),
+        deployed_hash: None,
+        status,
+        version,
+        last_deploy_at: None,
+        last_verified_at: None,
+        attempts: 0,
+        last_error: None,
+        next_retry_at: None,
+    }
+}
+
+fn action(env: EnvironmentId, resource_id: &str, kind: ActionKind, started_at: i64) -> ActionRecord {
+    ActionRecord {
+        id: ActionId::new(),
+        environment: env,
+        resource_id: resource_id.to_string(),
+        kind,
+        version: Some(1),
+        started_at,
+        finished_at: started_at + 3,
+        outcome: "changed".to_string(),
+        changes: r#"[{"field":"content","current":"a","desired":"b"}]"#.to_string(),
+        messages: r#"["wrote 12 bytes"]"#.to_string(),
+        error: None,
+    }
+}
+
+async fn new_env(store: &Store, name: &str) -> Result<EnvironmentId> {
+    Ok(store.create_environment(name, &EnvironmentSettings::default()).await?.id)
+}
+
+pub async fn environments_crud(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    let settings = EnvironmentSettings {
+        repair_interval_s: 30,
+        auto_deploy: false,
+        ..EnvironmentSettings::default()
+    };
+    let prod = store.create_environment("prod", &settings).await?;
+    assert_eq!(prod.name, "prod");
+    assert_eq!(prod.settings, settings);
+    assert!(!prod.halted);
+    assert_eq!((prod.latest_version, prod.released_version), (0, None));
+    assert_eq!(store.get_environment(&prod.id).await?, prod);
+    assert_eq!(store.find_environment_by_name("prod").await?, Some(prod.clone()));
+    assert_eq!(store.find_environment_by_name("nope").await?, None);
+
+    let err = store.create_environment("prod", &EnvironmentSettings::default()).await.unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
+    assert!(err.to_string().contains("`prod`"), "{err}");
+
+    let staging = store.create_environment("staging", &EnvironmentSettings::default()).await?;
+    let names: Vec<String> = store.list_environments().await?.into_iter().map(|e| e.name).collect();
+    assert_eq!(names, ["prod", "staging"]);
+
+    let renamed = store.rename_environment(&staging.id, "test").await?;
+    assert_eq!(renamed.name, "test");
+    let err = store.rename_environment(&staging.id, "prod").await.unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
+
+    let new_settings = EnvironmentSettings {
+        per_node_concurrency: 2,
+        ..settings.clone()
+    };
+    assert_eq!(store.update_settings(&prod.id, &new_settings).await?.settings, new_settings);
+    assert!(store.set_halted(&prod.id, true).await?.halted);
+    assert!(store.get_environment(&prod.id).await?.halted);
+    assert!(!store.set_halted(&prod.id, false).await?.halted);
+
+    store.delete_environment(&staging.id).await?;
+    let err = store.get_environment(&staging.id).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+    assert!(err.to_string().contains(&staging.id.to_string()), "{err}");
+    assert!(matches!(
+        store.delete_environment(&staging.id).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    let unknown = EnvironmentId::random();
+    assert!(matches!(store.set_halted(&unknown, true).await, Err(StoreError::NotFound { .. })));
+    assert_eq!(store.list_environments().await?.len(), 1);
+    Ok(())
+}
+
+pub async fn concurrent_submits_get_distinct_consecutive_versions(db: &TestDb) -> Result<()> {
+    let store = db.store.clone();
+    let env = new_env(&store, "prod").await?;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..24 {
+        let store = store.clone();
+        tasks.spawn(async move { store.submit_version(&env, &format!(r#"{{"resources":[],"n":{i}}}"#)).await });
+    }
+    let mut versions = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        versions.push(done??.version);
+    }
+    versions.sort();
+    assert_eq!(versions, (1..=24).collect::<Vec<i64>>());
+    assert_eq!(store.get_environment(&env).await?.latest_version, 24);
+    // Each document went with the number it was given.
+    let mut documents = BTreeSet::new();
+    for v in 1..=24 {
+        documents.insert(store.get_version(&env, v).await?.document);
+    }
+    assert_eq!(documents.len(), 24);
+
+    let err = store.submit_version(&EnvironmentId::random(), "{}").await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+    Ok(())
+}
+
+pub async fn versions_release_and_rollback(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    let env = new_env(store, "prod").await?;
+    let other = new_env(store, "other").await?;
+    for n in 1..=3 {
+        let info = store.submit_version(&env, &format!(r#"{{"v":{n}}}"#)).await?;
+        assert_eq!(info.version, n);
+        assert!(!info.active && info.released_at.is_none());
+    }
+    assert_eq!(store.submit_version(&other, "{}").await?.version, 1, "numbers are per environment");
+
+    let v2 = store.get_version(&env, 2).await?;
+    assert_eq!(v2.document, r#"{"v":2}"#);
+    assert!(!v2.info.active);
+
+    let released = store.release_version(&env, 3).await?;
+    assert!(released.active && released.released_at.is_some());
+    assert_eq!(store.get_environment(&env).await?.released_version, Some(3));
+    // Roll back to 2.
+    store.release_version(&env, 2).await?;
+    let listed = store.list_versions(&env).await?;
+    assert_eq!(listed.iter().map(|v| v.version).collect::<Vec<_>>(), [3, 2, 1], "newest first");
+    assert_eq!(listed.iter().filter(|v| v.active).map(|v| v.version).collect::<Vec<_>>(), [2]);
+    assert!(listed[0].released_at.is_some() && listed[2].released_at.is_none());
+    assert!(store.get_version(&env, 2).await?.info.active);
+
+    let err = store.release_version(&env, 9).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+    assert!(err.to_string().contains("version 9"), "{err}");
+    assert!(matches!(store.get_version(&env, 0).await, Err(StoreError::NotFound { .. })));
+    assert!(matches!(
+        store.list_versions(&EnvironmentId::random()).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    assert_eq!(store.get_environment(&env).await?.released_version, Some(2));
+    Ok(())
+}
+
+pub async fn states_batch_upsert_filters_and_pagination(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    let env = new_env(store, "prod").await?;
+    let other = new_env(store, "other").await?;
+    let statuses = [ResourceStatus::Available, ResourceStatus::Deployed, ResourceStatus::Failed];
+    let states: Vec<ResourceState> = (0..250).map(|i| state(i, statuses[i % 3], 1)).collect();
+    store.upsert_states(&env, &states).await?;
+    store.upsert_states(&other, &states[..10]).await?;
+
+    let mut all: Vec<ResourceState> = states.clone();
+    all.sort_by(|a, b| a.resource_id.cmp(&b.resource_id));
+    assert_eq!(store.load_states(&env).await?, all);
+    assert_eq!(store.get_state(&env, &states[7].resource_id).await?, states[7]);
+    let err = store.get_state(&env, "file[web9,/nope]").await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::NotFound { .. }) && err.to_string().contains("file[web9,/nope]"),
+        "{err}"
+    );
+
+    // Upsert again: half changed (new version and hash, an error), half the same; a duplicate id
+    // in the batch counts once, the last one winning.
+    let mut second: Vec<ResourceState> = states.iter().step_by(2).cloned().collect();
+    for s in &mut second {
+        s.version = 2;
+        s.desired_hash = format!("{}-v2", s.desired_hash);
+        s.last_error = Some(ErrorInfo {
+            code: "failed".into(),
+            message: "disk full".into(),
+        });
+        s.attempts = 3;
+        s.next_retry_at = Some(1234);
+    }
+    let mut duplicate = second[0].clone();
+    duplicate.node = "web9".into();
+    duplicate.attempts = 9;
+    second.push(duplicate.clone());
+    store.upsert_states(&env, &second).await?;
+    assert_eq!(store.get_state(&env, &duplicate.resource_id).await?, duplicate);
+    assert_eq!(store.get_state(&env, &second[1].resource_id).await?, second[1]);
+    assert_eq!(store.get_state(&env, &states[1].resource_id).await?, states[1]);
+    assert_eq!(store.load_states(&env).await?.len(), 250);
+
+    // Filters.
+    let page = |filter: StateFilter| async move { store.list_states(&env, &filter).await };
+    let failed = page(StateFilter {
+        status: Some(ResourceStatus::Failed),
+        limit: 1000,
+        ..StateFilter::default()
+    })
+    .await?;
+    assert_eq!(
+        failed.items.len(),
+        states.iter().filter(|s| s.status == ResourceStatus::Failed).count()
+    );
+    assert!(failed.items.iter().all(|s| s.status == ResourceStatus::Failed));
+    assert_eq!(failed.next_after, None);
+
+    let web1_dirs = page(StateFilter {
+        node: Some("web1".into()),
+        resource_type: Some("directory".into()),
+        limit: 1000,
+        ..StateFilter::default()
+    })
+    .await?;
+    let expected = states.iter().filter(|s| s.node == "web1" && s.resource_type == "directory").count();
+    assert_eq!(web1_dirs.items.len(), expected);
+    assert!(web1_dirs.items.iter().all(|s| s.node == "web1" && s.resource_type == "directory"));
+
+    let text = page(StateFilter {
+        text: Some("APP/0012".into()),
+        limit: 1000,
+        ..StateFilter::default()
+    })
+    .await?;
+    let ids: Vec<&str> = text.items.iter().map(|s| s.resource_id.as_str()).collect();
+    assert_eq!(ids.len(), 10, "{ids:?}");
+    assert!(ids.iter().all(|id| id.contains("app/0012")), "{ids:?}");
+
+    let nothing = page(StateFilter {
+        node: Some("web1".into()),
+        text: Some("no such".into()),
+        ..StateFilter::default()
+    })
+    .await?;
+    assert!(nothing.items.is_empty() && nothing.next_after.is_none());
+
+    // Keyset pagination walks every state once, in id order.
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let p = page(StateFilter {
+            after: after.clone(),
+            limit: 40,
+            ..StateFilter::default()
+        })
+        .await?;
+        ensure!(p.items.len() <= 40, "page of {}", p.items.len());
+        seen.extend(p.items.iter().map(|s| s.resource_id.clone()));
+        match p.next_after {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, all.iter().map(|s| s.resource_id.clone()).collect::<Vec<_>>());
+
+    // Filter and pagination together.
+    let first = page(StateFilter {
+        status: Some(ResourceStatus::Deployed),
+        limit: 5,
+        ..StateFilter::default()
+    })
+    .await?;
+    assert_eq!(first.items.len(), 5);
+    let rest = page(StateFilter {
+        status: Some(ResourceStatus::Deployed),
+        after: first.next_after.clone(),
+        limit: 1000,
+        ..StateFilter::default()
+    })
+    .await?;
+    let deployed = states.iter().filter(|s| s.status == ResourceStatus::Deployed).count();
+    assert_eq!(first.items.len() + rest.items.len(), deployed);
+    assert!(first.items.last().unwrap().resource_id < rest.items[0].resource_id);
+
+    let counts = store.status_counts(&env).await?;
+    assert_eq!(
+        counts,
+        [
+            (ResourceStatus::Available, 84),
+            (ResourceStatus::Deployed, 83),
+            (ResourceStatus::Failed, 83)
+        ]
+    );
+
+    let unknown = EnvironmentId::random();
+    let err = store.upsert_states(&unknown, &states[..1]).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::NotFound { .. }) && err.to_string().contains(&unknown.to_string()),
+        "{err}"
+    );
+
+    let gone = vec![
+        states[0].resource_id.clone(),
+        states[1].resource_id.clone(),
+        "file[x,/never]".to_string(),
+    ];
+    assert_eq!(store.delete_states(&env, &gone).await?, 2);
+    assert_eq!(store.load_states(&env).await?.len(), 248);
+    assert_eq!(store.load_states(&other).await?.len(), 10, "other environments are untouched");
+    Ok(())
+}
+
+pub async fn status_transitions_in_batch(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    let env = new_env(store, "prod").await?;
+    let states: Vec<ResourceState> = (0..6).map(|i| state(i, ResourceStatus::Available, 1)).collect();
+    store.upsert_states(&env, &states).await?;
+    let id = |i: usize| states[i].resource_id.clone();
+
+    let deploying: Vec<StatusChange> = (0..6).map(|i| StatusChange::new(id(i), ResourceStatus::Deploying)).collect();
+    assert_eq!(store.set_status(&env, &deploying).await?, 6);
+
+    let changes = vec![
+        StatusChange {
+            deployed_hash: Some(states[0].desired_hash.clone()),
+            last_deploy_at: Some(1000),
+            last_verified_at: Some(1000),
+            attempts: Attempts::Reset,
+            ..StatusChange::new(id(0), ResourceStatus::Deployed)
+        },
+        StatusChange {
+            attempts: Attempts::Increment,
+            last_error: Some(ErrorInfo {
+                code: "crashed".into(),
+                message: "plugin file@1.0.0 trapped".into(),
+            }),
+            next_retry_at: Some(5000),
+            ..StatusChange::new(id(1), ResourceStatus::Failed)
+        },
+        StatusChange {
+            last_error: Some(ErrorInfo {
+                code: "skipped".into(),
+                message: format!("requires {} which failed", id(1)),
+            }),
+            ..StatusChange::new(id(2), ResourceStatus::Skipped)
+        },
+        // Computed for a superseded version: dropped.
+        StatusChange {
+            if_version: Some(7),
+            ..StatusChange::new(id(3), ResourceStatus::Deployed)
+        },
+        StatusChange {
+            if_version: Some(1),
+            ..StatusChange::new(id(4), ResourceStatus::Unavailable)
+        },
+        StatusChange::new("file[nowhere,/x]", ResourceStatus::Deployed),
+        // Listed twice: the last wins.
+        StatusChange::new(id(5), ResourceStatus::Failed),
+        StatusChange::new(id(5), ResourceStatus::Deployed),
+    ];
+    assert_eq!(store.set_status(&env, &changes).await?, 5);
+
+    let s0 = store.get_state(&env, &id(0)).await?;
+    assert_eq!(s0.status, ResourceStatus::Deployed);
+    assert_eq!(s0.deployed_hash.as_deref(), Some(states[0].desired_hash.as_str()));
+    assert_eq!((s0.last_deploy_at, s0.last_verified_at, s0.attempts), (Some(1000), Some(1000), 0));
+
+    let s1 = store.get_state(&env, &id(1)).await?;
+    assert_eq!((s1.status, s1.attempts, s1.next_retry_at), (ResourceStatus::Failed, 1, Some(5000)));
+    assert_eq!(s1.last_error.as_ref().unwrap().code, "crashed");
+    // A second failure counts again; a success clears the error and the retry, keeps the hash.
+    store
+        .set_status(
+            &env,
+            &[StatusChange {
+                attempts: Attempts::Increment,
+                ..StatusChange::new(id(1), ResourceStatus::Failed)
+            }],
+        )
+        .await?;
+    assert_eq!(store.get_state(&env, &id(1)).await?.attempts, 2);
+    store
+        .set_status(
+            &env,
+            &[StatusChange {
+                last_verified_at: Some(2000),
+                ..StatusChange::new(id(0), ResourceStatus::Deployed)
+            }],
+        )
+        .await?;
+    let s0 = store.get_state(&env, &id(0)).await?;
+    assert_eq!(
+        (s0.last_deploy_at, s0.last_verified_at),
+        (Some(1000), Some(2000)),
+        "None keeps, Some sets"
+    );
+    assert_eq!(s0.deployed_hash.as_deref(), Some(states[0].desired_hash.as_str()));
+
+    assert_eq!(store.get_state(&env, &id(2)).await?.status, ResourceStatus::Skipped);
+    assert_eq!(
+        store.get_state(&env, &id(3)).await?.status,
+        ResourceStatus::Deploying,
+        "stale change dropped"
+    );
+    assert_eq!(store.get_state(&env, &id(4)).await?.status, ResourceStatus::Unavailable);
+    assert_eq!(store.get_state(&env, &id(5)).await?.status, ResourceStatus::Deployed);
+    assert_eq!(store.set_status(&env, &[]).await?, 0);
+    Ok(())
+}
+
+pub async fn recovery_of_deploying(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    let env = new_env(store, "prod").await?;
+    let other = new_env(store, "other").await?;
+    let states: Vec<ResourceState> = (0..20)
+        .map(|i| {
+            state(
+                i,
+                if i.is_multiple_of(4) {
+                    ResourceStatus::Deploying
+                } else {
+                    ResourceStatus::Deployed
+                },
+                1,
+            )
+        })
+        .collect();
+    store.upsert_states(&env, &states).await?;
+    store.upsert_states(&other, &states).await?;
+
+    let mut expected: Vec<String> = states
+        .iter()
+        .filter(|s| s.status == ResourceStatus::Deploying)
+        .map(|s| s.resource_id.clone())
+        .collect();
+    expected.sort();
+    assert_eq!(store.recover_deploying(&env).await?, expected);
+    for id in &expected {
+        assert_eq!(store.get_state(&env, id).await?.status, ResourceStatus::Available);
+    }
+    assert!(store.recover_deploying(&env).await?.is_empty(), "nothing left deploying");
+    let counts = store.status_counts(&other).await?;
+    assert!(
+        counts.contains(&(ResourceStatus::Deploying, 5)),
+        "other environment untouched: {counts:?}"
+    );
+    Ok(())
+}
+
+pub async fn actions_batch_and_query_order(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    let env = new_env(store, "prod").await?;
+    let other = new_env(store, "other").await?;
+    let resources = ["file[web1,/a]", "file[web1,/b]", "directory[web2,/c]"];
+    let kinds = [
+        ActionKind::Deploy,
+        ActionKind::Repair,
+        ActionKind::Dryrun,
+        ActionKind::Read,
+        ActionKind::Delete,
+    ];
+    let mut batch = Vec::new();
+    for i in 0..30 {
+        let mut a = action(env, resources[i % 3], kinds[i % 5], 1000 + i as i64);
+        if i.is_multiple_of(7) {
+            a.outcome = "failed".into();
+            a.error = Some(ErrorInfo {
+                code: "timed_out".into(),
+                message: format!("{} timed out after 30 s", resources[i % 3]),
+            });
+        }
+        batch.push(a);
+    }
+    batch.push(action(other, resources[0], ActionKind::Deploy, 5000));
+    store.insert_actions(&batch).await?;
+    store.insert_actions(&[]).await?;
+
+    // Per resource: newest first, limited.
+    let latest = store.resource_actions(&env, resources[0], 4).await?;
+    let expected: Vec<&ActionRecord> = batch[..30].iter().filter(|a| a.resource_id == resources[0]).rev().take(4).collect();
+    assert_eq!(latest.iter().map(|l| &l.action).collect::<Vec<_>>(), expected);
+    assert!(latest.windows(2).all(|w| w[0].seq > w[1].seq));
+    assert_eq!(latest[0].action.changes, batch[27].changes);
+
+    // Per environment, filtered.
+    let failed = store
+        .list_actions(
+            &env,
+            &ActionFilter {
+                outcome: Some("failed".into()),
+                ..ActionFilter::default()
+            },
+        )
+        .await?;
+    assert_eq!(
+        failed.items.iter().map(|l| l.action.started_at).collect::<Vec<_>>(),
+        [1028, 1021, 1014, 1007, 1000]
+    );
+    assert_eq!(failed.items[0].action.error.as_ref().unwrap().code, "timed_out");
+    let repairs = store
+        .list_actions(
+            &env,
+            &ActionFilter {
+                kind: Some(ActionKind::Repair),
+                since: Some(1010),
+                until: Some(1020),
+                ..ActionFilter::default()
+            },
+        )
+        .await?;
+    assert_eq!(repairs.items.iter().map(|l| l.action.started_at).collect::<Vec<_>>(), [1016, 1011]);
+    let by_resource_and_version = store
+        .list_actions(
+            &env,
+            &ActionFilter {
+                resource_id: Some(resources[2].into()),
+                version: Some(1),
+                ..ActionFilter::default()
+            },
+        )
+        .await?;
+    assert_eq!(by_resource_and_version.items.len(), 10);
+    let none = store
+        .list_actions(
+            &env,
+            &ActionFilter {
+                version: Some(2),
+                ..ActionFilter::default()
+            },
+        )
+        .await?;
+    assert!(none.items.is_empty());
+
+    // Pagination, newest first, over the environment only.
+    let mut seen = Vec::new();
+    let mut before = None;
+    loop {
+        let page = store
+            .list_actions(
+                &env,
+                &ActionFilter {
+                    before,
+                    limit: 7,
+                    ..ActionFilter::default()
+                },
+            )
+            .await?;
+        seen.extend(page.items.iter().map(|l| l.action.id));
+        match page.next_before {
+            Some(b) => before = Some(b),
+            None => break,
+        }
+    }
+    assert_eq!(seen, batch[..30].iter().rev().map(|a| a.id).collect::<Vec<_>>());
+    assert_eq!(store.resource_actions(&other, resources[0], 10).await?.len(), 1);
+
+    let stray = action(EnvironmentId::random(), "file[web1,/a]", ActionKind::Read, 1);
+    let err = store.insert_actions(&[stray]).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+
+    // Ids are unique.
+    let err = store.insert_actions(&batch[..1]).await.unwrap_err();
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
+    Ok(())
+}
+
+pub async fn dryrun_lifecycle(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    let env = new_env(store, "prod").await?;
+    let err = store.create_dryrun(&env, 1).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::NotFound { .. }) && err.to_string().contains("version 1"),
+        "{err}"
+    );
+
+    store.submit_version(&env, "{}").await?;
+    let first = store.create_dryrun(&env, 1).await?;
+    assert_eq!(first.status, DryrunStatus::Running);
+    assert_eq!(store.get_dryrun(&env, &first.id).await?, first);
+
+    let report = r#"{"resources":[{"id":"file[web1,/a]","changes":[]}]}"#;
+    let done = store.complete_dryrun(&env, &first.id, DryrunStatus::Done, report).await?;
+    assert_eq!(done.status, DryrunStatus::Done);
+    assert_eq!(done.report.as_deref(), Some(report));
+    assert!(done.finished_at.is_some());
+    assert_eq!(store.get_dryrun(&env, &first.id).await?, done);
+
+    let err = store
+        .complete_dryrun(&env, &first.id, DryrunStatus::Failed, "{}")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Conflict { .. }) && err.to_string().contains("already done"),
+        "{err}"
+    );
+    let second = store.create_dryrun(&env, 1).await?;
+    assert!(matches!(
+        store.complete_dryrun(&env, &second.id, DryrunStatus::Running, "{}").await,
+        Err(StoreError::Conflict { .. })
+    ));
+    let failed = store
+        .complete_dryrun(&env, &second.id, DryrunStatus::Failed, r#"{"error":"x"}"#)
+        .await?;
+    assert_eq!(failed.status, DryrunStatus::Failed);
+
+    let listed = store.list_dryruns(&env).await?;
+    assert_eq!(listed.len(), 2);
+    assert!(listed.iter().all(|d| d.report.is_none()));
+    let unknown = DryrunId::random();
+    assert!(matches!(store.get_dryrun(&env, &unknown).await, Err(StoreError::NotFound { .. })));
+    assert!(matches!(
+        store.complete_dryrun(&env, &unknown, DryrunStatus::Done, "{}").await,
+        Err(StoreError::NotFound { .. })
+    ));
+    // Another environment cannot see it.
+    let other = new_env(store, "other").await?;
+    assert!(matches!(
+        store.get_dryrun(&other, &first.id).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    Ok(())
+}
+
+pub async fn admin_tokens(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    assert_eq!(store.count_admin_tokens().await?, 0);
+    let hash = hash_token("orc_s3cret");
+    assert_eq!(hash.len(), 64);
+    let token = store.insert_admin_token(&hash).await?;
+    assert_eq!(store.find_admin_token(&hash).await?, Some(token.clone()));
+    assert_eq!(store.find_admin_token(&hash_token("orc_other")).await?, None);
+    assert_eq!(store.count_admin_tokens().await?, 1);
+    assert!(matches!(store.insert_admin_token(&hash).await, Err(StoreError::Conflict { .. })));
+    store.insert_admin_token(&hash_token("orc_second")).await?;
+    assert_eq!(store.count_admin_tokens().await?, 2);
+    store.delete_admin_token(&token.id).await?;
+    assert_eq!(store.find_admin_token(&hash).await?, None);
+    assert!(matches!(
+        store.delete_admin_token(&token.id).await,
+        Err(StoreError::NotFound { .. })
+    ));
+    Ok(())
+}
+
+fn exercise_kv(kv: &dyn KvStore) {
+    kv.set("env/a", "k1", b"v1").unwrap();
+    kv.set("env/a", "k2", b"v2").unwrap();
+    kv.set("env/a", "other", b"o").unwrap();
+    kv.set("env/b", "k1", b"other scope").unwrap();
+    assert_eq!(kv.get("env/a", "k1").unwrap().unwrap(), b"v1");
+    assert_eq!(kv.list("env/a", "k").unwrap(), ["k1", "k2"]);
+    assert_eq!(kv.list("env/a", "").unwrap(), ["k1", "k2", "other"]);
+    assert_eq!(kv.list("env/b", "").unwrap(), ["k1"]);
+    assert!(kv.list("env/c", "").unwrap().is_empty());
+    kv.set("env/a", "k1", b"v1 again").unwrap();
+    assert_eq!(kv.get("env/a", "k1").unwrap().unwrap(), b"v1 again");
+    assert!(kv.delete("env/a", "k1").unwrap());
+    assert!(!kv.delete("env/a", "k1").unwrap());
+    assert_eq!(kv.get("env/a", "k1").unwrap(), None);
+    assert_eq!(kv.get("env/b", "k1").unwrap().unwrap(), b"other scope");
+    // Keys are data, not paths or patterns; values are bytes.
+    kv.set("env/a", "../../etc/passwd", b"x").unwrap();
+    kv.set("env/a", "50%_off", &[0, 255, 1]).unwrap();
+    assert_eq!(kv.get("env/a", "50%_off").unwrap().unwrap(), [0, 255, 1]);
+    assert_eq!(kv.list("env/a", "50%").unwrap(), ["50%_off"]);
+    assert!(kv.list("env/a", "5_").unwrap().is_empty());
+    let big = vec![7u8; 1 << 20];
+    kv.set("env/a", "big", &big).unwrap();
+    assert_eq!(kv.get("env/a", "big").unwrap().unwrap(), big);
+}
+
+pub async fn db_kv_keeps_scopes_apart(db: &TestDb) -> Result<()> {
+    let kv = Arc::new(DbKv::open(&db.store).await?);
+    // Called synchronously from a tokio worker thread, as host functions do.
+    exercise_kv(kv.as_ref());
+    // And from inside a current-thread runtime, where `Handle::block_on` would panic.
+    let on_current_thread = Arc::clone(&kv);
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                on_current_thread.set("env/c", "from", b"current-thread").unwrap();
+                assert_eq!(on_current_thread.get("env/c", "from").unwrap().unwrap(), b"current-thread");
+            })
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the current-thread caller panicked"))?;
+    // Many callers at once.
+    let mut threads = Vec::new();
+    for t in 0..8 {
+        let kv = Arc::clone(&kv);
+        threads.push(std::thread::spawn(move || {
+            for i in 0..25 {
+                kv.set(&format!("env/t{t}"), &format!("{i:02}"), b"x").unwrap();
+            }
+            kv.list(&format!("env/t{t}"), "").unwrap().len()
+        }));
+    }
+    for t in threads {
+        assert_eq!(t.join().unwrap(), 25);
+    }
+    // Persisted: a new DbKv on a new pool sees it.
+    drop(kv);
+    let reopened = DbKv::open(&db.reopen().await?).await?;
+    assert_eq!(reopened.get("env/a", "k2").unwrap().unwrap(), b"v2");
+    Ok(())
+}
+
+pub async fn deleting_an_environment_removes_its_data(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    let env = new_env(store, "prod").await?;
+    let keep = new_env(store, "keep").await?;
+    for e in [env, keep] {
+        store.submit_version(&e, "{}").await?;
+        store.upsert_states(&e, &[state(1, ResourceStatus::Deployed, 1)]).await?;
+        store.insert_actions(&[action(e, "file[web1,/a]", ActionKind::Deploy, 1)]).await?;
+        store.create_dryrun(&e, 1).await?;
+    }
+    store.delete_environment(&env).await?;
+    assert!(matches!(store.list_versions(&env).await, Err(StoreError::NotFound { .. })));
+    assert!(store.load_states(&env).await?.is_empty());
+    assert!(store.resource_actions(&env, "file[web1,/a]", 10).await?.is_empty());
+    assert!(store.list_dryruns(&env).await?.is_empty());
+    assert_eq!(store.load_states(&keep).await?.len(), 1);
+    assert_eq!(store.resource_actions(&keep, "file[web1,/a]", 10).await?.len(), 1);
+    assert_eq!(store.list_dryruns(&keep).await?.len(), 1);
+    Ok(())
+}
+
+pub async fn migrations_are_idempotent_on_reconnect(db: &TestDb) -> Result<()> {
+    let env = new_env(&db.store, "prod").await?;
+    db.store.submit_version(&env, r#"{"kept":true}"#).await?;
+    for _ in 0..2 {
+        let again = db.reopen().await?;
+        assert_eq!(again.backend(), db.store.backend());
+        assert_eq!(again.get_version(&env, 1).await?.document, r#"{"kept":true}"#);
+        again.close().await;
+    }
+    // Each migration recorded once.
+    let applied: i64 = match db.store.backend() {
+        Backend::Sqlite => {
+            use sqlx::Connection as _;
+            let mut c = sqlx::SqliteConnection::connect(&db.location).await?;
+            sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations")
+                .fetch_one(&mut c)
+                .await?
+        }
+        Backend::Postgres => {
+            use sqlx::Connection as _;
+            let mut c = sqlx::PgConnection::connect(&db.location).await?;
+            sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations")
+                .fetch_one(&mut c)
+                .await?
+        }
+    };
+    assert_eq!(applied, 1);
+    Ok(())
+}
+
+/// Not an assertion on time: prints the figures (`cargo test -p orc-host --test store -- --nocapture batch_timings`).
+pub async fn batch_timings_10k(db: &TestDb) -> Result<()> {
+    const N: usize = 10_000;
+    let store = &db.store;
+    let env = new_env(store, "bench").await?;
+    let states: Vec<ResourceState> = (0..N).map(|i| state(i, ResourceStatus::Available, 1)).collect();
+    let mut figures = Vec::new();
+    let mut time = |label: &'static str, started: Instant| figures.push((label, started.elapsed()));
+
+    let t = Instant::now();
+    store.upsert_states(&env, &states).await?;
+    time("upsert_states, 10,000 new", t);
+
+    let updated: Vec<ResourceState> = states
+        .iter()
+        .map(|s| ResourceState {
+            version: 2,
+            desired_hash: format!("{}2", s.desired_hash),
+            ..s.clone()
+        })
+        .collect();
+    let t = Instant::now();
+    store.upsert_states(&env, &updated).await?;
+    time("upsert_states, 10,000 existing", t);
+
+    let deploying: Vec<StatusChange> = states
+        .iter()
+        .map(|s| StatusChange::new(s.resource_id.clone(), ResourceStatus::Deploying))
+        .collect();
+    let t = Instant::now();
+    store.set_status(&env, &deploying).await?;
+    time("set_status, 10,000 → deploying", t);
+
+    let now = now_ms();
+    let deployed: Vec<StatusChange> = updated
+        .iter()
+        .map(|s| StatusChange {
+            deployed_hash: Some(s.desired_hash.clone()),
+            last_deploy_at: Some(now),
+            last_verified_at: Some(now),
+            attempts: Attempts::Reset,
+            ..StatusChange::new(s.resource_id.clone(), ResourceStatus::Deployed)
+        })
+        .collect();
+    let t = Instant::now();
+    store.set_status(&env, &deployed).await?;
+    time("set_status, 10,000 → deployed", t);
+
+    let actions: Vec<ActionRecord> = states
+        .iter()
+        .map(|s| action(env, &s.resource_id, ActionKind::Deploy, now))
+        .collect();
+    let t = Instant::now();
+    store.insert_actions(&actions).await?;
+    time("insert_actions, 10,000", t);
+
+    let t = Instant::now();
+    let loaded = store.load_states(&env).await?;
+    time("load_states, 10,000", t);
+    ensure!(loaded.len() == N && loaded.iter().all(|s| s.status == ResourceStatus::Deployed));
+    let counts = store.status_counts(&env).await?;
+    ensure!(counts == [(ResourceStatus::Deployed, N as i64)], "{counts:?}");
+
+    let backend = store.backend();
+    for (label, took) in figures {
+        println!("store batch [{backend}] {label}: {:.1} ms", took.as_secs_f64() * 1e3);
+    }
+    Ok(())
+}

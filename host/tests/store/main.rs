@@ -1,0 +1,46 @@
+//! Integration tests of `orc_host::store` against real databases: every case runs once on SQLite
+//! (a file in a temporary directory) and once on PostgreSQL (a cluster this binary starts; see
+//! `harness`). `batch_timings_10k` prints how long the 10,000-row batches take (`--nocapture`).
+
+mod cases;
+mod harness;
+
+/// One `#[tokio::test]` per case and backend: `sqlite::<case>` and `postgres::<case>`.
+macro_rules! on_both_backends {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() -> anyhow::Result<()> {
+                    let db = crate::harness::sqlite().await?;
+                    crate::cases::$case(&db).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() -> anyhow::Result<()> {
+                    let db = crate::harness::postgres().await?;
+                    crate::cases::$case(&db).await
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    environments_crud,
+    concurrent_submits_get_distinct_consecutive_versions,
+    versions_release_and_rollback,
+    states_batch_upsert_filters_and_pagination,
+    status_transitions_in_batch,
+    recovery_of_deploying,
+    actions_batch_and_query_order,
+    dryrun_lifecycle,
+    admin_tokens,
+    db_kv_keeps_scopes_apart,
+    deleting_an_environment_removes_its_data,
+    migrations_are_idempotent_on_reconnect,
+    batch_timings_10k,
+);
