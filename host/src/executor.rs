@@ -54,6 +54,8 @@ pub struct ActionReport {
     /// `{code, message}` when the action failed; `code` is the runtime's (`failed`, `crashed`,
     /// `timed_out`, `memory_limit`, …) or `skipped`.
     pub error: Option<ActionError>,
+    /// When the action started, in milliseconds since the Unix epoch.
+    pub started_at: i64,
     #[serde(with = "duration_ms")]
     pub duration: Duration,
 }
@@ -93,6 +95,7 @@ pub fn skipped(spec: &ResourceSpec, mode: Mode, because: &str) -> ActionReport {
             code: "skipped".into(),
             message: format!("not attempted: {because}"),
         }),
+        started_at: crate::store::now_ms(),
         duration: Duration::ZERO,
     }
 }
@@ -113,6 +116,7 @@ async fn execute_in_span(plugin: &Plugin, ctx: &CallContext, spec: &ResourceSpec
         changes: Vec::new(),
         messages: Vec::new(),
         error: None,
+        started_at: crate::store::now_ms(),
         duration: Duration::ZERO,
     };
     match run(plugin, ctx, spec, &target, mode, &mut report).await {

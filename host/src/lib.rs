@@ -9,5 +9,6 @@
 pub mod embedded;
 pub mod executor;
 pub mod intent;
+pub mod persistence;
 pub mod scheduler;
 pub mod store;

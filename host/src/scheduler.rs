@@ -137,6 +137,12 @@ pub struct ResourceState {
     pub deployed_hash: Option<Digest>,
     pub attempts: u32,
     pub last_error: Option<ActionError>,
+    /// When an action last finished for it (milliseconds since the epoch); `None`: unchanged.
+    pub last_deploy_at: Option<i64>,
+    /// When it was last found in its desired state; `None`: unchanged.
+    pub last_verified_at: Option<i64>,
+    /// When a retry is due.
+    pub next_retry_at: Option<i64>,
 }
 
 /// What the scheduler hands to its sink, in order.
@@ -271,6 +277,9 @@ struct Entry {
     last_error: Option<ActionError>,
     /// Queued in `ready` or a node queue (not yet running).
     queued: bool,
+    last_deploy_at: Option<i64>,
+    last_verified_at: Option<i64>,
+    next_retry_at: Option<i64>,
 }
 
 /// A finished action, applied by resource id so that it lands even after a new version.
@@ -395,6 +404,9 @@ impl Loop {
                     attempts: 0,
                     last_error: None,
                     queued: false,
+                    last_deploy_at: None,
+                    last_verified_at: None,
+                    next_retry_at: None,
                 }
             })
             .collect();
@@ -540,6 +552,10 @@ impl Loop {
             e.deployed = Some(done.executed_hash);
             e.attempts = 0;
             e.last_error = None;
+            let now = crate::store::now_ms();
+            e.last_deploy_at = Some(now);
+            e.last_verified_at = Some(now);
+            e.next_retry_at = None;
             self.emit_state(i);
             self.schedule_repair(i);
             if newly {
@@ -562,6 +578,7 @@ impl Loop {
             };
             e.attempts += 1;
             e.last_error = error;
+            e.last_deploy_at = Some(crate::store::now_ms());
             let attempts = e.attempts;
             if std::mem::replace(&mut e.counted, false) {
                 // It had been deployed (a repair failed): dependents wait for it again.
@@ -569,8 +586,8 @@ impl Loop {
                     self.entries[d].waiting += 1;
                 }
             }
-            self.emit_state(i);
             self.schedule_retry(i, attempts);
+            self.emit_state(i);
             self.skip_dependents(&v, i);
         }
     }
@@ -605,6 +622,7 @@ impl Loop {
             .retry_interval
             .saturating_mul(1 << (attempts.saturating_sub(1)).min(16));
         let delay = jitter(base.min(self.settings.max_retry_interval), i);
+        self.entries[i].next_retry_at = Some(crate::store::now_ms() + delay.as_millis() as i64);
         self.timers.push(Reverse((Instant::now() + delay, v.number, i, false)));
     }
 
@@ -646,6 +664,9 @@ impl Loop {
             deployed_hash: e.deployed,
             attempts: e.attempts,
             last_error: e.last_error.clone(),
+            last_deploy_at: e.last_deploy_at,
+            last_verified_at: e.last_verified_at,
+            next_retry_at: e.next_retry_at,
         })));
     }
 

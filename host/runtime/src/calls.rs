@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use wasmtime::{Store, Trap};
+use std::time::Instant;
+
+use wasmtime::{Store, Trap, UpdateDeadline};
 
 use crate::bindings::adaptor::Adaptor;
 use crate::bindings::adaptor::exports::orc::plugin::resource_adaptor::Target;
@@ -46,7 +48,6 @@ struct Session {
     store: Store<CallState>,
     plugin: Arc<str>,
     deadline: Duration,
-    tick: Duration,
     poisoned: Option<String>,
 }
 
@@ -63,12 +64,19 @@ impl Session {
             CallState::new(&plugin.manifest.name, ctx.clone(), memory),
         );
         store.limiter(|s| &mut s.limiter);
-        store.epoch_deadline_trap();
+        // At every epoch tick the guest either yields to the async executor (so a long call never
+        // starves other tasks on the same thread) or, past its deadline, is interrupted.
+        store.epoch_deadline_callback(|ctx| {
+            if Instant::now() >= ctx.data().deadline_at {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
         let mut session = Session {
             store,
             plugin: plugin.name.clone(),
             deadline,
-            tick: config.epoch_tick,
             poisoned: None,
         };
         session.arm();
@@ -77,9 +85,10 @@ impl Session {
 
     /// Sets the deadline for the next call and clears the limiter's flag.
     fn arm(&mut self) {
-        let ticks = (self.deadline.as_micros() / self.tick.as_micros().max(1)).max(1) as u64;
-        self.store.set_epoch_deadline(ticks);
-        self.store.data_mut().limiter.hit = false;
+        self.store.set_epoch_deadline(1);
+        let data = self.store.data_mut();
+        data.deadline_at = Instant::now() + self.deadline;
+        data.limiter.hit = false;
     }
 
     fn begin(&mut self) -> Result<(), CallError> {

@@ -20,6 +20,8 @@ pub struct CallState {
     pub(crate) logs: Vec<LogLine>,
     pub(crate) dropped_logs: usize,
     pub(crate) limiter: MemoryLimiter,
+    /// When the running call must be interrupted (checked at each epoch tick).
+    pub(crate) deadline_at: std::time::Instant,
     table: ResourceTable,
     wasi: Option<WasiCtx>,
     stderr: Option<MemoryOutputPipe>,
@@ -37,6 +39,7 @@ impl CallState {
                 limit: memory_limit,
                 hit: false,
             },
+            deadline_at: std::time::Instant::now(),
             table: ResourceTable::new(),
             wasi: None,
             stderr: None,

@@ -261,3 +261,98 @@ async fn purged_resources_are_removed_dependents_first() {
         "the directory (not recursive) could only go after its file"
     );
 }
+
+/// A host stopped in the middle of a deploy (its runtime torn down with actions in flight and
+/// events unwritten) resumes from the store: nothing is left `deploying`, everything ends
+/// deployed, and nothing whose deployment was confirmed in the store runs again.
+#[test]
+fn a_deploy_interrupted_mid_flight_resumes_from_the_store() {
+    use orc_host::persistence::{StoreSink, resume};
+    use orc_host::store::{EnvironmentSettings, Store};
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("orc.db");
+    let _ = tracing_subscriber::fmt().with_test_writer().with_env_filter("error").try_init();
+    let h = Harness::new();
+    let resources: Vec<serde_json::Value> = (0..40)
+        .map(|i| {
+            if i % 4 == 0 {
+                json!({ "id": format!("misbehave[local,s{i}]"), "adaptor": "misbehave@0.1.0", "attributes": { "behave": "slow", "ms": 300 } })
+            } else {
+                memory(&format!("m{i}"), i, &[])
+            }
+        })
+        .collect();
+    let version = h.version(1, serde_json::Value::Array(resources));
+    let settings = Settings {
+        env_concurrency: 4,
+        node_concurrency: 4,
+        ..quick()
+    };
+
+    // First life: stopped while the slow resources are still running.
+    let first = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (env, confirmed) = first.block_on(async {
+        let store = Store::open_sqlite(&db).await.unwrap();
+        let env = store.create_environment("crash", &EnvironmentSettings::default()).await.unwrap().id;
+        let s = Scheduler::spawn(
+            h.ctx.clone(),
+            settings.clone(),
+            Arc::new(StoreSink::new(store.clone(), env)),
+            HashMap::new(),
+        );
+        s.release(version.clone());
+        // Wait until some resources are confirmed deployed in the store and some are in flight.
+        let started = Instant::now();
+        loop {
+            let states = store.load_states(&env).await.unwrap();
+            let deployed = states.iter().filter(|s| s.status == Status::Deployed).count();
+            let deploying = states.iter().filter(|s| s.status == Status::Deploying).count();
+            if deployed >= 5 && deploying >= 1 {
+                let confirmed: Vec<String> = states
+                    .iter()
+                    .filter(|s| s.status == Status::Deployed)
+                    .map(|s| s.resource_id.clone())
+                    .collect();
+                return (env, confirmed);
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "never saw a mid-deploy state: {deployed} deployed, {deploying} deploying of {}",
+                states.len()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    first.shutdown_background();
+
+    // Second life: resume from the store and converge.
+    let second = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let store = Store::open_sqlite(&db).await.unwrap();
+        let known = resume(&store, &env).await.unwrap();
+        let states = store.load_states(&env).await.unwrap();
+        assert!(
+            states.iter().all(|s| s.status != Status::Deploying),
+            "recovery leaves nothing deploying"
+        );
+        let s = Scheduler::spawn(h.ctx.clone(), settings.clone(), Arc::new(StoreSink::new(store.clone(), env)), known);
+        s.release(version.clone());
+        let snap = s.settled().await;
+        assert_eq!(snap.count(Status::Deployed), 40, "{snap:?}");
+        let states = store.load_states(&env).await.unwrap();
+        assert!(states.iter().all(|s| s.status == Status::Deployed), "all deployed in the store");
+        for id in &confirmed {
+            let actions = store.resource_actions(&env, id, 10).await.unwrap();
+            assert!(actions.len() <= 1, "{id} was confirmed before the stop but ran again: {actions:?}");
+        }
+    });
+}

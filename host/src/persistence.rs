@@ -1,0 +1,116 @@
+//! Connects a scheduler to the store: every transition and every action the scheduler reports is
+//! written, in batches and in order, and a scheduler starting on an environment resumes from what
+//! was persisted — deployed hashes are kept, and nothing is left `deploying`.
+
+use std::collections::HashMap;
+
+use orc_manifest::Digest;
+
+use crate::scheduler::{BoxFuture, Event, Sink, Trigger};
+use crate::store::{ActionId, ActionKind, ActionRecord, EnvironmentId, ErrorInfo, ResourceState, Store, StoreError};
+
+/// Writes scheduler events of one environment to the store.
+pub struct StoreSink {
+    store: Store,
+    environment: EnvironmentId,
+}
+
+impl StoreSink {
+    pub fn new(store: Store, environment: EnvironmentId) -> StoreSink {
+        StoreSink { store, environment }
+    }
+
+    async fn write(&self, events: Vec<Event>) -> Result<(), StoreError> {
+        // The last state of a resource in a batch is the one that counts.
+        let mut states: HashMap<String, ResourceState> = HashMap::new();
+        let mut actions = Vec::new();
+        for event in events {
+            match event {
+                Event::State(s) => {
+                    let (resource_type, node) = split_id(&s.resource);
+                    let previous = states.get(&s.resource);
+                    let state = ResourceState {
+                        resource_type,
+                        node,
+                        desired_hash: s.desired_hash.to_string(),
+                        deployed_hash: s.deployed_hash.map(|d| d.to_string()),
+                        status: s.status,
+                        version: s.version as i64,
+                        last_deploy_at: s.last_deploy_at.or(previous.and_then(|p| p.last_deploy_at)),
+                        last_verified_at: s.last_verified_at.or(previous.and_then(|p| p.last_verified_at)),
+                        attempts: i64::from(s.attempts),
+                        last_error: s.last_error.map(|e| ErrorInfo {
+                            code: e.code,
+                            message: e.message,
+                        }),
+                        next_retry_at: s.next_retry_at,
+                        resource_id: s.resource.clone(),
+                    };
+                    states.insert(s.resource, state);
+                }
+                Event::Action { version, trigger, report } => actions.push(ActionRecord {
+                    id: ActionId::new(),
+                    environment: self.environment,
+                    resource_id: report.resource.clone(),
+                    kind: match trigger {
+                        Trigger::Repair => ActionKind::Repair,
+                        Trigger::Deploy | Trigger::Retry => ActionKind::Deploy,
+                    },
+                    version: Some(version as i64),
+                    started_at: report.started_at,
+                    finished_at: report.started_at + report.duration.as_millis() as i64,
+                    outcome: serde_json::to_value(report.outcome)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    changes: serde_json::to_string(&report.changes).unwrap_or_else(|_| "[]".into()),
+                    messages: serde_json::to_string(&report.messages).unwrap_or_else(|_| "[]".into()),
+                    error: report.error.map(|e| ErrorInfo {
+                        code: e.code,
+                        message: e.message,
+                    }),
+                }),
+            }
+        }
+        let states: Vec<ResourceState> = states.into_values().collect();
+        self.store.upsert_states(&self.environment, &states).await?;
+        self.store.insert_actions(&actions).await
+    }
+}
+
+impl Sink for StoreSink {
+    fn record(&self, events: Vec<Event>) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let n = events.len();
+            if let Err(e) = self.write(events).await {
+                // The scheduler's memory stays right; the next batch rewrites these resources'
+                // states in full, and a restart re-reads every resource anyway.
+                tracing::error!(environment = %self.environment, events = n, error = %e, "cannot persist scheduler events");
+            }
+        })
+    }
+}
+
+/// `type[node,key]` → (type, node).
+fn split_id(id: &str) -> (String, String) {
+    let (ty, rest) = id.split_once('[').unwrap_or((id, ""));
+    let node = rest.split_once(',').map(|(n, _)| n).unwrap_or("");
+    (ty.to_string(), node.to_string())
+}
+
+/// What a scheduler needs to resume an environment: resources left `deploying` by a crash are set
+/// back to `available`, and the last deployed hash of every resource is returned.
+pub async fn resume(store: &Store, environment: &EnvironmentId) -> Result<HashMap<String, Digest>, StoreError> {
+    let recovered = store.recover_deploying(environment).await?;
+    if !recovered.is_empty() {
+        tracing::warn!(%environment, count = recovered.len(), "resources left deploying by a previous run are available again");
+    }
+    let states = store.load_states(environment).await?;
+    Ok(states
+        .into_iter()
+        .filter_map(|s| {
+            let hash = s.deployed_hash?.parse().ok()?;
+            Some((s.resource_id, hash))
+        })
+        .collect())
+}
