@@ -2,7 +2,10 @@
 //! `deployed` for 10,000 `bench-memory` resources, independent and as a dependency graph (chains
 //! and fan-in), then a user repair and a dryrun of all of them. Run in release:
 //!
-//! `cargo run --release -p orc-host --example scheduler-bench [-- COUNT]`
+//! `cargo run --release -p orc-host --example scheduler-bench [-- COUNT [STORE]]`
+//!
+//! STORE persists every transition and action through the store, as the server does:
+//! `sqlite` (a temporary file) or a `postgres://…` URL. Without it events are only counted.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -54,6 +57,13 @@ fn intent(n: usize, graph: bool) -> Intent {
 #[tokio::main]
 async fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(10_000);
+    let store_arg = std::env::args().nth(2);
+    let tmp = std::env::temp_dir().join(format!("orc-scheduler-bench-{}", std::process::id()));
+    let store = match store_arg.as_deref() {
+        None => None,
+        Some("sqlite") => Some(orc_host::store::Store::open_sqlite(tmp.join("orc.db")).await.expect("sqlite store")),
+        Some(url) => Some(orc_host::store::Store::connect(url).await.expect("postgres store")),
+    };
     let runtime = Runtime::new(RuntimeConfig::default()).expect("runtime");
     let digest: Digest = BENCH_MEMORY.digest.parse().unwrap();
     let plugin = runtime
@@ -76,7 +86,15 @@ async fn main() {
             ..CallContext::new("bench")
         };
         let sink = Arc::new(Counting::default());
-        let scheduler = Scheduler::spawn(ctx.clone(), settings.clone(), sink.clone(), HashMap::new());
+        let scheduler = match &store {
+            None => Scheduler::spawn(ctx.clone(), settings.clone(), sink.clone(), HashMap::new()),
+            Some(store) => {
+                let name = format!("bench-{}-{graph}", std::process::id());
+                let env = store.create_environment(&name, &Default::default()).await.expect("environment").id;
+                let persist = Arc::new(orc_host::persistence::StoreSink::new(store.clone(), env));
+                Scheduler::spawn(ctx.clone(), settings.clone(), persist, HashMap::new())
+            }
+        };
         let intent = intent(n, graph);
         let plugins = vec![plugin.clone(); n];
         let version = Arc::new(Version::new(1, intent, plugins));
@@ -98,12 +116,20 @@ async fn main() {
         assert!(reports.iter().all(|r| r.outcome == orc_host::executor::Outcome::Unchanged));
 
         println!(
-            "{label}: release → all deployed {:.3} s ({:.0}/s); user repair {:.3} s; dryrun {:.3} s; {} events to the sink",
+            "{label}, {}: release → all deployed {:.3} s ({:.0}/s); user repair {:.3} s; dryrun {:.3} s{}",
+            store
+                .as_ref()
+                .map(|s| format!("persisted to {:?}", s.backend()))
+                .unwrap_or_else(|| "not persisted".into()),
             deploy.as_secs_f64(),
             n as f64 / deploy.as_secs_f64(),
             repair.as_secs_f64(),
             dryrun.as_secs_f64(),
-            sink.0.load(Ordering::Relaxed)
+            match store {
+                None => format!("; {} events to the sink", sink.0.load(Ordering::Relaxed)),
+                Some(_) => String::new(),
+            }
         );
     }
+    let _ = std::fs::remove_dir_all(tmp);
 }
