@@ -10,14 +10,15 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use orc_manifest::{Digest, PluginKind};
+use orc_manifest::Digest;
 use orc_registry::{RegistryError, Store, StoreOptions};
 use orc_runtime::capability::{DirKv, LocalNode, Nodes};
-use orc_runtime::{CallContext, EngineError, Grants, LoadError, Plugin, Runtime, RuntimeConfig};
+use orc_runtime::{CallContext, EngineError, Grants, Runtime, RuntimeConfig};
 use std::sync::Mutex;
 
 use crate::executor::{self, ActionReport, Mode, Outcome};
-use crate::intent::{Intent, IntentError, PluginRef, ResourceId};
+use crate::intent::{Intent, IntentError, ResourceId};
+use crate::pinning::{self, PinError};
 use crate::scheduler::{self, BoxFuture, Event, Scheduler, Settings, Sink, Status, Version};
 
 /// The only node an embedded deploy knows.
@@ -45,27 +46,21 @@ pub enum EmbeddedError {
     Intent(#[from] IntentError),
     #[error("the local registry")]
     Registry(#[from] RegistryError),
-    #[error("resource `{resource}` names adaptor `{reference}`, which is not in the registry")]
-    UnknownPlugin { resource: ResourceId, reference: PluginRef },
     #[error("resource `{resource}` is on node `{node}`; an embedded deploy manages only the `local` node")]
     UnknownNode { resource: ResourceId, node: String },
-    #[error("resource `{resource}` has type `{resource_type}`, but adaptor `{plugin}` handles only {handles}")]
-    WrongResourceType {
-        resource: ResourceId,
-        resource_type: String,
-        plugin: String,
-        handles: String,
-    },
-    #[error("resource `{resource}`: cannot load its adaptor")]
-    Load {
-        resource: ResourceId,
-        #[source]
-        source: LoadError,
-    },
+    /// Boxed: a load error is large.
+    #[error(transparent)]
+    Pin(Box<PinError>),
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error("cannot open the key/value store")]
     Kv(#[source] orc_runtime::capability::KvError),
+}
+
+impl From<PinError> for EmbeddedError {
+    fn from(e: PinError) -> EmbeddedError {
+        EmbeddedError::Pin(Box::new(e))
+    }
 }
 
 /// What a deploy did, per resource in intent order.
@@ -118,38 +113,9 @@ pub async fn deploy(
         max_instances: (config.concurrency * 2).max(16) as u32,
         ..RuntimeConfig::default()
     })?;
-    let mut pinned: HashMap<PluginRef, Arc<Plugin>> = HashMap::new();
-    let mut plugins = Vec::with_capacity(intent.resources.len());
-    for r in &intent.resources {
-        if !pinned.contains_key(&r.adaptor) {
-            let digest = resolve(&store, &r.adaptor).map_err(|e| match e {
-                RegistryError::NotFound { .. } | RegistryError::UnknownDigest(_) => EmbeddedError::UnknownPlugin {
-                    resource: r.id.clone(),
-                    reference: r.adaptor.clone(),
-                },
-                other => EmbeddedError::Registry(other),
-            })?;
-            let plugin = runtime
-                .load(&digest, PluginKind::Adaptor, &store, &Grants::all())
-                .await
-                .map_err(|source| EmbeddedError::Load {
-                    resource: r.id.clone(),
-                    source,
-                })?;
-            pinned.insert(r.adaptor.clone(), plugin);
-        }
-        let plugin = pinned[&r.adaptor].clone();
-        let handles = &plugin.manifest.resource_types;
-        if !handles.is_empty() && !handles.contains(&r.id.resource_type) {
-            return Err(EmbeddedError::WrongResourceType {
-                resource: r.id.clone(),
-                resource_type: r.id.resource_type.clone(),
-                plugin: plugin.manifest.reference(),
-                handles: handles.iter().map(|t| format!("`{t}`")).collect::<Vec<_>>().join(", "),
-            });
-        }
-        plugins.push(plugin);
-    }
+    let pinned = pinning::load_adaptors(&intent, &store, &runtime, &Grants::all()).await?;
+    let plugins = pinned.plugins;
+    let pinned = pinned.by_reference;
 
     let local_root = config.local_root.clone().unwrap_or_else(|| data_dir.join("nodes").join(LOCAL_NODE));
     let node = LocalNode::open(&local_root).map_err(dir_err(local_root.clone()))?;
@@ -181,27 +147,6 @@ pub async fn deploy(
         pinned,
         local_root,
     })
-}
-
-/// `name@version`, a bare name (highest version) or a digest → the digest, which must be stored.
-fn resolve(store: &Store, reference: &PluginRef) -> Result<Digest, RegistryError> {
-    match reference {
-        PluginRef::Digest(d) => {
-            if store.has_blob(d)? {
-                Ok(*d)
-            } else {
-                Err(RegistryError::UnknownDigest(*d))
-            }
-        }
-        PluginRef::Named { name, version: Some(v) } => Ok(store.resolve(name, v)?.digest),
-        PluginRef::Named { name, version: None } => store
-            .versions(name)?
-            .pop()
-            .map(|e| e.digest)
-            .ok_or_else(|| RegistryError::NotFound {
-                what: format!("plugin `{name}`"),
-            }),
-    }
 }
 
 /// Told each resource that settles, with the number settled so far and the total.

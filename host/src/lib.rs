@@ -1,14 +1,20 @@
-//! orc-host: the host side of orc. At this stage it validates intents ([`intent`]), runs resource
-//! actions through adaptors ([`executor`]) and offers the embedded deploy ([`embedded`]): registry,
-//! runtime and executors in one process over a local data directory.
+//! orc-host: the host side of orc. It validates intents ([`intent`]), pins their adaptors
+//! ([`pinning`]), runs resource actions through adaptors ([`executor`]) under one scheduler per
+//! environment ([`scheduler`], persisted through [`store`]), and runs either embedded
+//! ([`embedded`]: one deploy over a local data directory) or as a server ([`server`], the REST
+//! API in [`api`], configured by [`config`]).
 //!
 //! Architecture invariants: plugins are addressed only by digest (names are resolved and pinned
 //! when an intent is accepted); the Wasm runtime (`orc-runtime`) knows nothing of intents or
 //! storage; no `println!` here — output is the binary's business.
 
+pub mod api;
+pub mod config;
 pub mod embedded;
 pub mod executor;
 pub mod intent;
 pub mod persistence;
+pub mod pinning;
 pub mod scheduler;
+pub mod server;
 pub mod store;

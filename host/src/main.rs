@@ -7,8 +7,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use orc_host::config::HostConfig;
 use orc_host::embedded::{self, EmbeddedConfig};
 use orc_host::executor::{Mode, Outcome};
+use orc_host::server::Server;
 
 #[derive(Parser)]
 #[command(
@@ -44,6 +46,54 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Server mode: the REST API (`/api/v1`) over persistent environments, one scheduler each.
+    /// Prints `listening on http://ADDR` first; stops gracefully on SIGINT or SIGTERM.
+    Serve(ServeArgs),
+}
+
+/// Flags and `ORC_*` variables override the configuration file, which overrides the defaults.
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// A TOML configuration file (see `host/orc-host.example.toml`); unknown keys are an error.
+    #[arg(long, env = "ORC_CONFIG")]
+    config: Option<PathBuf>,
+    /// Listen address, e.g. `127.0.0.1:8420` (port 0 picks a free one).
+    #[arg(long, env = "ORC_LISTEN")]
+    listen: Option<std::net::SocketAddr>,
+    /// Registry, compiled plugins, node roots and the default SQLite database.
+    #[arg(long, env = "ORC_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// `sqlite:PATH` or `postgres://…` (default: SQLite file DATA_DIR/orc.db).
+    #[arg(long, env = "ORC_DATABASE")]
+    database: Option<String>,
+    /// Largest request body, in bytes.
+    #[arg(long, env = "ORC_MAX_BODY_BYTES")]
+    max_body_bytes: Option<usize>,
+}
+
+impl ServeArgs {
+    fn config(self) -> anyhow::Result<HostConfig> {
+        let mut config = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                HostConfig::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+            }
+            None => HostConfig::default(),
+        };
+        if let Some(listen) = self.listen {
+            config.listen = listen;
+        }
+        if let Some(dir) = self.data_dir {
+            config.data_dir = dir;
+        }
+        if let Some(database) = self.database {
+            config.database = Some(database);
+        }
+        if let Some(max) = self.max_body_bytes {
+            config.max_body_bytes = max;
+        }
+        Ok(config)
+    }
 }
 
 fn main() -> ExitCode {
@@ -103,7 +153,44 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(if report.succeeded() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
+        Command::Serve(args) => {
+            let config = args.config()?;
+            tokio::runtime::Runtime::new()?.block_on(serve(config))
+        }
     }
+}
+
+async fn serve(config: HostConfig) -> anyhow::Result<ExitCode> {
+    let server = Server::start(&config).await.context("starting the server")?;
+    let addr = server.local_addr()?;
+    println!("listening on http://{addr}");
+    use std::io::Write as _;
+    std::io::stdout().flush()?;
+    server.run(shutdown_signal()).await.context("serving")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+    tracing::info!("shutting down");
 }
 
 fn print_summary(report: &embedded::DeployReport, mode: Mode) {

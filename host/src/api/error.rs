@@ -1,0 +1,114 @@
+//! `ApiError`: the one error of the REST API, answered as JSON `{code, message}` with a stable
+//! code. Messages name the culprit and are safe for clients; internal detail (database, I/O,
+//! compiler errors) goes to the log only.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::intent::IntentError;
+use crate::pinning::PinError;
+use crate::server::{EnvError, error_chain};
+use crate::store::StoreError;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    code: &'a str,
+    message: &'a str,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// A failure the client cannot act on: logged in full, answered without detail.
+    pub fn internal(error: &dyn std::error::Error) -> ApiError {
+        tracing::error!(error = %error_chain(error), "request failed");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error; see the host's log")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(Body {
+            code: self.code,
+            message: &self.message,
+        });
+        (self.status, body).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> ApiError {
+        match &e {
+            StoreError::NotFound { .. } => ApiError::not_found(e.to_string()),
+            StoreError::Conflict { .. } => ApiError::new(StatusCode::CONFLICT, "conflict", e.to_string()),
+            _ => ApiError::internal(&e),
+        }
+    }
+}
+
+impl From<IntentError> for ApiError {
+    fn from(e: IntentError) -> ApiError {
+        let code = match &e {
+            IntentError::Json(_) => return ApiError::bad_request("invalid_json", e.to_string()),
+            IntentError::DuplicateId(_) => "duplicate_resource",
+            IntentError::UnknownRequirement { .. } | IntentError::SelfRequirement(_) => "unknown_requirement",
+            IntentError::Cycle(_) => "dependency_cycle",
+            IntentError::InvalidId { .. } | IntentError::InvalidPluginRef(_) | IntentError::AttributesNotObject { .. } => "invalid_intent",
+        };
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())
+    }
+}
+
+impl From<PinError> for ApiError {
+    fn from(e: PinError) -> ApiError {
+        let code = match &e {
+            PinError::UnknownPlugin { .. } => "unknown_plugin",
+            PinError::WrongResourceType { .. } => "wrong_resource_type",
+            PinError::Load { source, .. } => {
+                // The load error's own line names the plugin and what is wrong with it (world,
+                // capability, digest); what lies beneath (compiler, I/O) stays in the log.
+                tracing::warn!(error = %error_chain(&e), "adaptor refused");
+                return ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "plugin_rejected", format!("{e}: {source}"));
+            }
+            PinError::Registry(_) => return ApiError::internal(&e),
+        };
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())
+    }
+}
+
+impl From<EnvError> for ApiError {
+    fn from(e: EnvError) -> ApiError {
+        match e {
+            EnvError::UnknownEnvironment(_) => ApiError::new(StatusCode::NOT_FOUND, "unknown_environment", e.to_string()),
+            EnvError::InvalidName { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_name", e.to_string()),
+            EnvError::UnknownNode { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_node", e.to_string()),
+            EnvError::Intent(e) => e.into(),
+            EnvError::Pin(e) => (*e).into(),
+            EnvError::Store(e) => e.into(),
+            EnvError::NodeRoot { .. } => ApiError::internal(&e),
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! `HostConfig`: what `orc-host serve` runs with — listen address, data directory, database,
+//! the settings new environments start with, request limits. Deserialised from TOML (unknown keys
+//! are an error); only the binary reads flags, `ORC_*` variables and the file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::store::{EnvironmentSettings, SQLITE_FILE};
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HostConfig {
+    /// Address the API listens on (`127.0.0.1:0` picks a free port).
+    pub listen: SocketAddr,
+    /// Registry, compiled plugins, node roots and (by default) the SQLite database.
+    pub data_dir: PathBuf,
+    /// `sqlite:PATH` or `postgres://…`; default: the SQLite file `DATA_DIR/orc.db`.
+    pub database: Option<String>,
+    /// Largest request body accepted, in bytes; a larger one is answered 413.
+    pub max_body_bytes: usize,
+    /// The settings an environment gets when its creation names none.
+    pub environment_defaults: EnvironmentSettings,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8420)),
+            data_dir: PathBuf::from(".orc"),
+            database: None,
+            max_body_bytes: 16 * 1024 * 1024,
+            environment_defaults: EnvironmentSettings::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(String);
+
+impl HostConfig {
+    /// Parses a TOML document; keys it does not know are refused by name.
+    pub fn from_toml(text: &str) -> Result<HostConfig, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError(e.message().to_string()))
+    }
+
+    /// The database location the store connects to.
+    pub fn database_url(&self) -> String {
+        match &self.database {
+            Some(url) => url.clone(),
+            None => sqlite_url(&self.data_dir.join(SQLITE_FILE)),
+        }
+    }
+}
+
+fn sqlite_url(path: &Path) -> String {
+    format!("sqlite:{}", path.display())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_example_parses() {
+        let text = include_str!("../orc-host.example.toml");
+        let config = HostConfig::from_toml(text).unwrap();
+        assert_eq!(config.listen, "127.0.0.1:8420".parse().unwrap());
+        assert_eq!(config.data_dir, PathBuf::from("/var/lib/orc"));
+        assert_eq!(config.database_url(), "sqlite:/var/lib/orc/orc.db");
+        assert_eq!(config.environment_defaults.retry_interval_s, 60);
+    }
+
+    #[test]
+    fn an_unknown_key_is_refused_by_name() {
+        let err = HostConfig::from_toml("listen = \"127.0.0.1:1\"\nlisten_port = 3\n").unwrap_err();
+        assert!(err.to_string().contains("listen_port"), "{err}");
+        let err = HostConfig::from_toml("[environment_defaults]\nauto_deploi = true\n").unwrap_err();
+        assert!(err.to_string().contains("auto_deploi"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_file_is_the_defaults() {
+        assert_eq!(HostConfig::from_toml("").unwrap(), HostConfig::default());
+    }
+}

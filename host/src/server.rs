@@ -1,0 +1,372 @@
+//! `orc-host serve`: the host as a long-running service. [`Environments`] owns one running
+//! [`Scheduler`] per environment (persisted through [`StoreSink`], resumed from the store), the
+//! plugin registry, one Wasm [`Runtime`] and the store; [`Server`] binds the REST API
+//! ([`crate::api`]) over it and runs until told to shut down.
+//!
+//! Data directory layout: `orc.db` (the default SQLite database), `registry/`, `cache/`
+//! (compiled plugins), `nodes/<environment>/local/` (each environment's local node root).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use orc_registry::{RegistryError, StoreOptions};
+use orc_runtime::capability::{LocalNode, Nodes};
+use orc_runtime::{CallContext, EngineError, Grants, Runtime, RuntimeConfig};
+use tokio::sync::Mutex;
+
+use crate::config::HostConfig;
+use crate::intent::{Intent, IntentError, ResourceId};
+use crate::persistence::{self, StoreSink};
+use crate::pinning::{self, PinError};
+use crate::scheduler::{Scheduler, Settings, Version};
+use crate::store::{DbKv, Environment, EnvironmentId, EnvironmentSettings, Store, StoreError, VersionInfo};
+
+/// The only node an environment has until remote nodes arrive.
+pub const LOCAL_NODE: &str = "local";
+
+/// Why a request about environments could not be served. Messages are safe for clients; the
+/// sources carry the internal detail.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvError {
+    #[error("environment `{0}` does not exist")]
+    UnknownEnvironment(String),
+    #[error("invalid environment name `{name}`: {reason}")]
+    InvalidName { name: String, reason: &'static str },
+    #[error(transparent)]
+    Intent(#[from] IntentError),
+    /// Boxed: a load error is large, and this error travels through every request.
+    #[error(transparent)]
+    Pin(Box<PinError>),
+    #[error("resource `{resource}` is on node `{node}`; this host manages only the `local` node")]
+    UnknownNode { resource: ResourceId, node: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot prepare the node root {path}")]
+    NodeRoot {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl From<PinError> for EnvError {
+    fn from(e: PinError) -> EnvError {
+        EnvError::Pin(Box::new(e))
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot prepare the data directory {path}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open the database")]
+    Store(#[from] StoreError),
+    #[error("cannot open the plugin registry")]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One environment's running parts.
+struct Running {
+    scheduler: Scheduler,
+    /// Serialises submissions and releases, so the scheduler sees versions in the store's order.
+    releases: Mutex<()>,
+}
+
+/// Every environment of the host, each with its scheduler.
+pub struct Environments {
+    store: Store,
+    registry: orc_registry::Store,
+    runtime: Runtime,
+    kv: Arc<DbKv>,
+    data_dir: PathBuf,
+    defaults: EnvironmentSettings,
+    running: Mutex<HashMap<EnvironmentId, Arc<Running>>>,
+}
+
+impl Environments {
+    /// Opens the store and the registry (seeded with the first-party plugins) and starts the
+    /// scheduler of every environment, resuming what was persisted.
+    pub async fn open(config: &HostConfig) -> Result<Environments, StartError> {
+        let data_dir = config.data_dir.clone();
+        std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir {
+            path: data_dir.clone(),
+            source,
+        })?;
+        let store = Store::connect(&config.database_url()).await?;
+        let registry = orc_registry::Store::open(data_dir.join("registry"), StoreOptions::default())?;
+        for artifact in orc_plugin_artifacts::FIRST_PARTY {
+            registry.publish(artifact.bytes)?;
+        }
+        let runtime = Runtime::new(RuntimeConfig {
+            cache_dir: Some(data_dir.join("cache")),
+            ..RuntimeConfig::default()
+        })?;
+        let kv = Arc::new(DbKv::open(&store).await?);
+        let environments = Environments {
+            store,
+            registry,
+            runtime,
+            kv,
+            data_dir,
+            defaults: config.environment_defaults.clone(),
+            running: Mutex::new(HashMap::new()),
+        };
+        for env in environments.store.list_environments().await? {
+            // One environment that cannot resume (say, a plugin gone from the registry) must
+            // not keep the others down; requests retry the start.
+            if let Err(e) = environments.running(&env).await {
+                tracing::error!(environment = %env.name, error = %error_chain(&e), "cannot resume environment");
+            }
+        }
+        Ok(environments)
+    }
+
+    /// The store, for reads (versions, states, actions).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub async fn create(&self, name: &str, settings: Option<EnvironmentSettings>) -> Result<Environment, EnvError> {
+        validate_name(name)?;
+        let env = self
+            .store
+            .create_environment(name, &settings.unwrap_or_else(|| self.defaults.clone()))
+            .await?;
+        self.running(&env).await?;
+        Ok(env)
+    }
+
+    pub async fn list(&self) -> Result<Vec<Environment>, EnvError> {
+        Ok(self.store.list_environments().await?)
+    }
+
+    /// An environment by name or id.
+    pub async fn get(&self, key: &str) -> Result<Environment, EnvError> {
+        let unknown = || EnvError::UnknownEnvironment(key.chars().take(100).collect());
+        if let Ok(id) = key.parse::<EnvironmentId>() {
+            return match self.store.get_environment(&id).await {
+                Err(StoreError::NotFound { .. }) => Err(unknown()),
+                other => Ok(other?),
+            };
+        }
+        self.store.find_environment_by_name(key).await?.ok_or_else(unknown)
+    }
+
+    /// Stops the environment's scheduler (actions in flight finish) and deletes everything stored
+    /// for it.
+    pub async fn delete(&self, key: &str) -> Result<(), EnvError> {
+        let env = self.get(key).await?;
+        self.running.lock().await.remove(&env.id);
+        self.store.delete_environment(&env.id).await?;
+        Ok(())
+    }
+
+    /// Validates `intent_json`, pins its adaptors to digests, stores it as the next version (the
+    /// pinned document) and, with `auto_deploy`, releases it.
+    pub async fn submit(&self, key: &str, intent_json: &[u8]) -> Result<(VersionInfo, bool), EnvError> {
+        let env = self.get(key).await?;
+        let intent = Intent::parse(intent_json)?;
+        check_nodes(&intent)?;
+        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &Grants::all()).await?;
+        let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
+        let running = self.running(&env).await?;
+        let _turn = running.releases.lock().await;
+        let info = self.store.submit_version(&env.id, &document).await?;
+        if !env.settings.auto_deploy {
+            return Ok((info, false));
+        }
+        let info = self.store.release_version(&env.id, info.version).await?;
+        running
+            .scheduler
+            .release(Arc::new(Version::new(info.version as u64, intent, pinned.plugins)));
+        Ok((info, true))
+    }
+
+    /// Releases a stored version (also an older one: a rollback).
+    pub async fn release(&self, key: &str, version: i64) -> Result<VersionInfo, EnvError> {
+        let env = self.get(key).await?;
+        let running = self.running(&env).await?;
+        let _turn = running.releases.lock().await;
+        let loaded = self.load_version(&env.id, version).await?;
+        let info = self.store.release_version(&env.id, version).await?;
+        running.scheduler.release(Arc::new(loaded));
+        Ok(info)
+    }
+
+    /// Retries every failed, skipped or unavailable resource now.
+    pub async fn deploy(&self, key: &str) -> Result<(), EnvError> {
+        let env = self.get(key).await?;
+        self.running(&env).await?.scheduler.deploy_failed();
+        Ok(())
+    }
+
+    /// Re-reads and restores every resource now.
+    pub async fn repair(&self, key: &str) -> Result<(), EnvError> {
+        let env = self.get(key).await?;
+        self.running(&env).await?.scheduler.repair();
+        Ok(())
+    }
+
+    /// Stops every scheduler; actions in flight are abandoned safely (a restart sets what was
+    /// left `deploying` back to `available`) and the database is closed.
+    pub async fn shutdown(&self) {
+        self.running.lock().await.clear();
+        self.store.close().await;
+    }
+
+    /// A stored version with its adaptors loaded from their pinned digests.
+    async fn load_version(&self, env: &EnvironmentId, version: i64) -> Result<Version, EnvError> {
+        let stored = self.store.get_version(env, version).await?;
+        let intent = Intent::parse(stored.document.as_bytes())?;
+        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &Grants::all()).await?;
+        Ok(Version::new(version as u64, intent, pinned.plugins))
+    }
+
+    /// The environment's scheduler, started (and resumed from the store) on first use.
+    async fn running(&self, env: &Environment) -> Result<Arc<Running>, EnvError> {
+        let mut running = self.running.lock().await;
+        if let Some(r) = running.get(&env.id) {
+            return Ok(r.clone());
+        }
+        let root = node_root(&self.data_dir, &env.name);
+        let node = LocalNode::open(&root).map_err(|source| EnvError::NodeRoot { path: root, source })?;
+        let nodes = Nodes::default();
+        nodes.insert(LOCAL_NODE, Arc::new(node));
+        let ctx = CallContext {
+            kv: self.kv.clone(),
+            nodes: Arc::new(nodes),
+            ..CallContext::new(env.id.to_string())
+        };
+        let known = persistence::resume(&self.store, &env.id).await?;
+        let released = match env.released_version {
+            Some(v) => Some(self.load_version(&env.id, v).await?),
+            None => None,
+        };
+        let sink = Arc::new(StoreSink::new(self.store.clone(), env.id));
+        let scheduler = Scheduler::spawn(ctx, scheduler_settings(&env.settings), sink, known);
+        if let Some(version) = released {
+            scheduler.release(Arc::new(version));
+        }
+        let r = Arc::new(Running {
+            scheduler,
+            releases: Mutex::new(()),
+        });
+        running.insert(env.id, r.clone());
+        Ok(r)
+    }
+}
+
+/// The root of an environment's local node.
+pub fn node_root(data_dir: &Path, environment: &str) -> PathBuf {
+    data_dir.join("nodes").join(environment).join(LOCAL_NODE)
+}
+
+/// The scheduler's settings from an environment's.
+pub fn scheduler_settings(s: &EnvironmentSettings) -> Settings {
+    let retry = Duration::from_secs(s.retry_interval_s.max(1));
+    Settings {
+        env_concurrency: (s.env_concurrency as usize).max(1),
+        node_concurrency: (s.per_node_concurrency as usize).max(1),
+        retry_interval: retry,
+        max_retry_interval: retry.max(Duration::from_secs(3600)),
+        repair_interval: (s.repair_interval_s > 0).then(|| Duration::from_secs(s.repair_interval_s)),
+    }
+}
+
+/// Names become directory names (node roots), so they are kept plain.
+fn validate_name(name: &str) -> Result<(), EnvError> {
+    let invalid = |reason| EnvError::InvalidName {
+        name: name.chars().take(100).collect(),
+        reason,
+    };
+    if name.is_empty() || name.len() > 63 {
+        return Err(invalid("it must have 1 to 63 characters"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    {
+        return Err(invalid("use lowercase letters, digits, `-` and `_`"));
+    }
+    if !name.as_bytes()[0].is_ascii_alphanumeric() {
+        return Err(invalid("it must start with a letter or digit"));
+    }
+    Ok(())
+}
+
+fn check_nodes(intent: &Intent) -> Result<(), EnvError> {
+    match intent.resources.iter().find(|r| r.id.node != LOCAL_NODE) {
+        Some(r) => Err(EnvError::UnknownNode {
+            resource: r.id.clone(),
+            node: r.id.node.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// An error with its sources, for the log.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The bound REST server.
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    environments: Arc<Environments>,
+    max_body_bytes: usize,
+}
+
+impl Server {
+    /// Opens everything and binds `config.listen`; nothing is served until [`Server::run`].
+    pub async fn start(config: &HostConfig) -> Result<Server, StartError> {
+        let environments = Arc::new(Environments::open(config).await?);
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        Ok(Server {
+            listener,
+            environments,
+            max_body_bytes: config.max_body_bytes,
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` completes, lets requests in flight finish, then stops the
+    /// schedulers.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+        let app = crate::api::router(self.environments.clone(), self.max_body_bytes);
+        let served = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await;
+        self.environments.shutdown().await;
+        served
+    }
+}

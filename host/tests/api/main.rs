@@ -1,0 +1,484 @@
+//! The REST API against a real server: `orc-host serve`'s `Server` on `127.0.0.1:0` over a fresh
+//! data directory (SQLite), driven over HTTP. Tests poll for conditions, never sleep.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use orc_host::config::HostConfig;
+use orc_host::server::Server;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+const QUICKSTART: &str = include_str!("../../intents/quickstart.json");
+
+/// A running server and an HTTP client for it. Dropping it shuts the server down.
+struct Host {
+    base: String,
+    client: reqwest::Client,
+    data: tempfile::TempDir,
+    stop: oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Host {
+    async fn start(max_body_bytes: usize) -> Host {
+        Host::start_in(tempfile::tempdir().unwrap(), max_body_bytes).await
+    }
+
+    async fn start_in(data: tempfile::TempDir, max_body_bytes: usize) -> Host {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let config = HostConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: data.path().to_path_buf(),
+            max_body_bytes,
+            ..HostConfig::default()
+        };
+        let server = Server::start(&config).await.unwrap();
+        let addr = server.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+        Host {
+            base: format!("http://{addr}/api/v1"),
+            client: reqwest::Client::new(),
+            data,
+            stop,
+            served,
+        }
+    }
+
+    /// Shuts the server down gracefully and hands back its data directory.
+    async fn stop(self) -> tempfile::TempDir {
+        let _ = self.stop.send(());
+        self.served.await.unwrap().unwrap();
+        self.data
+    }
+
+    async fn send(&self, method: reqwest::Method, path: &str, body: Option<Vec<u8>>) -> (StatusCode, Value) {
+        let mut req = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            req = req.header("content-type", "application/json").body(body);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let bytes = resp.bytes().await.unwrap();
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
+        };
+        (status, value)
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.send(reqwest::Method::GET, path, None).await
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        self.send(reqwest::Method::POST, path, Some(body.to_string().into_bytes())).await
+    }
+
+    async fn post_raw(&self, path: &str, body: &[u8]) -> (StatusCode, Value) {
+        self.send(reqwest::Method::POST, path, Some(body.to_vec())).await
+    }
+
+    async fn create_environment(&self, name: &str) -> Value {
+        let (status, env) = self.post("/environments", &json!({ "name": name })).await;
+        assert_eq!(status, StatusCode::CREATED, "{env}");
+        env
+    }
+
+    /// Polls the resource listing until `done` holds for it (bounded, so a hang fails).
+    async fn wait_for_resources(&self, env: &str, query: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let (status, page) = self.get(&format!("/environments/{env}/resources?{query}")).await;
+            assert_eq!(status, StatusCode::OK, "{page}");
+            let items = page["items"].as_array().cloned().unwrap_or_default();
+            if done(&items) {
+                return items;
+            }
+            assert!(Instant::now() < deadline, "resources never reached the condition: {page}");
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn node_root(&self, env: &str) -> std::path::PathBuf {
+        orc_host::server::node_root(self.data.path(), env)
+    }
+}
+
+/// Percent-encodes a resource id for a path segment.
+fn encode(id: &str) -> String {
+    id.chars()
+        .map(|c| match c {
+            '[' => "%5B".to_string(),
+            ']' => "%5D".to_string(),
+            ',' => "%2C".to_string(),
+            '/' => "%2F".to_string(),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
+fn assert_error(got: (StatusCode, Value), status: StatusCode, code: &str, mentions: &str) {
+    let (s, body) = got;
+    assert_eq!(s, status, "{body}");
+    assert_eq!(body["code"], code, "{body}");
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(message.contains(mentions), "`{message}` should mention `{mentions}`");
+}
+
+fn read(root: &Path, path: &str) -> String {
+    std::fs::read_to_string(root.join(path)).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quickstart_intent_is_deployed_through_the_api() {
+    let host = Host::start(1 << 20).await;
+    let (status, health) = host.get("/health").await;
+    assert_eq!((status, &health["status"]), (StatusCode::OK, &json!("ok")));
+
+    let env = host.create_environment("dev").await;
+    assert_eq!(env["name"], "dev");
+    let (_, list) = host.get("/environments").await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    let (status, by_id) = host.get(&format!("/environments/{}", env["id"].as_str().unwrap())).await;
+    assert_eq!((status, &by_id["name"]), (StatusCode::OK, &json!("dev")));
+
+    let (status, submitted) = host.post_raw("/environments/dev/intents", QUICKSTART.as_bytes()).await;
+    assert_eq!(status, StatusCode::CREATED, "{submitted}");
+    assert_eq!(submitted, json!({ "version": 1, "released": true }));
+
+    let deployed = host.wait_for_resources("dev", "status=deployed", |items| items.len() == 6).await;
+    assert!(deployed.iter().all(|r| r["status"] == "deployed"));
+    let root = host.node_root("dev");
+    assert_eq!(read(&root, "etc/motd"), "Welcome. This machine is managed by orc.\n");
+    assert_eq!(read(&root, "srv/www/index.html"), "<h1>Deployed by orc</h1>\n");
+    assert!(root.join("srv/www").is_dir());
+
+    // The stored version has every adaptor pinned to a digest.
+    let (_, versions) = host.get("/environments/dev/intents").await;
+    assert_eq!(versions["items"][0]["version"], 1);
+    assert_eq!(versions["items"][0]["active"], true);
+    let (status, version) = host.get("/environments/dev/intents/1").await;
+    assert_eq!(status, StatusCode::OK, "{version}");
+    for r in version["intent"]["resources"].as_array().unwrap() {
+        assert!(r["adaptor"].as_str().unwrap().starts_with("sha256:"), "{r}");
+    }
+
+    // Filters and pagination.
+    let (_, files) = host.get("/environments/dev/resources?type=file").await;
+    assert_eq!(files["items"].as_array().unwrap().len(), 3, "{files}");
+    let (_, motd) = host.get("/environments/dev/resources?text=MOTD&node=local").await;
+    assert_eq!(motd["items"].as_array().unwrap().len(), 1, "{motd}");
+    let (_, first) = host.get("/environments/dev/resources?limit=4").await;
+    assert_eq!(first["items"].as_array().unwrap().len(), 4);
+    let after = first["next_after"].as_str().unwrap();
+    let (_, rest) = host
+        .get(&format!("/environments/dev/resources?limit=4&after={}", encode(after)))
+        .await;
+    assert_eq!(rest["items"].as_array().unwrap().len(), 2, "{rest}");
+    assert!(rest["next_after"].is_null());
+
+    // One resource with its action log.
+    let (status, one) = host
+        .get(&format!("/environments/dev/resources/{}", encode("file[local,/etc/motd]")))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{one}");
+    assert_eq!(one["state"]["status"], "deployed");
+    assert_eq!(one["actions"][0]["outcome"], "changed", "{one}");
+    assert_eq!(one["actions"][0]["changes"][0]["field"], "content", "{one}");
+
+    // Drift, then the user triggers: both accepted, and a repair restores the file.
+    std::fs::write(root.join("etc/motd"), "drift\n").unwrap();
+    let (status, _) = host.post("/environments/dev/deploy", &json!({})).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let (status, _) = host.post("/environments/dev/repair", &json!({})).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while read(&root, "etc/motd") != "Welcome. This machine is managed by orc.\n" {
+        assert!(Instant::now() < deadline, "repair never restored /etc/motd");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Releasing a stored version again (a rollback to the same one) is accepted.
+    let (status, released) = host.post("/environments/dev/intents/1/release", &json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{released}");
+    assert_eq!(released["active"], true);
+
+    let (status, _) = host.send(reqwest::Method::DELETE, "/environments/dev", None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_error(
+        host.get("/environments/dev").await,
+        StatusCode::NOT_FOUND,
+        "unknown_environment",
+        "dev",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_inputs_are_answered_with_their_status_and_code() {
+    let host = Host::start(64 * 1024).await;
+    host.create_environment("prod").await;
+    let intent = |resources: Value| json!({ "resources": resources });
+    let file =
+        |id: &str, requires: &[&str]| json!({ "id": id, "adaptor": "file@0.1.0", "attributes": { "content": "x" }, "requires": requires });
+
+    // Unknown environment, on every kind of endpoint.
+    assert_error(
+        host.get("/environments/nope").await,
+        StatusCode::NOT_FOUND,
+        "unknown_environment",
+        "nope",
+    );
+    let ok_intent = intent(json!([file("file[local,/a]", &[])]));
+    assert_error(
+        host.post("/environments/nope/intents", &ok_intent).await,
+        StatusCode::NOT_FOUND,
+        "unknown_environment",
+        "nope",
+    );
+    assert_error(
+        host.get("/environments/nope/resources").await,
+        StatusCode::NOT_FOUND,
+        "unknown_environment",
+        "nope",
+    );
+    assert_error(
+        host.post("/environments/nope/deploy", &json!({})).await,
+        StatusCode::NOT_FOUND,
+        "unknown_environment",
+        "nope",
+    );
+
+    // Malformed JSON, for an intent and for an environment.
+    assert_error(
+        host.post_raw("/environments/prod/intents", b"{\"resources\": [").await,
+        StatusCode::BAD_REQUEST,
+        "invalid_json",
+        "EOF",
+    );
+    assert_error(
+        host.post("/environments", &json!({ "nmae": "x" })).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_json",
+        "nmae",
+    );
+
+    // Intents that do not validate.
+    assert_error(
+        host.post(
+            "/environments/prod/intents",
+            &intent(json!([file("file[local,/a]", &[]), file("file[local,/a]", &[])])),
+        )
+        .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "duplicate_resource",
+        "file[local,/a]",
+    );
+    assert_error(
+        host.post(
+            "/environments/prod/intents",
+            &intent(json!([file("file[local,/a]", &["file[local,/b]"])])),
+        )
+        .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "unknown_requirement",
+        "file[local,/b]",
+    );
+    assert_error(
+        host.post(
+            "/environments/prod/intents",
+            &intent(json!([
+                file("file[local,/a]", &["file[local,/b]"]),
+                file("file[local,/b]", &["file[local,/a]"])
+            ])),
+        )
+        .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "dependency_cycle",
+        "dependency cycle: file[local,/a] -> file[local,/b] -> file[local,/a]",
+    );
+    assert_error(
+        host.post(
+            "/environments/prod/intents",
+            &intent(json!([{ "id": "file[local,/a]", "adaptor": "nosuch@1.0.0" }])),
+        )
+        .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "unknown_plugin",
+        "nosuch@1.0.0",
+    );
+    let digest = format!("sha256:{}", "0".repeat(64));
+    assert_error(
+        host.post(
+            "/environments/prod/intents",
+            &intent(json!([{ "id": "file[local,/a]", "adaptor": digest }])),
+        )
+        .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "unknown_plugin",
+        &digest,
+    );
+
+    assert_error(
+        host.post(
+            "/environments/prod/intents",
+            &intent(json!([{ "id": "file[local,/a]", "adaptor": "directory" }])),
+        )
+        .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "wrong_resource_type",
+        "directory@0.1.0",
+    );
+    assert_error(
+        host.post("/environments/prod/intents", &intent(json!([file("file[web1,/a]", &[])])))
+            .await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "unknown_node",
+        "web1",
+    );
+    assert_error(
+        host.post(
+            "/environments/prod/intents",
+            &intent(json!([{ "id": "file[local,/a]", "adaptor": "file", "atributes": {} }])),
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+        "invalid_json",
+        "atributes",
+    );
+
+    // Too large.
+    let big = intent(json!([{ "id": "file[local,/a]", "adaptor": "file", "attributes": { "content": "x".repeat(100_000) } }]));
+    assert_error(
+        host.post("/environments/prod/intents", &big).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        "max_body_bytes",
+    );
+
+    // Nothing was stored by any of the above.
+    let (_, versions) = host.get("/environments/prod/intents").await;
+    assert_eq!(versions["items"], json!([]));
+
+    // Environments: a taken name, a bad name, unknown versions and resources, bad filters.
+    assert_error(
+        host.post("/environments", &json!({ "name": "prod" })).await,
+        StatusCode::CONFLICT,
+        "conflict",
+        "prod",
+    );
+    assert_error(
+        host.post("/environments", &json!({ "name": "../etc" })).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_name",
+        "../etc",
+    );
+    assert_error(
+        host.get("/environments/prod/intents/7").await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "version 7",
+    );
+    assert_error(
+        host.post("/environments/prod/intents/7/release", &json!({})).await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "version 7",
+    );
+    assert_error(
+        host.get("/environments/prod/intents/seven").await,
+        StatusCode::BAD_REQUEST,
+        "invalid_path",
+        "",
+    );
+    assert_error(
+        host.get("/environments/prod/resources?status=happy").await,
+        StatusCode::BAD_REQUEST,
+        "invalid_query",
+        "happy",
+    );
+    assert_error(
+        host.get(&format!("/environments/prod/resources/{}", encode("file[local,/none]")))
+            .await,
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "file[local,/none]",
+    );
+    assert_error(host.get("/nowhere").await, StatusCode::NOT_FOUND, "not_found", "endpoint");
+
+    // The triggers on a known environment are accepted.
+    let (status, _) = host.post("/environments/prod/deploy", &json!({})).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let (status, _) = host.post("/environments/prod/repair", &json!({})).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_resumes_its_environments() {
+    let host = Host::start(1 << 20).await;
+    host.create_environment("dev").await;
+    let (status, _) = host.post_raw("/environments/dev/intents", QUICKSTART.as_bytes()).await;
+    assert_eq!(status, StatusCode::CREATED);
+    host.wait_for_resources("dev", "status=deployed", |items| items.len() == 6).await;
+    let data = host.stop().await;
+
+    let host = Host::start_in(data, 1 << 20).await;
+    let (status, env) = host.get("/environments/dev").await;
+    assert_eq!(status, StatusCode::OK, "{env}");
+    assert_eq!(env["released_version"], 1);
+    let mut changed: Value = serde_json::from_str(QUICKSTART).unwrap();
+    changed["resources"][4]["attributes"]["content"] = json!("Version two.\n");
+    let (status, submitted) = host.post("/environments/dev/intents", &changed).await;
+    assert_eq!(status, StatusCode::CREATED, "{submitted}");
+    assert_eq!(submitted["version"], 2);
+    host.wait_for_resources("dev", "status=deployed", |items| {
+        items.len() == 6 && items.iter().all(|r| r["version"] == 2)
+    })
+    .await;
+    assert_eq!(read(&host.node_root("dev"), "etc/motd"), "Version two.\n");
+    // Only the changed resource ran again: the others' last action is still version 1's.
+    let (_, index) = host
+        .get(&format!(
+            "/environments/dev/resources/{}",
+            encode("file[local,/srv/www/index.html]")
+        ))
+        .await;
+    assert_eq!(index["actions"].as_array().unwrap().len(), 1, "{index}");
+}
+
+/// The binary: `orc-host serve` prints where it listens first, serves, and exits cleanly on
+/// SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serve_command_prints_its_address_and_stops_on_sigterm() {
+    use tokio::io::AsyncBufReadExt;
+
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let data = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_orc-host"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data.path())
+        .env_remove("ORC_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next_line().await.unwrap().expect("a first line");
+    let url = first
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line `{first}`"));
+    let health: Value = reqwest::get(format!("{url}/api/v1/health")).await.unwrap().json().await.unwrap();
+    assert_eq!(health["status"], "ok");
+
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{status}");
+}
