@@ -101,6 +101,11 @@ pub struct Environments {
 }
 
 impl Environments {
+    /// The plugin registry this host serves at `/registry` and loads plugins from.
+    pub fn registry(&self) -> &orc_registry::Store {
+        &self.registry
+    }
+
     /// Opens the store and the registry (seeded with the first-party plugins) and starts the
     /// scheduler of every environment, resuming what was persisted.
     pub async fn open(config: &HostConfig) -> Result<Environments, StartError> {

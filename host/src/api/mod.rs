@@ -43,8 +43,11 @@ pub fn router(environments: Arc<Environments>, max_body_bytes: usize) -> Router 
         .route("/environments/{env}/resources/{id}", get(get_resource))
         .route("/environments/{env}/deploy", post(deploy))
         .route("/environments/{env}/repair", post(repair));
+    // The registry's own API (publish, fetch by digest, index), served by the same process.
+    let registry = orc_registry::server::router(environments.registry().clone());
     Router::new()
         .nest("/api/v1", api)
+        .nest_service("/registry", registry)
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(TraceLayer::new_for_http())

@@ -482,3 +482,25 @@ async fn the_serve_command_prints_its_address_and_stops_on_sigterm() {
     let status = tokio::time::timeout(Duration::from_secs(60), child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "{status}");
 }
+
+/// The registry is served by the same process under `/registry`, holding the first-party plugins.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_registry_is_served_under_registry() {
+    let host = Host::start(1 << 20).await;
+    let root = host.base.trim_end_matches("/api/v1").to_string();
+    let plugins: Value = reqwest::get(format!("{root}/registry/v1/plugins"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = plugins.as_array().unwrap().iter().filter_map(|p| p["name"].as_str()).collect();
+    assert!(names.contains(&"file") && names.contains(&"directory"), "{plugins}");
+    let file = plugins.as_array().unwrap().iter().find(|p| p["name"] == "file").unwrap();
+    let blob = reqwest::get(format!("{root}/registry/v1/blobs/{}", file["digest"].as_str().unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(blob.status(), StatusCode::OK);
+    let bytes = blob.bytes().await.unwrap();
+    assert_eq!(orc_manifest::Digest::of(&bytes).to_string(), file["digest"].as_str().unwrap());
+}
