@@ -164,6 +164,9 @@ async fn serve(config: HostConfig) -> anyhow::Result<ExitCode> {
     let server = Server::start(&config).await.context("starting the server")?;
     let addr = server.local_addr()?;
     println!("listening on http://{addr}");
+    if let Some(token) = server.initial_token() {
+        println!("admin token (shown once; only its hash is stored): {token}");
+    }
     use std::io::Write as _;
     std::io::stdout().flush()?;
     server.run(shutdown_signal()).await.context("serving")?;

@@ -343,6 +343,7 @@ pub struct Server {
     listener: tokio::net::TcpListener,
     environments: Arc<Environments>,
     max_body_bytes: usize,
+    initial_token: Option<String>,
 }
 
 impl Server {
@@ -355,11 +356,19 @@ impl Server {
                 addr: config.listen,
                 source,
             })?;
+        let initial_token = ensure_admin_token(environments.store()).await?;
         Ok(Server {
             listener,
             environments,
             max_body_bytes: config.max_body_bytes,
+            initial_token,
         })
+    }
+
+    /// The admin token created on this first start of the host (none exists in the store yet).
+    /// It is shown once: only its hash is stored.
+    pub fn initial_token(&self) -> Option<&str> {
+        self.initial_token.as_deref()
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -374,4 +383,16 @@ impl Server {
         self.environments.shutdown().await;
         served
     }
+}
+
+/// Creates the first admin token when the store has none; returns it (the store keeps only its
+/// sha256).
+async fn ensure_admin_token(store: &Store) -> Result<Option<String>, StoreError> {
+    if store.count_admin_tokens().await? > 0 {
+        return Ok(None);
+    }
+    // Two v4 UUIDs: 244 bits from the operating system's random source.
+    let token = format!("orc_{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+    store.insert_admin_token(&crate::store::hash_token(&token)).await?;
+    Ok(Some(token))
 }

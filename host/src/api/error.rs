@@ -38,6 +38,14 @@ impl ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, code, message)
     }
 
+    pub fn unauthorized() -> ApiError {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or invalid bearer token (Authorization: Bearer <token>)",
+        )
+    }
+
     pub fn not_found(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
     }

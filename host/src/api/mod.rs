@@ -10,8 +10,10 @@ mod extract;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Router, response::IntoResponse};
 use serde::{Deserialize, Serialize};
@@ -32,8 +34,7 @@ const RECENT_ACTIONS: u32 = 20;
 
 /// The API over `environments`; bodies over `max_body_bytes` are answered 413.
 pub fn router(environments: Arc<Environments>, max_body_bytes: usize) -> Router {
-    let api = Router::new()
-        .route("/health", get(health))
+    let protected = Router::new()
         .route("/environments", post(create_environment).get(list_environments))
         .route("/environments/{env}", get(get_environment).delete(delete_environment))
         .route("/environments/{env}/intents", post(submit_intent).get(list_intents))
@@ -42,9 +43,13 @@ pub fn router(environments: Arc<Environments>, max_body_bytes: usize) -> Router 
         .route("/environments/{env}/resources", get(list_resources))
         .route("/environments/{env}/resources/{id}", get(get_resource))
         .route("/environments/{env}/deploy", post(deploy))
-        .route("/environments/{env}/repair", post(repair));
-    // The registry's own API (publish, fetch by digest, index), served by the same process.
-    let registry = orc_registry::server::router(environments.registry().clone());
+        .route("/environments/{env}/repair", post(repair))
+        .route_layer(middleware::from_fn_with_state(environments.clone(), require_token));
+    let api = Router::new().route("/health", get(health)).merge(protected);
+    // The registry's own API (index and fetch by digest open to read; publishing needs the token),
+    // served by the same process.
+    let registry = orc_registry::server::router(environments.registry().clone())
+        .layer(middleware::from_fn_with_state(environments.clone(), require_token_to_write));
     Router::new()
         .nest("/api/v1", api)
         .nest_service("/registry", registry)
@@ -52,6 +57,32 @@ pub fn router(environments: Arc<Environments>, max_body_bytes: usize) -> Router 
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(TraceLayer::new_for_http())
         .with_state(environments)
+}
+
+/// Every API call but `/health` carries `Authorization: Bearer <token>` of a stored token.
+async fn require_token(State(environments): State<Arc<Environments>>, request: Request, next: Next) -> Result<Response, ApiError> {
+    let token = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(ApiError::unauthorized)?;
+    match environments
+        .store()
+        .find_admin_token(&crate::store::hash_token(token.trim()))
+        .await?
+    {
+        Some(_) => Ok(next.run(request).await),
+        None => Err(ApiError::unauthorized()),
+    }
+}
+
+/// Reading the registry is open (plugins are public, content-addressed bytes); writing needs a token.
+async fn require_token_to_write(state: State<Arc<Environments>>, request: Request, next: Next) -> Result<Response, ApiError> {
+    if matches!(*request.method(), axum::http::Method::GET | axum::http::Method::HEAD) {
+        return Ok(next.run(request).await);
+    }
+    require_token(state, request, next).await
 }
 
 async fn health() -> impl IntoResponse {

@@ -15,6 +15,7 @@ const QUICKSTART: &str = include_str!("../../intents/quickstart.json");
 /// A running server and an HTTP client for it. Dropping it shuts the server down.
 struct Host {
     base: String,
+    token: String,
     client: reqwest::Client,
     data: tempfile::TempDir,
     stop: oneshot::Sender<()>,
@@ -27,6 +28,12 @@ impl Host {
     }
 
     async fn start_in(data: tempfile::TempDir, max_body_bytes: usize) -> Host {
+        Host::start_with(data, max_body_bytes, None).await
+    }
+
+    /// Starts on `data`; `token` is the admin token of an earlier start on the same data (a new
+    /// one is created and shown only on the first start).
+    async fn start_with(data: tempfile::TempDir, max_body_bytes: usize, token: Option<String>) -> Host {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let config = HostConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
@@ -35,6 +42,11 @@ impl Host {
             ..HostConfig::default()
         };
         let server = Server::start(&config).await.unwrap();
+        let token = server
+            .initial_token()
+            .map(str::to_string)
+            .or(token)
+            .expect("a token: new on a first start, or given");
         let addr = server.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let served = tokio::spawn(server.run(async {
@@ -43,6 +55,7 @@ impl Host {
         Host {
             base: format!("http://{addr}/api/v1"),
             client: reqwest::Client::new(),
+            token,
             data,
             stop,
             served,
@@ -57,7 +70,7 @@ impl Host {
     }
 
     async fn send(&self, method: reqwest::Method, path: &str, body: Option<Vec<u8>>) -> (StatusCode, Value) {
-        let mut req = self.client.request(method, format!("{}{path}", self.base));
+        let mut req = self.client.request(method, format!("{}{path}", self.base)).bearer_auth(&self.token);
         if let Some(body) = body {
             req = req.header("content-type", "application/json").body(body);
         }
@@ -426,9 +439,10 @@ async fn a_restarted_server_resumes_its_environments() {
     let (status, _) = host.post_raw("/environments/dev/intents", QUICKSTART.as_bytes()).await;
     assert_eq!(status, StatusCode::CREATED);
     host.wait_for_resources("dev", "status=deployed", |items| items.len() == 6).await;
+    let token = host.token.clone();
     let data = host.stop().await;
 
-    let host = Host::start_in(data, 1 << 20).await;
+    let host = Host::start_with(data, 1 << 20, Some(token)).await;
     let (status, env) = host.get("/environments/dev").await;
     assert_eq!(status, StatusCode::OK, "{env}");
     assert_eq!(env["released_version"], 1);
@@ -503,4 +517,39 @@ async fn the_registry_is_served_under_registry() {
     assert_eq!(blob.status(), StatusCode::OK);
     let bytes = blob.bytes().await.unwrap();
     assert_eq!(orc_manifest::Digest::of(&bytes).to_string(), file["digest"].as_str().unwrap());
+}
+
+/// Every call but `/health` needs the admin token created on the first start; the registry is
+/// open to read and needs the token to publish.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_api_requires_the_admin_token() {
+    let host = Host::start(1 << 20).await;
+    assert!(host.token.starts_with("orc_") && host.token.len() > 60, "{}", host.token);
+    let client = reqwest::Client::new();
+    let url = format!("{}/environments", host.base);
+    for auth in [None, Some("Bearer wrong"), Some("Basic abc")] {
+        let mut req = client.get(&url);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{auth:?}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["code"], "unauthorized");
+    }
+    assert_eq!(
+        client.get(format!("{}/health", host.base)).send().await.unwrap().status(),
+        StatusCode::OK
+    );
+    let (status, _) = host.get("/environments").await;
+    assert_eq!(status, StatusCode::OK);
+
+    let root = host.base.trim_end_matches("/api/v1").to_string();
+    let publish = client
+        .post(format!("{root}/registry/v1/plugins"))
+        .body(b"\0asm".to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(publish.status(), StatusCode::UNAUTHORIZED);
 }
