@@ -21,8 +21,7 @@ use crate::intent::{Intent, IntentError, ResourceId};
 use crate::pinning::{self, PinError};
 use crate::scheduler::{self, BoxFuture, Event, Scheduler, Settings, Sink, Status, Version};
 
-/// The only node an embedded deploy knows.
-pub const LOCAL_NODE: &str = "local";
+pub use crate::pinning::LOCAL_NODE;
 
 #[derive(Debug, Clone)]
 pub struct EmbeddedConfig {

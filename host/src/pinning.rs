@@ -12,6 +12,10 @@ use orc_runtime::{Grants, LoadError, Plugin, Runtime};
 
 use crate::intent::{Intent, IntentDocument, PluginRef, ResourceId};
 
+/// The node every environment has until remote nodes arrive: the host's own machine, confined
+/// to a root directory.
+pub const LOCAL_NODE: &str = "local";
+
 #[derive(Debug, thiserror::Error)]
 pub enum PinError {
     #[error("resource `{resource}` names adaptor `{reference}`, which is not in the registry")]

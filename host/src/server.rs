@@ -25,8 +25,7 @@ use crate::pinning::{self, PinError};
 use crate::scheduler::{Scheduler, Settings, Version};
 use crate::store::{DbKv, Environment, EnvironmentId, EnvironmentSettings, Store, StoreError, VersionInfo};
 
-/// The only node an environment has until remote nodes arrive.
-pub const LOCAL_NODE: &str = "local";
+pub use crate::pinning::LOCAL_NODE;
 
 /// Why a request about environments could not be served. Messages are safe for clients; the
 /// sources carry the internal detail.

@@ -3,7 +3,7 @@
 //! resolves anywhere. The SDK's `Cargo.toml` is rewritten to stand alone: every
 //! `workspace = true` is replaced by the workspace's pin.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use toml::{Table, Value};
@@ -131,12 +131,6 @@ fn standalone_manifest(sdk: &str, workspace: &Table) -> Result<String> {
 
 fn is_inherited(v: &Value) -> bool {
     v.as_table().and_then(|t| t.get("workspace")).and_then(Value::as_bool) == Some(true)
-}
-
-/// Whether `dir` is (inside) the SDK this binary carries: used by tests.
-#[allow(dead_code)]
-pub fn is_vendored(dir: &Path) -> bool {
-    dir.join("src/lib.rs").exists()
 }
 
 #[cfg(test)]
