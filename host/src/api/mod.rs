@@ -105,8 +105,19 @@ async fn list_environments(State(envs): State<AppState>) -> Result<impl IntoResp
     Ok(axum::Json(json!({ "items": envs.list().await? })))
 }
 
+/// An environment with how many of its resources are in each status.
+#[derive(Serialize)]
+struct EnvironmentView {
+    #[serde(flatten)]
+    environment: crate::store::Environment,
+    resources: std::collections::BTreeMap<&'static str, i64>,
+}
+
 async fn get_environment(State(envs): State<AppState>, Path(env): Path<String>) -> Result<impl IntoResponse> {
-    Ok(axum::Json(envs.get(&env).await?))
+    let environment = envs.get(&env).await?;
+    let counts = envs.store().status_counts(&environment.id).await?;
+    let resources = counts.into_iter().map(|(s, n)| (s.as_str(), n)).collect();
+    Ok(axum::Json(EnvironmentView { environment, resources }))
 }
 
 async fn delete_environment(State(envs): State<AppState>, Path(env): Path<String>) -> Result<impl IntoResponse> {
