@@ -182,6 +182,11 @@ enum Command {
     Repair,
     /// Replies once nothing runs and nothing is ready to run (timers aside).
     Settled(oneshot::Sender<Snapshot>),
+    Settings(Settings),
+    /// `true`: start nothing new (actions in flight finish; wants and timers are kept).
+    Halt(bool),
+    /// Start nothing new, let what runs finish, record every event, reply, end.
+    Stop(oneshot::Sender<Snapshot>),
 }
 
 /// The handle of a running scheduler. Dropping every handle stops it once in-flight actions end.
@@ -194,10 +199,21 @@ impl Scheduler {
     /// Starts the scheduler. `known` carries what was deployed before (from the store): resource
     /// id → last deployed hash.
     pub fn spawn(ctx: CallContext, settings: Settings, sink: Arc<dyn Sink>, known: HashMap<String, Digest>) -> Scheduler {
+        Scheduler::spawn_halted(ctx, settings, false, sink, known)
+    }
+
+    /// [`Scheduler::spawn`], halted from the start when `halted` (see [`Scheduler::set_halted`]).
+    pub fn spawn_halted(
+        ctx: CallContext,
+        settings: Settings,
+        halted: bool,
+        sink: Arc<dyn Sink>,
+        known: HashMap<String, Digest>,
+    ) -> Scheduler {
         let (commands, rx) = mpsc::unbounded_channel();
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         tokio::spawn(writer(sink, events_rx));
-        let state = Loop::new(ctx, settings, known, events_tx);
+        let state = Loop::new(ctx, settings, halted, known, events_tx);
         tokio::spawn(state.run(rx));
         Scheduler { commands }
     }
@@ -217,8 +233,31 @@ impl Scheduler {
         let _ = self.commands.send(Command::Repair);
     }
 
+    /// New limits and intervals; they apply to what starts or is scheduled from now on.
+    pub fn update_settings(&self, settings: Settings) {
+        let _ = self.commands.send(Command::Settings(settings));
+    }
+
+    /// Halts (`true`) or resumes (`false`) the environment: while halted nothing new starts —
+    /// neither deploys nor retries nor repairs — and what is in flight finishes. What became due
+    /// meanwhile runs on resume.
+    pub fn set_halted(&self, halted: bool) {
+        let _ = self.commands.send(Command::Halt(halted));
+    }
+
+    /// Graceful stop: nothing new starts, actions in flight finish and every event reaches the
+    /// sink before this returns. Queued work is not lost: it is persisted as wanted state
+    /// (`available`, `failed`, …) and runs again when the environment is resumed.
+    pub async fn stop(&self) -> Snapshot {
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(Command::Stop(tx)).is_err() {
+            return Snapshot::default();
+        }
+        rx.await.unwrap_or_default()
+    }
+
     /// Waits until nothing runs and nothing is ready to run; pending retries and repairs are timers
-    /// and do not count.
+    /// and do not count. While halted, it waits only for the actions in flight.
     pub async fn settled(&self) -> Snapshot {
         let (tx, rx) = oneshot::channel();
         if self.commands.send(Command::Settled(tx)).is_err() {
@@ -311,10 +350,19 @@ struct Loop {
     done_rx: mpsc::UnboundedReceiver<Done>,
     events: mpsc::UnboundedSender<Outgoing>,
     settled: Vec<oneshot::Sender<Snapshot>>,
+    halted: bool,
+    /// Set by [`Command::Stop`]: the loop ends, answering this, once nothing runs.
+    stopping: Option<oneshot::Sender<Snapshot>>,
 }
 
 impl Loop {
-    fn new(ctx: CallContext, settings: Settings, known: HashMap<String, Digest>, events: mpsc::UnboundedSender<Outgoing>) -> Loop {
+    fn new(
+        ctx: CallContext,
+        settings: Settings,
+        halted: bool,
+        known: HashMap<String, Digest>,
+        events: mpsc::UnboundedSender<Outgoing>,
+    ) -> Loop {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         Loop {
             ctx,
@@ -333,6 +381,8 @@ impl Loop {
             done_rx,
             events,
             settled: Vec::new(),
+            halted,
+            stopping: None,
         }
     }
 
@@ -341,8 +391,14 @@ impl Loop {
         loop {
             self.dispatch();
             self.answer_settled();
-            if !open && self.running == 0 {
-                return;
+            if self.running == 0 {
+                if let Some(reply) = self.stopping.take() {
+                    let _ = self.events.send(Outgoing::Settled(reply, self.snapshot()));
+                    return;
+                }
+                if !open {
+                    return;
+                }
             }
             let next_timer = self.timers.peek().map(|Reverse((due, ..))| *due);
             tokio::select! {
@@ -379,6 +435,12 @@ impl Loop {
                 }
             }
             Command::Settled(reply) => self.settled.push(reply),
+            Command::Settings(settings) => self.settings = settings,
+            Command::Halt(halted) => self.halted = halted,
+            Command::Stop(reply) => {
+                self.halted = true;
+                self.stopping = Some(reply);
+            }
         }
     }
 
@@ -446,6 +508,9 @@ impl Loop {
 
     /// Starts ready work within the environment's and each node's limits.
     fn dispatch(&mut self) {
+        if self.halted {
+            return;
+        }
         let Some(v) = self.version.clone() else { return };
         // Node queues first: they hold work that was ready before.
         let mut starts = Vec::new();
@@ -671,21 +736,26 @@ impl Loop {
     }
 
     fn answer_settled(&mut self) {
-        if self.settled.is_empty() || self.running > 0 || !self.ready.is_empty() || !self.node_queues.is_empty() {
+        let waiting = !self.halted && (!self.ready.is_empty() || !self.node_queues.is_empty());
+        if self.settled.is_empty() || self.running > 0 || waiting {
             return;
         }
+        let snapshot = self.snapshot();
+        for reply in self.settled.drain(..) {
+            let _ = self.events.send(Outgoing::Settled(reply, snapshot.clone()));
+        }
+    }
+
+    fn snapshot(&self) -> Snapshot {
         let mut counts: HashMap<Status, usize> = HashMap::new();
         for e in &self.entries {
             *counts.entry(e.status).or_default() += 1;
         }
         let mut counts: Vec<(Status, usize)> = counts.into_iter().collect();
         counts.sort_by_key(|(s, _)| *s);
-        let snapshot = Snapshot {
+        Snapshot {
             version: self.version.as_ref().map(|v| v.number),
             counts,
-        };
-        for reply in self.settled.drain(..) {
-            let _ = self.events.send(Outgoing::Settled(reply, snapshot.clone()));
         }
     }
 }

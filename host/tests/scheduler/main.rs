@@ -221,8 +221,6 @@ async fn self_healing_repairs_drift_on_its_own() {
 async fn a_new_version_supersedes_the_old_one() {
     let h = Harness::new();
     let s = h.scheduler(quick());
-    let slow = |v: i64| json!({ "id": "misbehave[local,slow]", "adaptor": "misbehave@0.1.0", "attributes": { "behave": "slow", "ms": 150, "tag": v } });
-    let _ = slow;
     s.release(h.version(1, json!([memory("m", 1, &[]), memory("n", 1, &["bench-memory[local,m]"])])));
     s.release(h.version(2, json!([memory("m", 2, &[]), memory("n", 2, &["bench-memory[local,m]"])])));
     let snap = until(&s, "v2 deployed", |snap| {
@@ -355,4 +353,86 @@ fn a_deploy_interrupted_mid_flight_resumes_from_the_store() {
             assert!(actions.len() <= 1, "{id} was confirmed before the stop but ran again: {actions:?}");
         }
     });
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_halted_scheduler_starts_nothing_until_resumed() {
+    let h = Harness::new();
+    let s = Scheduler::spawn_halted(h.ctx.clone(), quick(), true, h.recorder.clone(), HashMap::new());
+    s.release(h.version(1, json!([memory("a", 1, &[]), memory("b", 1, &["bench-memory[local,a]"])])));
+    // Halted: settled answers at once (nothing in flight) and nothing ran.
+    let snap = s.settled().await;
+    assert_eq!(snap.count(Status::Available), 2, "{snap:?}");
+    assert!(h.recorder.actions("bench-memory[local,a]").is_empty());
+    s.repair();
+    s.deploy_failed();
+    assert_eq!(s.settled().await.count(Status::Deployed), 0);
+
+    s.set_halted(false);
+    until(&s, "deployed after resume", |snap| snap.count(Status::Deployed) == 2).await;
+
+    // Halted again before a new version is released: nothing of it starts.
+    s.set_halted(true);
+    s.release(h.version(2, json!([memory("a", 2, &[]), memory("b", 2, &["bench-memory[local,a]"])])));
+    let snap = s.settled().await;
+    assert_eq!(snap.count(Status::Deploying), 0, "{snap:?}");
+    assert_eq!(snap.count(Status::Available), 2, "{snap:?}");
+    s.set_halted(false);
+    until(&s, "v2 deployed", |snap| {
+        snap.version == Some(2) && snap.count(Status::Deployed) == 2
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stop_lets_actions_in_flight_finish_and_records_them() {
+    let h = Harness::new();
+    let s = h.scheduler(quick());
+    let slow = |key: &str| json!({ "id": format!("misbehave[local,{key}]"), "adaptor": "misbehave@0.1.0", "attributes": { "behave": "slow", "ms": 300 } });
+    s.release(h.version(1, json!([slow("a"), slow("b"), memory("after", 1, &["misbehave[local,a]"])])));
+    // Wait until both slow actions are in flight.
+    let started = Instant::now();
+    while h
+        .recorder
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e, Event::State(st) if st.status == Status::Deploying))
+        .count()
+        < 2
+    {
+        assert!(started.elapsed() < Duration::from_secs(20), "the slow actions never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let snap = s.stop().await;
+    // Both finished and were recorded before stop returned; the dependent never started.
+    assert_eq!(snap.count(Status::Deployed), 2, "{snap:?}");
+    assert_eq!(snap.count(Status::Available), 1, "{snap:?}");
+    assert_eq!(h.recorder.actions("misbehave[local,a]").len(), 1);
+    assert_eq!(h.recorder.actions("misbehave[local,b]").len(), 1);
+    assert!(h.recorder.actions("bench-memory[local,after]").is_empty());
+    // The scheduler has ended: later commands are ignored, and settled answers empty.
+    s.repair();
+    assert_eq!(s.settled().await, Snapshot::default());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn new_settings_apply_to_what_is_scheduled_next() {
+    let h = Harness::new();
+    // A retry an hour away: the failure stays failed.
+    let s = h.scheduler(Settings {
+        retry_interval: Duration::from_secs(3600),
+        max_retry_interval: Duration::from_secs(3600),
+        ..quick()
+    });
+    h.kv.set("test/misbehave", "twice", b"0").unwrap();
+    let flaky = json!({ "id": "misbehave[local,f]", "adaptor": "misbehave@0.1.0", "attributes": { "behave": "fail_times", "times": 2, "counter": "twice" } });
+    s.release(h.version(1, json!([flaky])));
+    assert_eq!(s.settled().await.count(Status::Failed), 1);
+    // A short interval from now on: the next failure is retried within it.
+    s.update_settings(quick());
+    s.deploy_failed();
+    until(&s, "retried under the new interval", |snap| snap.count(Status::Deployed) == 1).await;
+    assert_eq!(h.recorder.actions("misbehave[local,f]").len(), 3);
 }
