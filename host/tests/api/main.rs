@@ -1,47 +1,122 @@
 //! The REST API against a real server: `orc-host serve`'s `Server` on `127.0.0.1:0` over a fresh
-//! data directory (SQLite), driven over HTTP. Tests poll for conditions, never sleep.
+//! data directory and a fresh database, driven over HTTP. Every test runs twice: on SQLite (the
+//! file in the data directory) and on PostgreSQL (a new database on the cluster this test binary
+//! starts; see `support/pg.rs`). Tests poll for conditions, never sleep.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use orc_host::config::HostConfig;
 use orc_host::server::Server;
+use orc_host::store::{Backend, SQLITE_FILE};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+#[path = "../support/pg.rs"]
+mod pg;
+
+/// One `#[tokio::test]` per case and backend: `sqlite::<case>` and `postgres::<case>`, each
+/// calling `crate::<case>(backend)`.
+macro_rules! on_both_backends {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    crate::$case(orc_host::store::Backend::Sqlite).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    crate::$case(orc_host::store::Backend::Postgres).await
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    the_quickstart_intent_is_deployed_through_the_api,
+    bad_inputs_are_answered_with_their_status_and_code,
+    a_restarted_server_resumes_its_environments,
+    the_serve_command_prints_its_address_and_stops_on_sigterm,
+    the_registry_is_served_under_registry,
+    the_api_requires_the_admin_token,
+);
+
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");
+
+/// Where a host keeps its state: a data directory and, on PostgreSQL, a database of its own.
+/// Handed from one start to the next to restart on the same data.
+struct Data {
+    backend: Backend,
+    dir: tempfile::TempDir,
+    /// `postgres://…`; `None`: the SQLite file in `dir`.
+    database: Option<String>,
+}
+
+impl Data {
+    async fn fresh(backend: Backend) -> Data {
+        let database = match backend {
+            Backend::Sqlite => None,
+            Backend::Postgres => Some(pg::fresh_database().await.unwrap()),
+        };
+        Data {
+            backend,
+            dir: tempfile::tempdir().unwrap(),
+            database,
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The server kept its state where it was told: the SQLite file exists only on SQLite.
+    fn assert_backend(&self) {
+        let sqlite_file = self.path().join(SQLITE_FILE).exists();
+        assert_eq!(
+            sqlite_file,
+            self.backend == Backend::Sqlite,
+            "{} with database {:?}",
+            self.backend,
+            self.database
+        );
+    }
+}
 
 /// A running server and an HTTP client for it. Dropping it shuts the server down.
 struct Host {
     base: String,
     token: String,
     client: reqwest::Client,
-    data: tempfile::TempDir,
+    data: Data,
     stop: oneshot::Sender<()>,
     served: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 impl Host {
-    async fn start(max_body_bytes: usize) -> Host {
-        Host::start_in(tempfile::tempdir().unwrap(), max_body_bytes).await
-    }
-
-    async fn start_in(data: tempfile::TempDir, max_body_bytes: usize) -> Host {
-        Host::start_with(data, max_body_bytes, None).await
+    async fn start(backend: Backend, max_body_bytes: usize) -> Host {
+        Host::start_with(Data::fresh(backend).await, max_body_bytes, None).await
     }
 
     /// Starts on `data`; `token` is the admin token of an earlier start on the same data (a new
     /// one is created and shown only on the first start).
-    async fn start_with(data: tempfile::TempDir, max_body_bytes: usize, token: Option<String>) -> Host {
+    async fn start_with(data: Data, max_body_bytes: usize, token: Option<String>) -> Host {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let config = HostConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             data_dir: data.path().to_path_buf(),
+            database: data.database.clone(),
             max_body_bytes,
             ..HostConfig::default()
         };
         let server = Server::start(&config).await.unwrap();
+        data.assert_backend();
         let token = server
             .initial_token()
             .map(str::to_string)
@@ -62,8 +137,8 @@ impl Host {
         }
     }
 
-    /// Shuts the server down gracefully and hands back its data directory.
-    async fn stop(self) -> tempfile::TempDir {
+    /// Shuts the server down gracefully and hands back its data.
+    async fn stop(self) -> Data {
         let _ = self.stop.send(());
         self.served.await.unwrap().unwrap();
         self.data
@@ -149,9 +224,8 @@ fn read(root: &Path, path: &str) -> String {
     std::fs::read_to_string(root.join(path)).unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_quickstart_intent_is_deployed_through_the_api() {
-    let host = Host::start(1 << 20).await;
+async fn the_quickstart_intent_is_deployed_through_the_api(backend: Backend) {
+    let host = Host::start(backend, 1 << 20).await;
     let (status, health) = host.get("/health").await;
     assert_eq!((status, &health["status"]), (StatusCode::OK, &json!("ok")));
 
@@ -233,9 +307,8 @@ async fn the_quickstart_intent_is_deployed_through_the_api() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_inputs_are_answered_with_their_status_and_code() {
-    let host = Host::start(64 * 1024).await;
+async fn bad_inputs_are_answered_with_their_status_and_code(backend: Backend) {
+    let host = Host::start(backend, 64 * 1024).await;
     host.create_environment("prod").await;
     let intent = |resources: Value| json!({ "resources": resources });
     let file =
@@ -432,9 +505,9 @@ async fn bad_inputs_are_answered_with_their_status_and_code() {
     assert_eq!(status, StatusCode::ACCEPTED);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_server_resumes_its_environments() {
-    let host = Host::start(1 << 20).await;
+/// Stopped and started again on the same data directory and database.
+async fn a_restarted_server_resumes_its_environments(backend: Backend) {
+    let host = Host::start(backend, 1 << 20).await;
     host.create_environment("dev").await;
     let (status, _) = host.post_raw("/environments/dev/intents", QUICKSTART.as_bytes()).await;
     assert_eq!(status, StatusCode::CREATED);
@@ -468,20 +541,20 @@ async fn a_restarted_server_resumes_its_environments() {
 
 /// The binary: `orc-host serve` prints where it listens first, serves, and exits cleanly on
 /// SIGTERM.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_serve_command_prints_its_address_and_stops_on_sigterm() {
+async fn the_serve_command_prints_its_address_and_stops_on_sigterm(backend: Backend) {
     use tokio::io::AsyncBufReadExt;
 
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let data = tempfile::tempdir().unwrap();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_orc-host"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(data.path())
-        .env_remove("ORC_CONFIG")
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let data = Data::fresh(backend).await;
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_orc-host"));
+    command.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"]).arg(data.path());
+    if let Some(database) = &data.database {
+        command.args(["--database", database]);
+    }
+    for var in ["ORC_CONFIG", "ORC_LISTEN", "ORC_DATA_DIR", "ORC_DATABASE", "ORC_MAX_BODY_BYTES"] {
+        command.env_remove(var);
+    }
+    let mut child = command.stdout(std::process::Stdio::piped()).kill_on_drop(true).spawn().unwrap();
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
     let first = lines.next_line().await.unwrap().expect("a first line");
     let url = first
@@ -495,12 +568,12 @@ async fn the_serve_command_prints_its_address_and_stops_on_sigterm() {
     assert!(killed.success());
     let status = tokio::time::timeout(Duration::from_secs(60), child.wait()).await.unwrap().unwrap();
     assert!(status.success(), "{status}");
+    data.assert_backend();
 }
 
 /// The registry is served by the same process under `/registry`, holding the first-party plugins.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_registry_is_served_under_registry() {
-    let host = Host::start(1 << 20).await;
+async fn the_registry_is_served_under_registry(backend: Backend) {
+    let host = Host::start(backend, 1 << 20).await;
     let root = host.base.trim_end_matches("/api/v1").to_string();
     let plugins: Value = reqwest::get(format!("{root}/registry/v1/plugins"))
         .await
@@ -521,9 +594,8 @@ async fn the_registry_is_served_under_registry() {
 
 /// Every call but `/health` needs the admin token created on the first start; the registry is
 /// open to read and needs the token to publish.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_api_requires_the_admin_token() {
-    let host = Host::start(1 << 20).await;
+async fn the_api_requires_the_admin_token(backend: Backend) {
+    let host = Host::start(backend, 1 << 20).await;
     assert!(host.token.starts_with("orc_") && host.token.len() > 60, "{}", host.token);
     let client = reqwest::Client::new();
     let url = format!("{}/environments", host.base);

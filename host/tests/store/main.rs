@@ -1,9 +1,11 @@
 //! Integration tests of `orc_host::store` against real databases: every case runs once on SQLite
 //! (a file in a temporary directory) and once on PostgreSQL (a cluster this binary starts; see
-//! `harness`). `batch_timings_10k` prints how long the 10,000-row batches take (`--nocapture`).
+//! `support/pg.rs`). `batch_timings_10k` prints how long the 10,000-row batches take (`--nocapture`).
 
 mod cases;
 mod harness;
+#[path = "../support/pg.rs"]
+mod pg;
 
 /// One `#[tokio::test]` per case and backend: `sqlite::<case>` and `postgres::<case>`.
 macro_rules! on_both_backends {
