@@ -68,6 +68,7 @@ mod error;
 mod intents;
 mod kv;
 mod model;
+mod operations;
 mod states;
 mod tokens;
 
@@ -270,8 +271,14 @@ pub(crate) const fn sqlite_rows_per_statement(columns: usize) -> usize {
 /// (version, description, SQL) of each migration, in order.
 type Embedded = &'static [(i64, &'static str, &'static str)];
 
-const SQLITE_MIGRATIONS: Embedded = &[(1, "init", include_str!("../../migrations/sqlite/0001_init.sql"))];
-const POSTGRES_MIGRATIONS: Embedded = &[(1, "init", include_str!("../../migrations/postgres/0001_init.sql"))];
+const SQLITE_MIGRATIONS: Embedded = &[
+    (1, "init", include_str!("../../migrations/sqlite/0001_init.sql")),
+    (2, "operations", include_str!("../../migrations/sqlite/0002_operations.sql")),
+];
+const POSTGRES_MIGRATIONS: Embedded = &[
+    (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
+    (2, "operations", include_str!("../../migrations/postgres/0002_operations.sql")),
+];
 
 fn migrator(embedded: Embedded) -> Migrator {
     Migrator::with_migrations(

@@ -90,6 +90,10 @@ uuid_id!(
     /// One admin token (the id, not the secret).
     TokenId
 );
+uuid_id!(
+    /// One user-triggered deploy or repair.
+    OperationId
+);
 
 /// A stored enum value that is not one of the known names.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -162,6 +166,27 @@ named_enum!(
         Dryrun => "dryrun",
         Read => "read",
         Delete => "delete",
+    }
+);
+
+named_enum!(
+    /// What a user asked the scheduler to do now.
+    OperationKind("operation kind") {
+        /// Retry every failed, skipped or unavailable resource.
+        Deploy => "deploy",
+        /// Re-read and restore every resource.
+        Repair => "repair",
+    }
+);
+
+named_enum!(
+    /// Where an operation stands.
+    OperationStatus("operation status") {
+        Running => "running",
+        /// The scheduler settled; the result says how.
+        Done => "done",
+        /// The host stopped before the scheduler settled.
+        Interrupted => "interrupted",
     }
 );
 
@@ -432,6 +457,19 @@ pub struct DryrunReport {
     pub finished_at: Option<Millis>,
     /// JSON text, once finished.
     pub report: Option<String>,
+}
+
+/// A user-triggered deploy or repair and, once the scheduler has settled, its outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Operation {
+    pub id: OperationId,
+    pub environment: EnvironmentId,
+    pub kind: OperationKind,
+    pub status: OperationStatus,
+    pub created_at: Millis,
+    pub finished_at: Option<Millis>,
+    /// JSON text, once finished.
+    pub result: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

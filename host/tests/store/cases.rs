@@ -7,7 +7,8 @@ use std::time::Instant;
 use anyhow::{Result, ensure};
 use orc_host::store::{
     ActionFilter, ActionId, ActionKind, ActionRecord, Attempts, Backend, DbKv, DryrunId, DryrunStatus, EnvironmentId, EnvironmentSettings,
-    ErrorInfo, ResourceState, ResourceStatus, StateFilter, StatusChange, Store, StoreError, hash_token, now_ms,
+    ErrorInfo, OperationKind, OperationStatus, ResourceState, ResourceStatus, StateFilter, StatusChange, Store, StoreError, hash_token,
+    now_ms,
 };
 use orc_runtime::capability::KvStore;
 
@@ -633,6 +634,62 @@ pub async fn dryrun_lifecycle(db: &TestDb) -> Result<()> {
         store.get_dryrun(&other, &first.id).await,
         Err(StoreError::NotFound { .. })
     ));
+    Ok(())
+}
+
+pub async fn operations_lifecycle_and_interruption(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    let env = new_env(store, "prod").await?;
+    let repair = store.create_operation(&env, OperationKind::Repair).await?;
+    assert_eq!(repair.status, OperationStatus::Running);
+    assert_eq!(store.get_operation(&env, &repair.id).await?, repair);
+    let done = store.complete_operation(&env, &repair.id, r#"{"deployed":3}"#).await?;
+    assert_eq!(
+        (done.status, done.result.as_deref()),
+        (OperationStatus::Done, Some(r#"{"deployed":3}"#))
+    );
+    let again = store.complete_operation(&env, &repair.id, "{}").await.unwrap_err();
+    assert!(
+        matches!(again, StoreError::Conflict { .. }) && again.to_string().contains("already done"),
+        "{again}"
+    );
+
+    // A host that stops leaves these running; the next start interrupts them.
+    let deploy = store.create_operation(&env, OperationKind::Deploy).await?;
+    store.submit_version(&env, "{}").await?;
+    let dryrun = store.create_dryrun(&env, 1).await?;
+    let other = new_env(store, "other").await?;
+    let elsewhere = store.create_operation(&other, OperationKind::Deploy).await?;
+    assert_eq!(store.interrupt_unfinished(&env, r#"{"error":"stopped"}"#).await?, (1, 1));
+    assert_eq!(store.get_operation(&env, &deploy.id).await?.status, OperationStatus::Interrupted);
+    assert_eq!(store.get_operation(&env, &repair.id).await?.status, OperationStatus::Done);
+    let dryrun = store.get_dryrun(&env, &dryrun.id).await?;
+    assert_eq!(
+        (dryrun.status, dryrun.report.as_deref()),
+        (DryrunStatus::Failed, Some(r#"{"error":"stopped"}"#))
+    );
+    assert_eq!(store.get_operation(&other, &elsewhere.id).await?.status, OperationStatus::Running);
+    assert!(matches!(
+        store.get_operation(&other, &deploy.id).await,
+        Err(StoreError::NotFound { .. })
+    ));
+
+    // The action counts an operation's result is made of: per outcome, within the window.
+    let mut failed = action(env, "file[web1,/b]", ActionKind::Repair, 2_000);
+    failed.outcome = "failed".to_string();
+    store
+        .insert_actions(&[
+            action(env, "file[web1,/a]", ActionKind::Repair, 1_000),
+            action(env, "file[web1,/a]", ActionKind::Repair, 2_500),
+            failed,
+            action(env, "file[web1,/c]", ActionKind::Repair, 9_000),
+            action(other, "file[web1,/a]", ActionKind::Repair, 2_000),
+        ])
+        .await?;
+    assert_eq!(
+        store.count_actions(&env, 1_000, 9_000).await?,
+        vec![("changed".to_string(), 2), ("failed".to_string(), 1)]
+    );
     Ok(())
 }
 

@@ -40,6 +40,7 @@ on_both_backends!(
     recovery_of_deploying,
     actions_batch_and_query_order,
     dryrun_lifecycle,
+    operations_lifecycle_and_interruption,
     admin_tokens,
     db_kv_keeps_scopes_apart,
     deleting_an_environment_removes_its_data,
