@@ -20,6 +20,9 @@ pub struct HostConfig {
     pub database: Option<String>,
     /// Largest request body accepted, in bytes; a larger one is answered 413.
     pub max_body_bytes: usize,
+    /// At shutdown, how long actions in flight get to finish (and be recorded) before they are
+    /// abandoned; a restart runs abandoned actions again.
+    pub shutdown_grace_s: u64,
     /// The settings an environment gets when its creation names none.
     pub environment_defaults: EnvironmentSettings,
 }
@@ -31,6 +34,7 @@ impl Default for HostConfig {
             data_dir: PathBuf::from(".orc"),
             database: None,
             max_body_bytes: 16 * 1024 * 1024,
+            shutdown_grace_s: 30,
             environment_defaults: EnvironmentSettings::default(),
         }
     }

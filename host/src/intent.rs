@@ -119,14 +119,23 @@ impl<'de> Deserialize<'de> for PluginRef {
 }
 
 /// One resource of an intent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResourceSpec {
+    /// `type[node,key]`, unique in the intent.
+    #[schema(value_type = String, example = "file[local,/etc/motd]")]
     pub id: ResourceId,
+    /// `name@version`, `name` (the highest published version) or `sha256:…`; pinned to a digest
+    /// when the intent is accepted.
+    #[schema(value_type = String, example = "file@0.1.0")]
     pub adaptor: PluginRef,
+    /// The desired state, as the adaptor defines it.
     #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
     pub attributes: serde_json::Value,
+    /// Ids of resources that must be deployed before this one.
     #[serde(default)]
+    #[schema(value_type = Vec<String>)]
     pub requires: Vec<ResourceId>,
     /// Marked for removal: the adaptor deletes it.
     #[serde(default)]
@@ -138,7 +147,7 @@ fn empty_object() -> serde_json::Value {
 }
 
 /// An intent document as submitted.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IntentDocument {
     pub resources: Vec<ResourceSpec>,

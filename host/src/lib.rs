@@ -10,9 +10,13 @@
 
 pub mod api;
 pub mod config;
+pub mod diff;
+pub mod dryrun;
 pub mod embedded;
+pub mod events;
 pub mod executor;
 pub mod intent;
+pub mod metrics;
 pub mod persistence;
 pub mod pinning;
 pub mod scheduler;

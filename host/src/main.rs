@@ -69,6 +69,9 @@ struct ServeArgs {
     /// Largest request body, in bytes.
     #[arg(long, env = "ORC_MAX_BODY_BYTES")]
     max_body_bytes: Option<usize>,
+    /// Seconds actions in flight get to finish at shutdown.
+    #[arg(long, env = "ORC_SHUTDOWN_GRACE_S")]
+    shutdown_grace_s: Option<u64>,
 }
 
 impl ServeArgs {
@@ -91,6 +94,9 @@ impl ServeArgs {
         }
         if let Some(max) = self.max_body_bytes {
             config.max_body_bytes = max;
+        }
+        if let Some(grace) = self.shutdown_grace_s {
+            config.shutdown_grace_s = grace;
         }
         Ok(config)
     }

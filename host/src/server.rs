@@ -16,14 +16,20 @@ use std::time::Duration;
 use orc_registry::{RegistryError, StoreOptions};
 use orc_runtime::capability::{LocalNode, Nodes};
 use orc_runtime::{CallContext, EngineError, Grants, Runtime, RuntimeConfig};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, broadcast};
 
 use crate::config::HostConfig;
+use crate::diff::IntentDiff;
+use crate::dryrun::DryrunResult;
+use crate::events::{Batch, EnvironmentSink, EventStream, Observer};
 use crate::intent::{Intent, IntentError, ResourceId};
 use crate::persistence::{self, StoreSink};
 use crate::pinning::{self, PinError};
 use crate::scheduler::{Scheduler, Settings, Version};
-use crate::store::{DbKv, Environment, EnvironmentId, EnvironmentSettings, Store, StoreError, VersionInfo};
+use crate::store::{
+    DbKv, DryrunReport, DryrunStatus, Environment, EnvironmentId, EnvironmentSettings, Operation, OperationKind, Store, StoreError,
+    VersionInfo, now_ms,
+};
 
 pub use crate::pinning::LOCAL_NODE;
 
@@ -42,6 +48,10 @@ pub enum EnvError {
     Pin(Box<PinError>),
     #[error("resource `{resource}` is on node `{node}`; this host manages only the `local` node")]
     UnknownNode { resource: ResourceId, node: String },
+    #[error("invalid settings: {0}")]
+    InvalidSettings(String),
+    #[error("environment `{0}` has no intent version yet")]
+    NoVersion(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("cannot prepare the node root {path}")]
@@ -86,6 +96,9 @@ struct Running {
     scheduler: Scheduler,
     /// Serialises submissions and releases, so the scheduler sees versions in the store's order.
     releases: Mutex<()>,
+    /// What the environment's plugins are called with (nodes, kv); dryruns use it too.
+    ctx: CallContext,
+    stream: EventStream,
 }
 
 /// Every environment of the host, each with its scheduler.
@@ -97,6 +110,8 @@ pub struct Environments {
     data_dir: PathBuf,
     defaults: EnvironmentSettings,
     running: Mutex<HashMap<EnvironmentId, Arc<Running>>>,
+    /// Looks at every environment's events after persistence (metrics).
+    observers: Vec<Arc<dyn Observer>>,
 }
 
 impl Environments {
@@ -131,6 +146,7 @@ impl Environments {
             data_dir,
             defaults: config.environment_defaults.clone(),
             running: Mutex::new(HashMap::new()),
+            observers: Vec::new(),
         };
         for env in environments.store.list_environments().await? {
             // One environment that cannot resume (say, a plugin gone from the registry) must
@@ -149,10 +165,9 @@ impl Environments {
 
     pub async fn create(&self, name: &str, settings: Option<EnvironmentSettings>) -> Result<Environment, EnvError> {
         validate_name(name)?;
-        let env = self
-            .store
-            .create_environment(name, &settings.unwrap_or_else(|| self.defaults.clone()))
-            .await?;
+        let settings = settings.unwrap_or_else(|| self.defaults.clone());
+        settings.validate().map_err(EnvError::InvalidSettings)?;
+        let env = self.store.create_environment(name, &settings).await?;
         self.running(&env).await?;
         Ok(env)
     }
@@ -174,12 +189,51 @@ impl Environments {
     }
 
     /// Stops the environment's scheduler (actions in flight finish) and deletes everything stored
-    /// for it.
+    /// for it, its local node's directory included.
     pub async fn delete(&self, key: &str) -> Result<(), EnvError> {
         let env = self.get(key).await?;
-        self.running.lock().await.remove(&env.id);
+        let running = self.running.lock().await.remove(&env.id);
+        if let Some(running) = running {
+            running.scheduler.stop().await;
+        }
         self.store.delete_environment(&env.id).await?;
+        let root = self.data_dir.join("nodes").join(&env.name);
+        if let Err(e) = std::fs::remove_dir_all(&root)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(environment = %env.name, path = %root.display(), error = %e, "cannot remove the node directory");
+        }
         Ok(())
+    }
+
+    /// Changes some settings: `patch` is an object of the fields to change (unknown fields are
+    /// refused by name). The scheduler applies them to what it starts or schedules next; turning
+    /// `auto_deploy` on does not release anything already submitted.
+    pub async fn update_settings(&self, key: &str, patch: serde_json::Value) -> Result<Environment, EnvError> {
+        let env = self.get(key).await?;
+        let serde_json::Value::Object(patch) = patch else {
+            return Err(EnvError::InvalidSettings("the settings must be a JSON object".into()));
+        };
+        let mut merged = serde_json::to_value(&env.settings).expect("settings serialise");
+        if let serde_json::Value::Object(fields) = &mut merged {
+            fields.extend(patch);
+        }
+        let settings: EnvironmentSettings = serde_json::from_value(merged).map_err(|e| EnvError::InvalidSettings(e.to_string()))?;
+        settings.validate().map_err(EnvError::InvalidSettings)?;
+        let running = self.running(&env).await?;
+        let env = self.store.update_settings(&env.id, &settings).await?;
+        running.scheduler.update_settings(scheduler_settings(&env.settings));
+        Ok(env)
+    }
+
+    /// Halts (nothing new starts; actions in flight finish) or resumes the environment. Persisted:
+    /// a halted environment stays halted across restarts.
+    pub async fn set_halted(&self, key: &str, halted: bool) -> Result<Environment, EnvError> {
+        let env = self.get(key).await?;
+        let running = self.running(&env).await?;
+        let env = self.store.set_halted(&env.id, halted).await?;
+        running.scheduler.set_halted(halted);
+        Ok(env)
     }
 
     /// Validates `intent_json`, pins its adaptors to digests, stores it as the next version (the
@@ -203,6 +257,91 @@ impl Environments {
         Ok((info, true))
     }
 
+    /// Rolls back to an earlier version: its (pinned) document becomes a new version, which is
+    /// released at once. History stays linear: the new version records what is deployed now.
+    pub async fn rollback(&self, key: &str, to: i64) -> Result<VersionInfo, EnvError> {
+        let env = self.get(key).await?;
+        let running = self.running(&env).await?;
+        let _turn = running.releases.lock().await;
+        let document = self.store.get_version(&env.id, to).await?.document;
+        let info = self.store.submit_version(&env.id, &document).await?;
+        let loaded = self.load_version(&env.id, info.version).await?;
+        let info = self.store.release_version(&env.id, info.version).await?;
+        running.scheduler.release(Arc::new(loaded));
+        Ok(info)
+    }
+
+    /// What changed from version `from` to version `to`.
+    pub async fn diff(&self, key: &str, from: i64, to: i64) -> Result<IntentDiff, EnvError> {
+        let env = self.get(key).await?;
+        let parse = |document: String| Intent::parse(document.as_bytes());
+        let a = parse(self.store.get_version(&env.id, from).await?.document)?;
+        let b = parse(self.store.get_version(&env.id, to).await?.document)?;
+        Ok(crate::diff::diff(from, &a, to, &b))
+    }
+
+    /// Starts a user deploy or repair; the returned operation is completed (in the store) with its
+    /// outcome once the scheduler has settled.
+    pub async fn start_operation(&self, key: &str, kind: OperationKind) -> Result<Operation, EnvError> {
+        let env = self.get(key).await?;
+        let running = self.running(&env).await?;
+        let op = self.store.create_operation(&env.id, kind).await?;
+        match kind {
+            OperationKind::Deploy => running.scheduler.deploy_failed(),
+            OperationKind::Repair => running.scheduler.repair(),
+        }
+        let (store, scheduler, op_id, since) = (self.store.clone(), running.scheduler.clone(), op.id, op.created_at);
+        tokio::spawn(async move {
+            let snapshot = scheduler.settled().await;
+            // Every action of the operation finished before the settle answer (the writer
+            // records events before it replies), so the log counts them all.
+            let actions = match store.count_actions(&env.id, since, now_ms() + 1).await {
+                Ok(counts) => counts.into_iter().collect::<std::collections::BTreeMap<_, _>>(),
+                Err(e) => {
+                    tracing::error!(environment = %env.name, error = %error_chain(&e), "cannot count the operation's actions");
+                    Default::default()
+                }
+            };
+            let statuses: std::collections::BTreeMap<_, _> = snapshot.counts.iter().map(|(s, n)| (s.as_str(), *n)).collect();
+            let result = serde_json::json!({ "version": snapshot.version, "resources": statuses, "actions": actions });
+            if let Err(e) = store.complete_operation(&env.id, &op_id, &result.to_string()).await {
+                tracing::error!(environment = %env.name, operation = %op_id, error = %error_chain(&e), "cannot complete the operation");
+            }
+        });
+        Ok(op)
+    }
+
+    /// Starts a dryrun of `version` (default: the latest); the returned report is completed (in
+    /// the store) once every resource has been read and compared. Nothing is changed.
+    pub async fn start_dryrun(&self, key: &str, version: Option<i64>) -> Result<DryrunReport, EnvError> {
+        let env = self.get(key).await?;
+        let version = match version {
+            Some(v) => v,
+            None if env.latest_version > 0 => env.latest_version,
+            None => return Err(EnvError::NoVersion(env.name)),
+        };
+        let running = self.running(&env).await?;
+        let loaded = self.load_version(&env.id, version).await?;
+        let report = self.store.create_dryrun(&env.id, version).await?;
+        let (store, ctx, id) = (self.store.clone(), running.ctx.clone(), report.id);
+        let concurrency = env.settings.env_concurrency as usize;
+        tokio::spawn(async move {
+            let reports = crate::scheduler::dryrun(&loaded, &ctx, concurrency).await;
+            let result = DryrunResult::from_reports(version, &reports);
+            let json = serde_json::to_string(&result).expect("a dryrun report serialises");
+            if let Err(e) = store.complete_dryrun(&env.id, &id, DryrunStatus::Done, &json).await {
+                tracing::error!(environment = %env.name, dryrun = %id, error = %error_chain(&e), "cannot store the dryrun report");
+            }
+        });
+        Ok(report)
+    }
+
+    /// The environment's event stream, from now on.
+    pub async fn subscribe(&self, key: &str) -> Result<broadcast::Receiver<Batch>, EnvError> {
+        let env = self.get(key).await?;
+        Ok(self.running(&env).await?.stream.subscribe())
+    }
+
     /// Releases a stored version (also an older one: a rollback).
     pub async fn release(&self, key: &str, version: i64) -> Result<VersionInfo, EnvError> {
         let env = self.get(key).await?;
@@ -214,24 +353,19 @@ impl Environments {
         Ok(info)
     }
 
-    /// Retries every failed, skipped or unavailable resource now.
-    pub async fn deploy(&self, key: &str) -> Result<(), EnvError> {
-        let env = self.get(key).await?;
-        self.running(&env).await?.scheduler.deploy_failed();
-        Ok(())
-    }
-
-    /// Re-reads and restores every resource now.
-    pub async fn repair(&self, key: &str) -> Result<(), EnvError> {
-        let env = self.get(key).await?;
-        self.running(&env).await?.scheduler.repair();
-        Ok(())
-    }
-
-    /// Stops every scheduler; actions in flight are abandoned safely (a restart sets what was
-    /// left `deploying` back to `available`) and the database is closed.
-    pub async fn shutdown(&self) {
-        self.running.lock().await.clear();
+    /// Stops every scheduler: nothing new starts, and actions in flight get `grace` to finish and
+    /// be recorded. What is still running then is abandoned safely (a restart sets what was left
+    /// `deploying` back to `available` and runs it again). Then the database is closed.
+    pub async fn shutdown(&self, grace: Duration) {
+        let running: Vec<Arc<Running>> = self.running.lock().await.drain().map(|(_, r)| r).collect();
+        let stops = futures::future::join_all(running.iter().map(|r| r.scheduler.stop()));
+        if tokio::time::timeout(grace, stops).await.is_err() {
+            tracing::warn!(
+                grace_s = grace.as_secs_f64(),
+                "actions still in flight after the grace period are abandoned"
+            );
+        }
+        drop(running);
         self.store.close().await;
     }
 
@@ -259,18 +393,27 @@ impl Environments {
             ..CallContext::new(env.id.to_string())
         };
         let known = persistence::resume(&self.store, &env.id).await?;
+        let interrupted = serde_json::json!({ "error": { "code": "interrupted", "message": "the host stopped before it finished" } });
+        self.store.interrupt_unfinished(&env.id, &interrupted.to_string()).await?;
         let released = match env.released_version {
             Some(v) => Some(self.load_version(&env.id, v).await?),
             None => None,
         };
-        let sink = Arc::new(StoreSink::new(self.store.clone(), env.id));
-        let scheduler = Scheduler::spawn(ctx, scheduler_settings(&env.settings), sink, known);
+        let stream = EventStream::default();
+        let sink = Arc::new(EnvironmentSink::new(
+            StoreSink::new(self.store.clone(), env.id),
+            stream.clone(),
+            self.observers.clone(),
+        ));
+        let scheduler = Scheduler::spawn_halted(ctx.clone(), scheduler_settings(&env.settings), env.halted, sink, known);
         if let Some(version) = released {
             scheduler.release(Arc::new(version));
         }
         let r = Arc::new(Running {
             scheduler,
             releases: Mutex::new(()),
+            ctx,
+            stream,
         });
         running.insert(env.id, r.clone());
         Ok(r)
@@ -342,6 +485,7 @@ pub struct Server {
     listener: tokio::net::TcpListener,
     environments: Arc<Environments>,
     max_body_bytes: usize,
+    shutdown_grace: Duration,
     initial_token: Option<String>,
 }
 
@@ -360,6 +504,7 @@ impl Server {
             listener,
             environments,
             max_body_bytes: config.max_body_bytes,
+            shutdown_grace: Duration::from_secs(config.shutdown_grace_s),
             initial_token,
         })
     }
@@ -375,11 +520,11 @@ impl Server {
     }
 
     /// Serves until `shutdown` completes, lets requests in flight finish, then stops the
-    /// schedulers.
+    /// schedulers, giving actions in flight the configured grace period.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
         let app = crate::api::router(self.environments.clone(), self.max_body_bytes);
         let served = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await;
-        self.environments.shutdown().await;
+        self.environments.shutdown(self.shutdown_grace).await;
         served
     }
 }

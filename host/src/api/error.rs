@@ -19,10 +19,14 @@ pub struct ApiError {
     pub message: String,
 }
 
-#[derive(Serialize)]
-struct Body<'a> {
-    code: &'a str,
-    message: &'a str,
+/// The body of every error answer.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// Stable and machine-readable: `unknown_environment`, `invalid_json`, `dependency_cycle`, …
+    #[schema(example = "unknown_environment")]
+    pub code: String,
+    /// For humans; names the culprit.
+    pub message: String,
 }
 
 impl ApiError {
@@ -59,9 +63,9 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = Json(Body {
-            code: self.code,
-            message: &self.message,
+        let body = Json(ErrorBody {
+            code: self.code.to_string(),
+            message: self.message,
         });
         (self.status, body).into_response()
     }
@@ -113,6 +117,8 @@ impl From<EnvError> for ApiError {
             EnvError::UnknownEnvironment(_) => ApiError::new(StatusCode::NOT_FOUND, "unknown_environment", e.to_string()),
             EnvError::InvalidName { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_name", e.to_string()),
             EnvError::UnknownNode { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_node", e.to_string()),
+            EnvError::InvalidSettings(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_settings", e.to_string()),
+            EnvError::NoVersion(_) => ApiError::new(StatusCode::CONFLICT, "no_version", e.to_string()),
             EnvError::Intent(e) => e.into(),
             EnvError::Pin(e) => (*e).into(),
             EnvError::Store(e) => e.into(),

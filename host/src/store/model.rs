@@ -7,6 +7,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 /// Milliseconds since the Unix epoch: the one time format of the store, on both backends.
@@ -23,7 +24,7 @@ pub fn now_ms() -> Millis {
 macro_rules! uuid_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
         #[serde(transparent)]
         pub struct $name(Uuid);
 
@@ -106,7 +107,7 @@ pub struct UnknownName {
 macro_rules! named_enum {
     ($(#[$doc:meta])* $name:ident ($kind:literal) { $($(#[$vdoc:meta])* $variant:ident => $text:literal,)+ }) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, ToSchema)]
         #[serde(rename_all = "snake_case")]
         pub enum $name {
             $($(#[$vdoc])* $variant,)+
@@ -200,7 +201,7 @@ named_enum!(
 );
 
 /// An environment's knobs for its scheduler.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct EnvironmentSettings {
     /// Self-healing: a resource not verified for this long is re-read and restored.
@@ -215,6 +216,22 @@ pub struct EnvironmentSettings {
     pub auto_deploy: bool,
 }
 
+impl EnvironmentSettings {
+    /// Refuses values the scheduler cannot run with, naming the field.
+    pub fn validate(&self) -> Result<(), String> {
+        for (field, value) in [
+            ("per_node_concurrency", u64::from(self.per_node_concurrency)),
+            ("env_concurrency", u64::from(self.env_concurrency)),
+            ("retry_interval_s", self.retry_interval_s),
+        ] {
+            if value == 0 {
+                return Err(format!("`{field}` must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for EnvironmentSettings {
     fn default() -> Self {
         EnvironmentSettings {
@@ -227,7 +244,7 @@ impl Default for EnvironmentSettings {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Environment {
     pub id: EnvironmentId,
     pub name: String,
@@ -242,7 +259,7 @@ pub struct Environment {
 }
 
 /// An intent version without its document (for listings).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct VersionInfo {
     pub environment: EnvironmentId,
     pub version: i64,
@@ -254,7 +271,7 @@ pub struct VersionInfo {
 }
 
 /// An intent version with its immutable document (JSON text).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct IntentVersion {
     #[serde(flatten)]
     pub info: VersionInfo,
@@ -262,14 +279,14 @@ pub struct IntentVersion {
 }
 
 /// A failure as the log and the state keep it: a stable code and a message naming the culprit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ErrorInfo {
     pub code: String,
     pub message: String,
 }
 
 /// The state of one resource in one environment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ResourceState {
     /// `type[node,key]`.
     pub resource_id: String,
@@ -290,7 +307,7 @@ pub struct ResourceState {
 }
 
 /// What a status transition does to the attempt counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Attempts {
     #[default]
@@ -336,7 +353,7 @@ impl StatusChange {
 
 /// Filters and page of [`Store::list_states`](super::Store::list_states). States come in
 /// resource-id order (bytewise); `after` is the keyset cursor (the last id of the previous page).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct StateFilter {
     pub status: Option<ResourceStatus>,
@@ -372,7 +389,7 @@ pub(crate) fn page_size(limit: u32) -> u32 {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct StatePage {
     pub items: Vec<ResourceState>,
     /// Pass as `after` for the next page; `None` on the last page.
@@ -380,7 +397,7 @@ pub struct StatePage {
 }
 
 /// One entry of the action log, as written.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ActionRecord {
     pub id: ActionId,
     pub environment: EnvironmentId,
@@ -400,7 +417,7 @@ pub struct ActionRecord {
 }
 
 /// An action-log entry as read back, with its place in the log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct LoggedAction {
     /// Insertion order, increasing; the pagination cursor.
     pub seq: i64,
@@ -409,7 +426,7 @@ pub struct LoggedAction {
 }
 
 /// Filters and page of [`Store::list_actions`](super::Store::list_actions). Newest first.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default)]
 pub struct ActionFilter {
     pub resource_id: Option<String>,
@@ -440,14 +457,14 @@ impl Default for ActionFilter {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ActionPage {
     pub items: Vec<LoggedAction>,
     /// Pass as `before` for the next (older) page; `None` on the last page.
     pub next_before: Option<i64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct DryrunReport {
     pub id: DryrunId,
     pub environment: EnvironmentId,
@@ -460,7 +477,7 @@ pub struct DryrunReport {
 }
 
 /// A user-triggered deploy or repair and, once the scheduler has settled, its outcome.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Operation {
     pub id: OperationId,
     pub environment: EnvironmentId,
@@ -472,7 +489,7 @@ pub struct Operation {
     pub result: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct AdminToken {
     pub id: TokenId,
     pub created_at: Millis,

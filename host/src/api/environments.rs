@@ -1,0 +1,128 @@
+//! Environments: create, list, get (with resource counts), change settings, halt and resume,
+//! delete.
+
+use std::collections::BTreeMap;
+
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extract::{Json, Path};
+use super::{AppState, ErrorBody, Result};
+use crate::store::{Environment, EnvironmentSettings};
+use axum::extract::State;
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_environment, list_environments))
+        .routes(routes!(get_environment, update_environment, delete_environment))
+        .routes(routes!(halt))
+        .routes(routes!(resume))
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct NewEnvironment {
+    /// 1–63 of `a-z 0-9 - _`, starting with a letter or digit.
+    #[schema(example = "prod")]
+    name: String,
+    /// Defaults: the host's `environment_defaults`.
+    settings: Option<EnvironmentSettings>,
+}
+
+/// Some settings to change.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EnvironmentPatch {
+    /// Only the fields given change; unknown fields are refused.
+    #[schema(value_type = Object, example = json!({"repair_interval_s": 300, "per_node_concurrency": 8}))]
+    settings: serde_json::Value,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct EnvironmentList {
+    items: Vec<Environment>,
+}
+
+/// An environment with how many of its resources are in each status.
+#[derive(Serialize, ToSchema)]
+pub(super) struct EnvironmentView {
+    #[serde(flatten)]
+    environment: Environment,
+    /// Status → count; statuses with none are left out.
+    #[schema(example = json!({"deployed": 10, "failed": 1}))]
+    resources: BTreeMap<String, i64>,
+}
+
+#[utoipa::path(post, path = "/environments", tag = "environments", request_body = NewEnvironment,
+    responses(
+        (status = 201, body = Environment),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 409, description = "The name is taken", body = ErrorBody),
+        (status = 422, description = "Invalid name or settings", body = ErrorBody),
+    ))]
+async fn create_environment(State(envs): State<AppState>, Json(new): Json<NewEnvironment>) -> Result<impl IntoResponse> {
+    let env = envs.create(&new.name, new.settings).await?;
+    Ok((StatusCode::CREATED, axum::Json(env)))
+}
+
+#[utoipa::path(get, path = "/environments", tag = "environments", responses((status = 200, body = EnvironmentList)))]
+async fn list_environments(State(envs): State<AppState>) -> Result<axum::Json<EnvironmentList>> {
+    Ok(axum::Json(EnvironmentList { items: envs.list().await? }))
+}
+
+#[utoipa::path(get, path = "/environments/{env}", tag = "environments",
+    params(("env" = String, Path, description = "Environment name or id")),
+    responses((status = 200, body = EnvironmentView), (status = 404, body = ErrorBody)))]
+async fn get_environment(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<EnvironmentView>> {
+    let environment = envs.get(&env).await?;
+    let counts = envs.store().status_counts(&environment.id).await?;
+    let resources = counts.into_iter().map(|(s, n)| (s.as_str().to_string(), n)).collect();
+    Ok(axum::Json(EnvironmentView { environment, resources }))
+}
+
+/// Changes settings; the scheduler applies them to what it starts or schedules next.
+#[utoipa::path(patch, path = "/environments/{env}", tag = "environments", request_body = EnvironmentPatch,
+    params(("env" = String, Path, description = "Environment name or id")),
+    responses(
+        (status = 200, body = Environment),
+        (status = 400, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 422, description = "An unknown or invalid setting, named", body = ErrorBody),
+    ))]
+async fn update_environment(
+    State(envs): State<AppState>,
+    Path(env): Path<String>,
+    Json(patch): Json<EnvironmentPatch>,
+) -> Result<axum::Json<Environment>> {
+    Ok(axum::Json(envs.update_settings(&env, patch.settings).await?))
+}
+
+/// Stops the scheduler (actions in flight finish) and deletes everything of the environment.
+#[utoipa::path(delete, path = "/environments/{env}", tag = "environments",
+    params(("env" = String, Path, description = "Environment name or id")),
+    responses((status = 204, description = "Deleted"), (status = 404, body = ErrorBody)))]
+async fn delete_environment(State(envs): State<AppState>, Path(env): Path<String>) -> Result<StatusCode> {
+    envs.delete(&env).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Halts the environment: nothing new starts (no deploy, retry or repair); actions in flight
+/// finish. Kept across restarts.
+#[utoipa::path(post, path = "/environments/{env}/halt", tag = "environments",
+    params(("env" = String, Path, description = "Environment name or id")),
+    responses((status = 200, body = Environment), (status = 404, body = ErrorBody)))]
+async fn halt(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<Environment>> {
+    Ok(axum::Json(envs.set_halted(&env, true).await?))
+}
+
+/// Resumes a halted environment: what became due meanwhile runs now.
+#[utoipa::path(post, path = "/environments/{env}/resume", tag = "environments",
+    params(("env" = String, Path, description = "Environment name or id")),
+    responses((status = 200, body = Environment), (status = 404, body = ErrorBody)))]
+async fn resume(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<Environment>> {
+    Ok(axum::Json(envs.set_halted(&env, false).await?))
+}

@@ -1,0 +1,124 @@
+//! Intent versions: submit (validated, adaptors pinned to digests, released at once with
+//! `auto_deploy`), list, get, diff two, release one, roll back to one.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extract::{Body, Path};
+use super::{AppState, ErrorBody, Result};
+use crate::diff::IntentDiff;
+use crate::intent::IntentDocument;
+use crate::store::{IntentVersion, VersionInfo};
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(submit_intent, list_intents))
+        .routes(routes!(get_intent))
+        .routes(routes!(diff_intents))
+        .routes(routes!(release_intent))
+        .routes(routes!(rollback_intent))
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct Submitted {
+    version: i64,
+    /// Released at once (the environment's `auto_deploy`).
+    released: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+pub(super) struct VersionList {
+    items: Vec<VersionInfo>,
+}
+
+/// A version with its pinned intent (every adaptor named by digest).
+#[derive(Serialize, ToSchema)]
+pub(super) struct VersionView {
+    #[serde(flatten)]
+    info: VersionInfo,
+    #[schema(value_type = IntentDocument)]
+    intent: Value,
+}
+
+impl From<IntentVersion> for VersionView {
+    fn from(v: IntentVersion) -> VersionView {
+        VersionView {
+            intent: serde_json::from_str(&v.document).unwrap_or(Value::String(v.document)),
+            info: v.info,
+        }
+    }
+}
+
+/// Submits a new version. Refused with a 4xx naming the culprit: malformed JSON, duplicate ids, a
+/// `requires` naming nothing, a dependency cycle, an unknown plugin, a body over the limit.
+#[utoipa::path(post, path = "/environments/{env}/intents", tag = "intents", request_body = IntentDocument,
+    params(("env" = String, Path, description = "Environment name or id")),
+    responses(
+        (status = 201, body = Submitted),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 404, description = "Unknown environment", body = ErrorBody),
+        (status = 413, description = "Larger than `max_body_bytes`", body = ErrorBody),
+        (status = 422, description = "Invalid intent: `duplicate_resource`, `unknown_requirement`, `dependency_cycle`, `unknown_plugin`, …", body = ErrorBody),
+    ))]
+async fn submit_intent(State(envs): State<AppState>, Path(env): Path<String>, Body(body): Body) -> Result<impl IntoResponse> {
+    let (info, released) = envs.submit(&env, &body).await?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(Submitted {
+            version: info.version,
+            released,
+        }),
+    ))
+}
+
+#[utoipa::path(get, path = "/environments/{env}/intents", tag = "intents",
+    params(("env" = String, Path, description = "Environment name or id")),
+    responses((status = 200, body = VersionList), (status = 404, body = ErrorBody)))]
+async fn list_intents(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<VersionList>> {
+    let env = envs.get(&env).await?;
+    Ok(axum::Json(VersionList {
+        items: envs.store().list_versions(&env.id).await?,
+    }))
+}
+
+#[utoipa::path(get, path = "/environments/{env}/intents/{version}", tag = "intents",
+    params(("env" = String, Path, description = "Environment name or id"), ("version" = i64, Path)),
+    responses((status = 200, body = VersionView), (status = 404, body = ErrorBody)))]
+async fn get_intent(State(envs): State<AppState>, Path((env, version)): Path<(String, i64)>) -> Result<axum::Json<VersionView>> {
+    let env = envs.get(&env).await?;
+    let version = envs.store().get_version(&env.id, version).await?;
+    Ok(axum::Json(VersionView::from(version)))
+}
+
+/// What changed from `version` to `other`: resources added, removed, and each changed field.
+#[utoipa::path(get, path = "/environments/{env}/intents/{version}/diff/{other}", tag = "intents",
+    params(("env" = String, Path, description = "Environment name or id"), ("version" = i64, Path, description = "From"), ("other" = i64, Path, description = "To")),
+    responses((status = 200, body = IntentDiff), (status = 404, body = ErrorBody)))]
+async fn diff_intents(
+    State(envs): State<AppState>,
+    Path((env, version, other)): Path<(String, i64, i64)>,
+) -> Result<axum::Json<IntentDiff>> {
+    Ok(axum::Json(envs.diff(&env, version, other).await?))
+}
+
+/// Makes this version the one the scheduler drives towards.
+#[utoipa::path(post, path = "/environments/{env}/intents/{version}/release", tag = "intents",
+    params(("env" = String, Path, description = "Environment name or id"), ("version" = i64, Path)),
+    responses((status = 200, body = VersionInfo), (status = 404, body = ErrorBody)))]
+async fn release_intent(State(envs): State<AppState>, Path((env, version)): Path<(String, i64)>) -> Result<axum::Json<VersionInfo>> {
+    Ok(axum::Json(envs.release(&env, version).await?))
+}
+
+/// Rolls back to `version`: its document becomes a new version, released at once.
+#[utoipa::path(post, path = "/environments/{env}/intents/{version}/rollback", tag = "intents",
+    params(("env" = String, Path, description = "Environment name or id"), ("version" = i64, Path, description = "The version to go back to")),
+    responses((status = 201, description = "The new version", body = VersionInfo), (status = 404, body = ErrorBody)))]
+async fn rollback_intent(State(envs): State<AppState>, Path((env, version)): Path<(String, i64)>) -> Result<impl IntoResponse> {
+    Ok((StatusCode::CREATED, axum::Json(envs.rollback(&env, version).await?)))
+}
