@@ -13,8 +13,11 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+mod lifecycle;
 #[path = "../support/pg.rs"]
 mod pg;
+
+use lifecycle::*;
 
 /// One `#[tokio::test]` per case and backend: `sqlite::<case>` and `postgres::<case>`, each
 /// calling `crate::<case>(backend)`.
@@ -46,6 +49,11 @@ on_both_backends!(
     the_serve_command_prints_its_address_and_stops_on_sigterm,
     the_registry_is_served_under_registry,
     the_api_requires_the_admin_token,
+    settings_change_and_halt_holds_everything_until_resume,
+    diff_dryrun_and_rollback_of_versions,
+    deploy_and_repair_report_their_outcome_and_the_log_is_queried,
+    the_event_stream_shows_states_and_actions,
+    the_openapi_document_validates_and_matches_the_answers,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");
