@@ -535,8 +535,14 @@ async fn ensure_admin_token(store: &Store) -> Result<Option<String>, StoreError>
     if store.count_admin_tokens().await? > 0 {
         return Ok(None);
     }
+    Ok(Some(create_admin_token(store).await?.1))
+}
+
+/// A new admin token: its record and the secret, which only its creator ever sees (the store
+/// keeps its sha256).
+pub async fn create_admin_token(store: &Store) -> Result<(crate::store::AdminToken, String), StoreError> {
     // Two v4 UUIDs: 244 bits from the operating system's random source.
     let token = format!("orc_{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
-    store.insert_admin_token(&crate::store::hash_token(&token)).await?;
-    Ok(Some(token))
+    let record = store.insert_admin_token(&crate::store::hash_token(&token)).await?;
+    Ok((record, token))
 }

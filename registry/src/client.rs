@@ -21,6 +21,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Client {
     http: reqwest::Client,
     base: String,
+    /// Sent as `Authorization: Bearer …` (a registry served by `orc-host` wants it to publish).
+    token: Option<String>,
 }
 
 /// The answer to a blob upload, as the service sends it.
@@ -57,7 +59,14 @@ impl Client {
         Ok(Client {
             http,
             base: base_url.trim_end_matches('/').to_string(),
+            token: None,
         })
+    }
+
+    /// Sends `token` as a bearer token with every request.
+    pub fn with_token(mut self, token: impl Into<String>) -> Client {
+        self.token = Some(token.into());
+        self
     }
 
     pub fn base_url(&self) -> &str {
@@ -156,6 +165,10 @@ impl Client {
 
     /// Sends a request; a non-2xx answer becomes the error its body describes.
     async fn send(&self, url: &str, request: reqwest::RequestBuilder) -> Result<reqwest::Response> {
+        let request = match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
         let response = request.send().await.map_err(|source| RegistryError::Http {
             url: url.to_string(),
             source,

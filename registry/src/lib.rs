@@ -64,6 +64,16 @@ impl Registry {
         Ok(Registry::Local(Store::open(path, options)?))
     }
 
+    /// A remote registry sends `token` as a bearer token (a registry served by `orc-host` needs
+    /// one to publish); a local one needs none and ignores it.
+    pub fn with_token(self, token: Option<&str>) -> Registry {
+        match (self, token) {
+            #[cfg(feature = "client")]
+            (Registry::Remote(client), Some(token)) => Registry::Remote(client.with_token(token)),
+            (registry, _) => registry,
+        }
+    }
+
     pub async fn publish(&self, bytes: impl Into<Bytes>) -> Result<Published> {
         match self {
             Registry::Local(store) => {

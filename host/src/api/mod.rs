@@ -14,6 +14,7 @@ mod events;
 mod extract;
 mod intents;
 mod resources;
+mod tokens;
 
 use std::sync::Arc;
 
@@ -52,7 +53,7 @@ type Result<T, E = ApiError> = std::result::Result<T, E>;
         (name = "resources", description = "Resource states and the action log"),
         (name = "actions", description = "Deploy, repair and dryrun, answered 202 with an id to fetch"),
         (name = "events", description = "Server-sent events of state changes and action outcomes"),
-        (name = "host", description = "Health and readiness"),
+        (name = "host", description = "Health, readiness and admin tokens"),
     )
 )]
 struct ApiDoc;
@@ -77,6 +78,7 @@ fn protected() -> OpenApiRouter<AppState> {
         .merge(resources::routes())
         .merge(actions::routes())
         .merge(events::routes())
+        .merge(tokens::routes())
 }
 
 /// The OpenAPI document of `/api/v1` (paths relative to it; `servers` says where it lives).

@@ -56,6 +56,24 @@ impl Store {
         })
     }
 
+    /// Every token (ids and creation times; the secrets are not stored), oldest first.
+    pub async fn list_admin_tokens(&self) -> Result<Vec<AdminToken>> {
+        let rows: Vec<(String, i64)> = on_pool!(self, pool => {
+            sqlx::query_as("SELECT id, created_at FROM admin_tokens ORDER BY created_at, id")
+                .fetch_all(pool)
+                .await
+                .map_err(backend("listing admin tokens"))?
+        });
+        rows.into_iter()
+            .map(|(id, created_at)| {
+                Ok(AdminToken {
+                    id: parse_id(&id, "admin token")?,
+                    created_at,
+                })
+            })
+            .collect()
+    }
+
     pub async fn delete_admin_token(&self, id: &TokenId) -> Result<()> {
         let deleted = on_pool!(self, pool => {
             sqlx::query("DELETE FROM admin_tokens WHERE id = $1")
@@ -69,5 +87,27 @@ impl Store {
             return Err(StoreError::not_found(format!("admin token {id}")));
         }
         Ok(())
+    }
+
+    /// Deletes a token unless it is the last one (the host would lock everyone out): that is a
+    /// [`StoreError::Conflict`].
+    pub async fn delete_admin_token_keeping_one(&self, id: &TokenId) -> Result<()> {
+        let deleted = on_pool!(self, pool => {
+            sqlx::query("DELETE FROM admin_tokens WHERE id = $1 AND (SELECT COUNT(*) FROM admin_tokens) > 1")
+                .bind(id.to_string())
+                .execute(pool)
+                .await
+                .map_err(backend_with(|| format!("deleting admin token {id}")))?
+                .rows_affected()
+        });
+        if deleted == 1 {
+            return Ok(());
+        }
+        match self.list_admin_tokens().await?.iter().any(|t| t.id == *id) {
+            true => Err(StoreError::Conflict {
+                what: format!("admin token {id} is the last one; create another before deleting it"),
+            }),
+            false => Err(StoreError::not_found(format!("admin token {id}"))),
+        }
     }
 }

@@ -573,3 +573,52 @@ pub async fn the_openapi_document_validates_and_matches_the_answers(backend: Bac
     );
     check("/health", "get", &host.get("/health").await);
 }
+
+/// Admin tokens are created (the secret shown once), listed, and revoked, the last one never; a
+/// registry client publishes to `/registry` with one and is refused without.
+pub async fn tokens_are_managed_and_guard_publishing(backend: Backend) {
+    let host = Host::start(backend, 1 << 20).await;
+    let (status, created) = host.post("/tokens", &json!({})).await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let second = created["token"].as_str().unwrap().to_string();
+    assert!(second.starts_with("orc_") && second != host.token);
+    let (_, list) = host.get("/tokens").await;
+    let ids: Vec<&str> = list["items"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 2, "{list}");
+    assert!(!list.to_string().contains(&second), "secrets are never listed: {list}");
+    let first_id = ids.iter().find(|id| **id != created["id"]).unwrap().to_string();
+
+    // The second token works; revoking the first shuts it out at once.
+    let with = |token: &str| {
+        host.client
+            .get(format!("{}/environments", host.base))
+            .bearer_auth(token.to_string())
+            .send()
+    };
+    assert_eq!(with(&second).await.unwrap().status(), StatusCode::OK);
+    let (status, _) = host.send(Method::DELETE, &format!("/tokens/{first_id}"), None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(with(&host.token).await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    let revoke_last = host
+        .client
+        .delete(format!("{}/tokens/{}", host.base, created["id"].as_str().unwrap()))
+        .bearer_auth(&second)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(revoke_last.status(), StatusCode::CONFLICT);
+    let body: Value = revoke_last.json().await.unwrap();
+    assert!(body["message"].as_str().unwrap().contains("last"), "{body}");
+    assert_eq!(with(&second).await.unwrap().status(), StatusCode::OK);
+
+    // Publishing through the registry client: refused without a token, accepted with one.
+    let registry = format!("{}/registry", host.base.trim_end_matches("/api/v1"));
+    // A fixture: not among the first-party plugins the host seeds its registry with.
+    let plugin = orc_plugin_artifacts::by_name("misbehave").unwrap().bytes;
+    let anonymous = orc_registry::Registry::open(&registry).unwrap();
+    let err = anonymous.publish(plugin).await.unwrap_err();
+    assert!(err.to_string().contains("token"), "{err}");
+    let published = anonymous.with_token(Some(&second)).publish(plugin).await.unwrap();
+    assert!(published.created);
+    assert_eq!(published.entry.name, "misbehave");
+}

@@ -54,6 +54,7 @@ on_both_backends!(
     deploy_and_repair_report_their_outcome_and_the_log_is_queried,
     the_event_stream_shows_states_and_actions,
     the_openapi_document_validates_and_matches_the_answers,
+    tokens_are_managed_and_guard_publishing,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");

@@ -58,6 +58,10 @@ enum Command {
         /// A registry URL (`http://…`) or a registry directory.
         #[arg(long, env = "ORC_REGISTRY")]
         registry: String,
+        /// Bearer token for a registry that wants one to publish (the one `orc-host serve`
+        /// serves at `/registry`: an admin token).
+        #[arg(long, env = "ORC_TOKEN", hide_env_values = true)]
+        token: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -73,7 +77,12 @@ fn main() -> std::process::ExitCode {
         Command::New { kind, name, dir } => scaffold::new(kind, &name, dir),
         Command::Build { dir, out, profile, json } => build::run(dir, out, &profile, json).map(|_| ()),
         Command::Inspect { file, json } => inspect::run(&file, json),
-        Command::Publish { path, registry, json } => publish::run(path, &registry, json),
+        Command::Publish {
+            path,
+            registry,
+            token,
+            json,
+        } => publish::run(path, &registry, token.as_deref(), json),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use orc_registry::Registry;
 
-pub fn run(path: Option<PathBuf>, registry: &str, json: bool) -> Result<()> {
+pub fn run(path: Option<PathBuf>, registry: &str, token: Option<&str>, json: bool) -> Result<()> {
     let path = path.unwrap_or_else(|| PathBuf::from("."));
     let bytes = if path.is_dir() {
         let built = crate::build::build(&path, None, "release")?;
@@ -27,7 +27,9 @@ pub fn run(path: Option<PathBuf>, registry: &str, json: bool) -> Result<()> {
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let published = runtime.block_on(async {
-        let registry = Registry::open(registry).with_context(|| format!("opening registry {registry}"))?;
+        let registry = Registry::open(registry)
+            .with_context(|| format!("opening registry {registry}"))?
+            .with_token(token);
         registry.publish(bytes).await.with_context(|| format!("publishing to {registry}"))
     })?;
     let e = &published.entry;
