@@ -1,6 +1,7 @@
 //! Connects a scheduler to the store: every transition and every action the scheduler reports is
-//! written, in batches and in order, and a scheduler starting on an environment resumes from what
-//! was persisted — deployed hashes are kept, and nothing is left `deploying`.
+//! written, in batches and in order, each batch in one transaction, and a scheduler starting on
+//! an environment resumes from what was persisted — deployed hashes and times are kept, and
+//! nothing is left `deploying`.
 
 use std::collections::HashMap;
 
@@ -73,8 +74,10 @@ impl StoreSink {
             }
         }
         let states: Vec<ResourceState> = states.into_values().collect();
-        self.store.upsert_states(&self.environment, &states).await?;
-        self.store.insert_actions(&actions).await
+        // One transaction: a crash keeps a batch whole or drops it whole, so no resource is
+        // stored `deployed` without the action that deployed it. A time the scheduler leaves
+        // `None` (unchanged) keeps the stored one, also across a restart's re-release.
+        self.store.record_progress(&self.environment, &states, &actions).await
     }
 }
 

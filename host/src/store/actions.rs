@@ -1,7 +1,7 @@
 //! The action log: appended in batches, read newest first per resource or per environment with
 //! filters, paged by insertion order (`seq`).
 
-use sqlx::{Postgres, QueryBuilder, Sqlite};
+use sqlx::{PgConnection, Postgres, QueryBuilder, Sqlite, SqliteConnection};
 
 use super::error::{backend, backend_with};
 use super::{
@@ -52,6 +52,80 @@ fn logged(row: Row) -> Result<LoggedAction> {
     })
 }
 
+/// The append of [`Store::insert_actions`] on one SQLite connection (inside the caller's
+/// transaction).
+pub(super) async fn insert_sqlite(conn: &mut SqliteConnection, actions: &[ActionRecord]) -> Result<()> {
+    let context = || format!("appending {} entries to the action log", actions.len());
+    let ids: Vec<String> = actions.iter().map(|a| a.id.to_string()).collect();
+    let envs: Vec<String> = actions.iter().map(|a| a.environment.to_string()).collect();
+    let rows: Vec<(usize, &ActionRecord)> = actions.iter().enumerate().collect();
+    for chunk in rows.chunks(sqlite_rows_per_statement(12)) {
+        let mut q = QueryBuilder::<Sqlite>::new(concat!("INSERT INTO actions (", columns!(), ") "));
+        q.push_values(chunk, |mut row, &(i, a)| {
+            row.push_bind(&ids[i])
+                .push_bind(&envs[i])
+                .push_bind(&a.resource_id)
+                .push_bind(a.kind.as_str())
+                .push_bind(a.version)
+                .push_bind(a.started_at)
+                .push_bind(a.finished_at)
+                .push_bind(&a.outcome)
+                .push_bind(&a.changes)
+                .push_bind(&a.messages)
+                .push_bind(a.error.as_ref().map(|e| e.code.as_str()))
+                .push_bind(a.error.as_ref().map(|e| e.message.as_str()));
+        });
+        q.build().execute(&mut *conn).await.map_err(backend_with(context))?;
+    }
+    Ok(())
+}
+
+/// The append of [`Store::insert_actions`] on one PostgreSQL connection: one statement.
+pub(super) async fn insert_postgres(conn: &mut PgConnection, actions: &[ActionRecord]) -> Result<()> {
+    if actions.is_empty() {
+        return Ok(());
+    }
+    let context = || format!("appending {} entries to the action log", actions.len());
+    let ids: Vec<String> = actions.iter().map(|a| a.id.to_string()).collect();
+    let envs: Vec<String> = actions.iter().map(|a| a.environment.to_string()).collect();
+    // `WITH ORDINALITY … ORDER BY` keeps `seq` in the order of the batch.
+    sqlx::query::<Postgres>(concat!(
+        "INSERT INTO actions (",
+        columns!(),
+        ") SELECT id, environment_id, resource_id, kind, version, started_at, finished_at, outcome, changes, \
+         messages, error_code, error_message FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
+         $5::int8[], $6::int8[], $7::int8[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[]) \
+         WITH ORDINALITY AS u (id, environment_id, resource_id, kind, version, started_at, finished_at, \
+         outcome, changes, messages, error_code, error_message, n) ORDER BY n"
+    ))
+    .bind(&ids)
+    .bind(&envs)
+    .bind(actions.iter().map(|a| a.resource_id.as_str()).collect::<Vec<_>>())
+    .bind(actions.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>())
+    .bind(actions.iter().map(|a| a.version).collect::<Vec<_>>())
+    .bind(actions.iter().map(|a| a.started_at).collect::<Vec<_>>())
+    .bind(actions.iter().map(|a| a.finished_at).collect::<Vec<_>>())
+    .bind(actions.iter().map(|a| a.outcome.as_str()).collect::<Vec<_>>())
+    .bind(actions.iter().map(|a| a.changes.as_str()).collect::<Vec<_>>())
+    .bind(actions.iter().map(|a| a.messages.as_str()).collect::<Vec<_>>())
+    .bind(
+        actions
+            .iter()
+            .map(|a| a.error.as_ref().map(|e| e.code.as_str()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        actions
+            .iter()
+            .map(|a| a.error.as_ref().map(|e| e.message.as_str()))
+            .collect::<Vec<_>>(),
+    )
+    .execute(conn)
+    .await
+    .map_err(backend_with(context))?;
+    Ok(())
+}
+
 impl Store {
     /// Appends `actions` (of any environments) in one transaction, in the given order.
     pub async fn insert_actions(&self, actions: &[ActionRecord]) -> Result<()> {
@@ -71,68 +145,16 @@ impl Store {
 
     async fn write_actions(&self, actions: &[ActionRecord]) -> Result<()> {
         let context = || format!("appending {} entries to the action log", actions.len());
-        let ids: Vec<String> = actions.iter().map(|a| a.id.to_string()).collect();
-        let envs: Vec<String> = actions.iter().map(|a| a.environment.to_string()).collect();
         match &self.db {
             Db::Sqlite(pool) => {
-                let rows: Vec<(usize, &ActionRecord)> = actions.iter().enumerate().collect();
                 let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
-                for chunk in rows.chunks(sqlite_rows_per_statement(12)) {
-                    let mut q = QueryBuilder::<Sqlite>::new(concat!("INSERT INTO actions (", columns!(), ") "));
-                    q.push_values(chunk, |mut row, &(i, a)| {
-                        row.push_bind(&ids[i])
-                            .push_bind(&envs[i])
-                            .push_bind(&a.resource_id)
-                            .push_bind(a.kind.as_str())
-                            .push_bind(a.version)
-                            .push_bind(a.started_at)
-                            .push_bind(a.finished_at)
-                            .push_bind(&a.outcome)
-                            .push_bind(&a.changes)
-                            .push_bind(&a.messages)
-                            .push_bind(a.error.as_ref().map(|e| e.code.as_str()))
-                            .push_bind(a.error.as_ref().map(|e| e.message.as_str()));
-                    });
-                    q.build().execute(&mut *tx).await.map_err(backend_with(context))?;
-                }
+                insert_sqlite(&mut tx, actions).await?;
                 tx.commit().await.map_err(backend_with(context))?;
             }
             Db::Postgres(pool) => {
-                // `WITH ORDINALITY … ORDER BY` keeps `seq` in the order of the batch.
-                sqlx::query::<Postgres>(concat!(
-                    "INSERT INTO actions (",
-                    columns!(),
-                    ") SELECT id, environment_id, resource_id, kind, version, started_at, finished_at, outcome, changes, \
-                     messages, error_code, error_message FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], \
-                     $5::int8[], $6::int8[], $7::int8[], $8::text[], $9::text[], $10::text[], $11::text[], $12::text[]) \
-                     WITH ORDINALITY AS u (id, environment_id, resource_id, kind, version, started_at, finished_at, \
-                     outcome, changes, messages, error_code, error_message, n) ORDER BY n"
-                ))
-                .bind(&ids)
-                .bind(&envs)
-                .bind(actions.iter().map(|a| a.resource_id.as_str()).collect::<Vec<_>>())
-                .bind(actions.iter().map(|a| a.kind.as_str()).collect::<Vec<_>>())
-                .bind(actions.iter().map(|a| a.version).collect::<Vec<_>>())
-                .bind(actions.iter().map(|a| a.started_at).collect::<Vec<_>>())
-                .bind(actions.iter().map(|a| a.finished_at).collect::<Vec<_>>())
-                .bind(actions.iter().map(|a| a.outcome.as_str()).collect::<Vec<_>>())
-                .bind(actions.iter().map(|a| a.changes.as_str()).collect::<Vec<_>>())
-                .bind(actions.iter().map(|a| a.messages.as_str()).collect::<Vec<_>>())
-                .bind(
-                    actions
-                        .iter()
-                        .map(|a| a.error.as_ref().map(|e| e.code.as_str()))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    actions
-                        .iter()
-                        .map(|a| a.error.as_ref().map(|e| e.message.as_str()))
-                        .collect::<Vec<_>>(),
-                )
-                .execute(pool)
-                .await
-                .map_err(backend_with(context))?;
+                // One statement: atomic on its own.
+                let mut conn = pool.acquire().await.map_err(backend_with(context))?;
+                insert_postgres(&mut conn, actions).await?;
             }
         }
         Ok(())

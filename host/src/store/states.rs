@@ -1,5 +1,6 @@
 //! Resource states: batch upsert, batch status transitions, reads with filters and keyset
-//! pagination, counts per status, and crash recovery of `deploying`.
+//! pagination, counts per status, and crash recovery of `deploying`; and `record_progress`, a
+//! scheduler's batch of states written with its actions in one transaction.
 //!
 //! Batches are one transaction. PostgreSQL gets one statement per batch (`UNNEST` of one array
 //! per column); SQLite gets multi-row statements of as many rows as its parameter limit allows.
@@ -8,13 +9,14 @@
 
 use std::collections::HashSet;
 
-use sqlx::{Postgres, QueryBuilder, Sqlite};
+use sqlx::{PgConnection, Postgres, QueryBuilder, Sqlite, SqliteConnection};
 
+use super::actions;
 use super::environments::environment_not_found;
 use super::error::backend_with;
 use super::{
-    Attempts, BeginWrite, Db, EnvironmentId, ResourceState, ResourceStatus, Result, StateFilter, StatePage, StatusChange, Store,
-    StoreError, error_info, now_ms, page_size, parse_name, sqlite_rows_per_statement,
+    ActionRecord, Attempts, BeginWrite, Db, EnvironmentId, ResourceState, ResourceStatus, Result, StateFilter, StatePage, StatusChange,
+    Store, StoreError, error_info, now_ms, page_size, parse_name, sqlite_rows_per_statement,
 };
 
 type Row = (
@@ -89,14 +91,24 @@ fn attempts_op(a: Attempts) -> i64 {
     }
 }
 
+/// The `ON CONFLICT` clause of the upsert: every column from the new row, or the two times
+/// given as expressions.
 macro_rules! upsert_conflict {
     () => {
-        " ON CONFLICT (environment_id, resource_id) DO UPDATE SET \
-         resource_type = excluded.resource_type, node = excluded.node, desired_hash = excluded.desired_hash, \
-         deployed_hash = excluded.deployed_hash, status = excluded.status, version = excluded.version, \
-         last_deploy_at = excluded.last_deploy_at, last_verified_at = excluded.last_verified_at, \
-         attempts = excluded.attempts, error_code = excluded.error_code, error_message = excluded.error_message, \
-         next_retry_at = excluded.next_retry_at, updated_at = excluded.updated_at"
+        upsert_conflict!("excluded.last_deploy_at", "excluded.last_verified_at")
+    };
+    ($last_deploy_at:literal, $last_verified_at:literal) => {
+        concat!(
+            " ON CONFLICT (environment_id, resource_id) DO UPDATE SET \
+             resource_type = excluded.resource_type, node = excluded.node, desired_hash = excluded.desired_hash, \
+             deployed_hash = excluded.deployed_hash, status = excluded.status, version = excluded.version, \
+             last_deploy_at = ",
+            $last_deploy_at,
+            ", last_verified_at = ",
+            $last_verified_at,
+            ", attempts = excluded.attempts, error_code = excluded.error_code, error_message = excluded.error_message, \
+             next_retry_at = excluded.next_retry_at, updated_at = excluded.updated_at"
+        )
     };
 }
 
@@ -108,6 +120,108 @@ const SET_STATUS: &str = "status = v.status, \
     error_code = v.error_code, error_message = v.error_message, next_retry_at = v.next_retry_at";
 
 const SET_STATUS_MATCH: &str = "s.resource_id = v.resource_id AND (v.if_version IS NULL OR s.version = v.if_version)";
+
+/// What an upsert does with a state's `last_deploy_at` / `last_verified_at` when it is `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Times {
+    /// Write it as given: `None` clears the stored time.
+    AsGiven,
+    /// `None` keeps the stored time (the scheduler's "unchanged").
+    KeepStored,
+}
+
+impl Times {
+    fn conflict_clause(self) -> &'static str {
+        match self {
+            Times::AsGiven => upsert_conflict!(),
+            Times::KeepStored => upsert_conflict!(
+                "COALESCE(excluded.last_deploy_at, resource_states.last_deploy_at)",
+                "COALESCE(excluded.last_verified_at, resource_states.last_verified_at)"
+            ),
+        }
+    }
+}
+
+/// The upsert of [`Store::upsert_states`] on one SQLite connection (inside the caller's
+/// transaction): multi-row statements of as many rows as the parameter limit allows.
+pub(super) async fn upsert_sqlite(conn: &mut SqliteConnection, env: &EnvironmentId, states: &[&ResourceState], times: Times) -> Result<()> {
+    let env_id = env.to_string();
+    let now = now_ms();
+    let context = || format!("storing {} resource states of environment {env}", states.len());
+    for chunk in states.chunks(sqlite_rows_per_statement(15)) {
+        let mut q = QueryBuilder::<Sqlite>::new(concat!(
+            "INSERT INTO resource_states (environment_id, ",
+            columns!(),
+            ", updated_at) "
+        ));
+        q.push_values(chunk, |mut row, s| {
+            row.push_bind(&env_id)
+                .push_bind(&s.resource_id)
+                .push_bind(&s.resource_type)
+                .push_bind(&s.node)
+                .push_bind(&s.desired_hash)
+                .push_bind(s.deployed_hash.as_deref())
+                .push_bind(s.status.as_str())
+                .push_bind(s.version)
+                .push_bind(s.last_deploy_at)
+                .push_bind(s.last_verified_at)
+                .push_bind(s.attempts)
+                .push_bind(s.last_error.as_ref().map(|e| e.code.as_str()))
+                .push_bind(s.last_error.as_ref().map(|e| e.message.as_str()))
+                .push_bind(s.next_retry_at)
+                .push_bind(now);
+        });
+        q.push(times.conflict_clause());
+        q.build().execute(&mut *conn).await.map_err(backend_with(context))?;
+    }
+    Ok(())
+}
+
+/// The upsert of [`Store::upsert_states`] on one PostgreSQL connection: one statement, `UNNEST`
+/// of one array per column.
+pub(super) async fn upsert_postgres(conn: &mut PgConnection, env: &EnvironmentId, states: &[&ResourceState], times: Times) -> Result<()> {
+    let context = || format!("storing {} resource states of environment {env}", states.len());
+    let sql = format!(
+        concat!(
+            "INSERT INTO resource_states (environment_id, ",
+            columns!(),
+            ", updated_at) SELECT $1, u.*, $2 FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], \
+             $7::text[], $8::text[], $9::int8[], $10::int8[], $11::int8[], $12::int8[], $13::text[], $14::text[], \
+             $15::int8[]) AS u{}"
+        ),
+        times.conflict_clause()
+    );
+    sqlx::query::<Postgres>(sqlx::AssertSqlSafe(sql))
+        .bind(env.to_string())
+        .bind(now_ms())
+        .bind(states.iter().map(|s| s.resource_id.as_str()).collect::<Vec<_>>())
+        .bind(states.iter().map(|s| s.resource_type.as_str()).collect::<Vec<_>>())
+        .bind(states.iter().map(|s| s.node.as_str()).collect::<Vec<_>>())
+        .bind(states.iter().map(|s| s.desired_hash.as_str()).collect::<Vec<_>>())
+        .bind(states.iter().map(|s| s.deployed_hash.as_deref()).collect::<Vec<_>>())
+        .bind(states.iter().map(|s| s.status.as_str()).collect::<Vec<_>>())
+        .bind(states.iter().map(|s| s.version).collect::<Vec<_>>())
+        .bind(states.iter().map(|s| s.last_deploy_at).collect::<Vec<_>>())
+        .bind(states.iter().map(|s| s.last_verified_at).collect::<Vec<_>>())
+        .bind(states.iter().map(|s| s.attempts).collect::<Vec<_>>())
+        .bind(
+            states
+                .iter()
+                .map(|s| s.last_error.as_ref().map(|e| e.code.as_str()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            states
+                .iter()
+                .map(|s| s.last_error.as_ref().map(|e| e.message.as_str()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(states.iter().map(|s| s.next_retry_at).collect::<Vec<_>>())
+        .execute(conn)
+        .await
+        .map_err(backend_with(context))?;
+    Ok(())
+}
 
 impl Store {
     /// Inserts or replaces the states of `env` in one transaction. Every field is written as
@@ -124,76 +238,60 @@ impl Store {
 
     async fn write_states(&self, env: &EnvironmentId, states: &[ResourceState]) -> Result<()> {
         let states = last_per_key(states, |s| &s.resource_id);
-        let env_id = env.to_string();
-        let now = now_ms();
         let context = || format!("storing {} resource states of environment {env}", states.len());
         match &self.db {
             Db::Sqlite(pool) => {
                 let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
-                for chunk in states.chunks(sqlite_rows_per_statement(15)) {
-                    let mut q = QueryBuilder::<Sqlite>::new(concat!(
-                        "INSERT INTO resource_states (environment_id, ",
-                        columns!(),
-                        ", updated_at) "
-                    ));
-                    q.push_values(chunk, |mut row, s| {
-                        row.push_bind(&env_id)
-                            .push_bind(&s.resource_id)
-                            .push_bind(&s.resource_type)
-                            .push_bind(&s.node)
-                            .push_bind(&s.desired_hash)
-                            .push_bind(s.deployed_hash.as_deref())
-                            .push_bind(s.status.as_str())
-                            .push_bind(s.version)
-                            .push_bind(s.last_deploy_at)
-                            .push_bind(s.last_verified_at)
-                            .push_bind(s.attempts)
-                            .push_bind(s.last_error.as_ref().map(|e| e.code.as_str()))
-                            .push_bind(s.last_error.as_ref().map(|e| e.message.as_str()))
-                            .push_bind(s.next_retry_at)
-                            .push_bind(now);
-                    });
-                    q.push(upsert_conflict!());
-                    q.build().execute(&mut *tx).await.map_err(backend_with(context))?;
-                }
+                upsert_sqlite(&mut tx, env, &states, Times::AsGiven).await?;
                 tx.commit().await.map_err(backend_with(context))?;
             }
             Db::Postgres(pool) => {
-                let q = sqlx::query::<Postgres>(concat!(
-                    "INSERT INTO resource_states (environment_id, ",
-                    columns!(),
-                    ", updated_at) SELECT $1, u.*, $2 FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], \
-                     $7::text[], $8::text[], $9::int8[], $10::int8[], $11::int8[], $12::int8[], $13::text[], $14::text[], \
-                     $15::int8[]) AS u",
-                    upsert_conflict!()
-                ))
-                .bind(&env_id)
-                .bind(now)
-                .bind(states.iter().map(|s| s.resource_id.as_str()).collect::<Vec<_>>())
-                .bind(states.iter().map(|s| s.resource_type.as_str()).collect::<Vec<_>>())
-                .bind(states.iter().map(|s| s.node.as_str()).collect::<Vec<_>>())
-                .bind(states.iter().map(|s| s.desired_hash.as_str()).collect::<Vec<_>>())
-                .bind(states.iter().map(|s| s.deployed_hash.as_deref()).collect::<Vec<_>>())
-                .bind(states.iter().map(|s| s.status.as_str()).collect::<Vec<_>>())
-                .bind(states.iter().map(|s| s.version).collect::<Vec<_>>())
-                .bind(states.iter().map(|s| s.last_deploy_at).collect::<Vec<_>>())
-                .bind(states.iter().map(|s| s.last_verified_at).collect::<Vec<_>>())
-                .bind(states.iter().map(|s| s.attempts).collect::<Vec<_>>())
-                .bind(
-                    states
-                        .iter()
-                        .map(|s| s.last_error.as_ref().map(|e| e.code.as_str()))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(
-                    states
-                        .iter()
-                        .map(|s| s.last_error.as_ref().map(|e| e.message.as_str()))
-                        .collect::<Vec<_>>(),
-                )
-                .bind(states.iter().map(|s| s.next_retry_at).collect::<Vec<_>>());
                 // One statement: atomic on its own, no explicit transaction needed.
-                q.execute(pool).await.map_err(backend_with(context))?;
+                let mut conn = pool.acquire().await.map_err(backend_with(context))?;
+                upsert_postgres(&mut conn, env, &states, Times::AsGiven).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One batch of a scheduler's progress, in one transaction, so that a crash keeps all of it
+    /// or none: the states of `env` (the last one per resource counts; a `None`
+    /// `last_deploy_at` / `last_verified_at` keeps the stored time, since the scheduler means
+    /// "unchanged" by it) and the actions that led to them, appended in order. A state that
+    /// says `deployed` is thus never stored without the action that deployed it.
+    pub async fn record_progress(&self, env: &EnvironmentId, states: &[ResourceState], actions: &[ActionRecord]) -> Result<()> {
+        if states.is_empty() && actions.is_empty() {
+            return Ok(());
+        }
+        match self.write_progress(env, states, actions).await {
+            Err(e) if e.is_foreign_key_violation() => Err(environment_not_found(env)),
+            other => other,
+        }
+    }
+
+    async fn write_progress(&self, env: &EnvironmentId, states: &[ResourceState], actions: &[ActionRecord]) -> Result<()> {
+        let states = last_per_key(states, |s| &s.resource_id);
+        let context = || {
+            format!(
+                "recording {} states and {} actions of environment {env}",
+                states.len(),
+                actions.len()
+            )
+        };
+        match &self.db {
+            Db::Sqlite(pool) => {
+                let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
+                upsert_sqlite(&mut tx, env, &states, Times::KeepStored).await?;
+                actions::insert_sqlite(&mut tx, actions).await?;
+                tx.commit().await.map_err(backend_with(context))?;
+            }
+            Db::Postgres(pool) => {
+                let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
+                if !states.is_empty() {
+                    upsert_postgres(&mut tx, env, &states, Times::KeepStored).await?;
+                }
+                actions::insert_postgres(&mut tx, actions).await?;
+                tx.commit().await.map_err(backend_with(context))?;
             }
         }
         Ok(())

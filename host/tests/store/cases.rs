@@ -463,6 +463,82 @@ pub async fn recovery_of_deploying(db: &TestDb) -> Result<()> {
     Ok(())
 }
 
+/// `record_progress`: a scheduler batch of states and actions is one transaction, and a `None`
+/// time keeps the stored one (the scheduler's "unchanged") where `upsert_states` would clear it.
+pub async fn progress_batches_are_atomic_and_keep_times(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    let env = new_env(store, "prod").await?;
+    let mut deployed: Vec<ResourceState> = (0..3_000).map(|i| state(i, ResourceStatus::Deployed, 1)).collect();
+    for s in &mut deployed {
+        s.deployed_hash = Some(s.desired_hash.clone());
+        s.last_deploy_at = Some(1_000);
+        s.last_verified_at = Some(2_000);
+    }
+    deployed.sort_by(|a, b| a.resource_id.cmp(&b.resource_id)); // `load_states`' order
+    let actions: Vec<ActionRecord> = deployed
+        .iter()
+        .map(|s| action(env, &s.resource_id, ActionKind::Deploy, 900))
+        .collect();
+    store.record_progress(&env, &deployed, &actions).await?;
+    assert_eq!(store.load_states(&env).await?, deployed);
+    let log = store
+        .list_actions(
+            &env,
+            &ActionFilter {
+                limit: 10_000,
+                ..ActionFilter::default()
+            },
+        )
+        .await?;
+    assert_eq!(log.items.len(), actions.len());
+
+    // Re-released (times `None`, as the scheduler sends them for what it did not touch): the
+    // stored times stay; given ones are written.
+    let mut again = deployed.clone();
+    for s in &mut again {
+        s.last_deploy_at = None;
+        s.last_verified_at = None;
+    }
+    again[0].last_verified_at = Some(3_000);
+    store.record_progress(&env, &again, &[]).await?;
+    let mut expected = deployed.clone();
+    expected[0].last_verified_at = Some(3_000);
+    assert_eq!(store.load_states(&env).await?, expected);
+
+    // A batch that cannot be written whole leaves nothing behind: here its second action
+    // repeats the first one's id, after states that would have changed every resource.
+    let failing: Vec<ResourceState> = expected
+        .iter()
+        .map(|s| ResourceState {
+            status: ResourceStatus::Failed,
+            ..s.clone()
+        })
+        .collect();
+    let first = action(env, &failing[0].resource_id, ActionKind::Deploy, 5_000);
+    let duplicate = ActionRecord {
+        resource_id: failing[1].resource_id.clone(),
+        ..first.clone()
+    };
+    assert!(store.record_progress(&env, &failing, &[first, duplicate]).await.is_err());
+    assert_eq!(store.load_states(&env).await?, expected, "no state of the failed batch was kept");
+    let log = store
+        .list_actions(
+            &env,
+            &ActionFilter {
+                limit: 10_000,
+                ..ActionFilter::default()
+            },
+        )
+        .await?;
+    assert_eq!(log.items.len(), actions.len(), "no action of the failed batch was kept");
+
+    // An unknown environment is named as such.
+    let unknown = EnvironmentId::random();
+    let err = store.record_progress(&unknown, &deployed[..1], &[]).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
+    Ok(())
+}
+
 pub async fn actions_batch_and_query_order(db: &TestDb) -> Result<()> {
     let store = &db.store;
     let env = new_env(store, "prod").await?;

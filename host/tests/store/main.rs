@@ -38,6 +38,7 @@ on_both_backends!(
     states_batch_upsert_filters_and_pagination,
     status_transitions_in_batch,
     recovery_of_deploying,
+    progress_batches_are_atomic_and_keep_times,
     actions_batch_and_query_order,
     dryrun_lifecycle,
     operations_lifecycle_and_interruption,
