@@ -10,6 +10,11 @@ use orc_manifest::Digest;
 use crate::scheduler::{BoxFuture, Event, Sink, Trigger};
 use crate::store::{ActionId, ActionKind, ActionRecord, EnvironmentId, ErrorInfo, ResourceState, Store, StoreError};
 
+/// Attempts at writing one batch, the first retry after [`FIRST_RETRY`], doubling: about 6 s in
+/// all. The scheduler's writer waits meanwhile (events queue up in order behind the batch).
+const WRITE_ATTEMPTS: u32 = 7;
+const FIRST_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Writes scheduler events of one environment to the store.
 pub struct StoreSink {
     store: Store,
@@ -76,8 +81,23 @@ impl StoreSink {
         let states: Vec<ResourceState> = states.into_values().collect();
         // One transaction: a crash keeps a batch whole or drops it whole, so no resource is
         // stored `deployed` without the action that deployed it. A time the scheduler leaves
-        // `None` (unchanged) keeps the stored one, also across a restart's re-release.
-        self.store.record_progress(&self.environment, &states, &actions).await
+        // `None` (unchanged) keeps the stored one, also across a restart's re-release. Being one
+        // transaction, a batch can be retried: a database that is briefly away (a restart, a
+        // fail-over) loses nothing.
+        let mut delay = FIRST_RETRY;
+        let mut attempt = 1;
+        loop {
+            match self.store.record_progress(&self.environment, &states, &actions).await {
+                Ok(()) => return Ok(()),
+                Err(e) if attempt < WRITE_ATTEMPTS => {
+                    tracing::warn!(environment = %self.environment, attempt, error = %e, "cannot persist scheduler events; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
 
@@ -86,8 +106,9 @@ impl Sink for StoreSink {
         Box::pin(async move {
             let n = events.len();
             if let Err(e) = self.write(events).await {
-                // The scheduler's memory stays right; the next batch rewrites these resources'
-                // states in full, and a restart re-reads every resource anyway.
+                // Given up after the retries. The scheduler's memory stays right and the next
+                // batch rewrites these resources' states in full; the actions are lost to the
+                // log, and a restart re-reads every resource anyway.
                 tracing::error!(environment = %self.environment, events = n, error = %e, "cannot persist scheduler events");
             }
         })
