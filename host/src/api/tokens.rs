@@ -64,9 +64,12 @@ async fn list_tokens(State(envs): State<AppState>) -> Result<axum::Json<TokenLis
         (status = 409, description = "The last token", body = ErrorBody),
     ))]
 async fn delete_token(State(envs): State<AppState>, Path(id): Path<String>) -> Result<StatusCode> {
-    let id: TokenId = id
-        .parse()
-        .map_err(|_| ApiError::bad_request("invalid_path", format!("`{}` is not a token id", id.chars().take(100).collect::<String>())))?;
+    let id: TokenId = id.parse().map_err(|_| {
+        ApiError::bad_request(
+            "invalid_path",
+            format!("`{}` is not a token id", id.chars().take(100).collect::<String>()),
+        )
+    })?;
     envs.store().delete_admin_token_keeping_one(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -583,7 +583,12 @@ pub async fn tokens_are_managed_and_guard_publishing(backend: Backend) {
     let second = created["token"].as_str().unwrap().to_string();
     assert!(second.starts_with("orc_") && second != host.token);
     let (_, list) = host.get("/tokens").await;
-    let ids: Vec<&str> = list["items"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
     assert_eq!(ids.len(), 2, "{list}");
     assert!(!list.to_string().contains(&second), "secrets are never listed: {list}");
     let first_id = ids.iter().find(|id| **id != created["id"]).unwrap().to_string();
