@@ -1,0 +1,127 @@
+//! `orc-ssh`: the SSH transport of the `node` host interface. [`SshNode`] implements
+//! `orc_runtime::capability::NodeBackend` over one authenticated russh connection per node: commands
+//! on their own channels (at most [`SshOptions::max_commands`] at once, under OpenSSH's
+//! `MaxSessions`), files over one SFTP session on another channel. The connection is re-established
+//! on the next call after it is lost, always against the same host key.
+//!
+//! Architecture invariant: a credential never leaves [`Credential`] except into russh's
+//! authentication; its `Debug` is redacted and no error, span or log line carries it.
+
+mod connection;
+mod error;
+mod exec;
+mod facts;
+mod node;
+pub mod quote;
+mod sftp;
+
+use std::fmt;
+use std::time::Duration;
+
+pub use error::SshError;
+pub use facts::NodeFacts;
+pub use node::SshNode;
+
+/// How to authenticate. `Debug` shows the kind only.
+#[derive(Clone)]
+pub enum Credential {
+    /// A private key in OpenSSH, PKCS#8 or PEM text, with its passphrase if it is encrypted.
+    PrivateKey {
+        pem: String,
+        passphrase: Option<String>,
+    },
+    Password(String),
+}
+
+impl fmt::Debug for Credential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Credential::PrivateKey { passphrase, .. } => f
+                .debug_struct("PrivateKey")
+                .field("pem", &"<redacted>")
+                .field("passphrase", &passphrase.as_ref().map(|_| "<redacted>"))
+                .finish(),
+            Credential::Password(_) => f.debug_tuple("Password").field(&"<redacted>").finish(),
+        }
+    }
+}
+
+impl Credential {
+    pub(crate) fn method(&self) -> &'static str {
+        match self {
+            Credential::PrivateKey { .. } => "public key",
+            Credential::Password(_) => "password",
+        }
+    }
+}
+
+/// Which host key to accept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostKeyPolicy {
+    /// Only the key with this fingerprint (`SHA256:<base64>`, as `ssh-keygen -lf` prints it).
+    Pinned(String),
+    /// Whatever the first connection presents; every reconnect must present the same key.
+    TrustOnFirstUse,
+}
+
+/// A node reached over SSH.
+#[derive(Debug, Clone)]
+pub struct SshTarget {
+    pub address: String,
+    pub port: u16,
+    pub user: String,
+    pub credential: Credential,
+    pub host_key: HostKeyPolicy,
+}
+
+impl SshTarget {
+    /// `address:port` (IPv6 addresses in brackets): how errors and spans name the node.
+    pub fn node_name(&self) -> String {
+        if self.address.contains(':') {
+            format!("[{}]:{}", self.address, self.port)
+        } else {
+            format!("{}:{}", self.address, self.port)
+        }
+    }
+}
+
+/// Limits and timing of a node's connection.
+#[derive(Debug, Clone)]
+pub struct SshOptions {
+    /// TCP connect timeout.
+    pub connect_timeout: Duration,
+    /// Key exchange plus authentication.
+    pub handshake_timeout: Duration,
+    /// A keepalive is sent when nothing was received for this long; `None` disables keepalives.
+    pub keepalive_interval: Option<Duration>,
+    /// Unanswered keepalives after which the connection counts as dead.
+    pub keepalive_max: usize,
+    /// Command channels open at once. OpenSSH allows 10 sessions per connection (`MaxSessions`);
+    /// the SFTP channel takes one, and a closed channel's slot is freed a little late.
+    pub max_commands: usize,
+    /// SFTP file handles open at once. russh-sftp decodes handles as UTF-8 lossily, so OpenSSH
+    /// handle numbers of 128 and above get corrupted: stay under that.
+    pub max_open_files: usize,
+    /// How long one SFTP request may take.
+    pub sftp_timeout: Duration,
+}
+
+impl Default for SshOptions {
+    fn default() -> SshOptions {
+        SshOptions {
+            connect_timeout: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(15),
+            keepalive_interval: Some(Duration::from_secs(15)),
+            keepalive_max: 3,
+            max_commands: 8,
+            max_open_files: 100,
+            sftp_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the connection verified: the host key the node presented, to be pinned by the caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    pub fingerprint: String,
+}

@@ -1,0 +1,343 @@
+//! `SshNode`: a `NodeBackend` over one SSH connection, re-established on the next call after it is
+//! lost (always against the host key verified first), with calls failing as `Unavailable` while
+//! the node cannot be reached.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use orc_runtime::capability::node::{
+    BoxFuture, CommandOutput, DEFAULT_COMMAND_TIMEOUT, FileKind, FileStat, NodeBackend, NodeCommand, NodeError, NodeErrorKind,
+};
+use tracing::Instrument;
+
+use crate::connection::{self, Connection};
+use crate::exec::{ExecError, exec};
+use crate::quote::{KILL_AFTER_S, command_line, quote};
+use crate::sftp::Sftp;
+use crate::{HostKeyPolicy, NodeFacts, SshError, SshOptions, SshTarget, Verified};
+
+/// Extra time the local deadline allows beyond the remote `timeout` and its kill delay.
+const LOCAL_GRACE: Duration = Duration::from_secs(3);
+
+#[derive(Clone)]
+pub struct SshNode {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    target: SshTarget,
+    options: SshOptions,
+    node: String,
+    /// The host key every connection must present: pinned, or learned by the first one.
+    host_key: String,
+    /// The live connection; the async lock also serialises reconnecting.
+    conn: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    /// Counts reconnects, for tests and logs.
+    connects: Mutex<u64>,
+}
+
+impl std::fmt::Debug for SshNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SshNode")
+            .field("node", &self.inner.node)
+            .field("user", &self.inner.target.user)
+            .field("host_key", &self.inner.host_key)
+            .finish()
+    }
+}
+
+impl SshNode {
+    /// Connects, verifies the host key and authenticates. The returned fingerprint is the key the
+    /// node presented; with [`HostKeyPolicy::TrustOnFirstUse`] it is what the caller should pin.
+    pub async fn connect(target: SshTarget, options: SshOptions) -> Result<(SshNode, Verified), SshError> {
+        let expected = match &target.host_key {
+            HostKeyPolicy::Pinned(fp) => Some(fp.clone()),
+            HostKeyPolicy::TrustOnFirstUse => None,
+        };
+        let conn = connection::connect(&target, &options, expected).await?;
+        let verified = Verified {
+            fingerprint: conn.fingerprint.clone(),
+        };
+        let node = SshNode {
+            inner: Arc::new(Inner {
+                node: target.node_name(),
+                host_key: conn.fingerprint.clone(),
+                target,
+                options,
+                conn: tokio::sync::Mutex::new(Some(Arc::new(conn))),
+                connects: Mutex::new(1),
+            }),
+        };
+        Ok((node, verified))
+    }
+
+    /// `address:port` of the node.
+    pub fn name(&self) -> &str {
+        &self.inner.node
+    }
+
+    /// The host key fingerprint every connection is checked against.
+    pub fn host_key(&self) -> &str {
+        &self.inner.host_key
+    }
+
+    /// How many connections were made so far (1 until a reconnect).
+    pub fn connections_made(&self) -> u64 {
+        *self.inner.connects.lock().expect("connects")
+    }
+
+    /// Closes the connection; the next call opens a new one.
+    pub async fn disconnect(&self) {
+        if let Some(conn) = self.inner.conn.lock().await.take() {
+            conn.close().await;
+        }
+    }
+
+    /// The live connection, or a new one if it was lost.
+    async fn connection(&self) -> Result<Arc<Connection>, SshError> {
+        let mut slot = self.inner.conn.lock().await;
+        if let Some(conn) = slot.as_ref()
+            && !conn.is_closed()
+        {
+            return Ok(conn.clone());
+        }
+        *slot = None;
+        let inner = &self.inner;
+        let conn = Arc::new(connection::connect(&inner.target, &inner.options, Some(inner.host_key.clone())).await?);
+        *inner.connects.lock().expect("connects") += 1;
+        tracing::info!(node = %inner.node, "ssh reconnected");
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Drops `conn` if it is still the current connection.
+    async fn forget(&self, conn: &Arc<Connection>) {
+        let mut slot = self.inner.conn.lock().await;
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            *slot = None;
+        }
+    }
+
+    /// Runs a file operation on the SFTP session; when the session or connection fails under it,
+    /// once more on a new connection.
+    async fn with_sftp<'a, T, F>(&'a self, op: F) -> Result<T, NodeError>
+    where
+        F: Fn(Arc<Sftp>) -> BoxFuture<'a, Result<T, NodeError>>,
+    {
+        let mut retried = false;
+        loop {
+            let conn = self.connection().await?;
+            let result = match conn.sftp().await {
+                Ok(sftp) => op(sftp).await,
+                Err(e) => Err(e.into()),
+            };
+            match result {
+                Err(e) if e.kind == NodeErrorKind::Unavailable && !retried => {
+                    tracing::debug!(node = %self.inner.node, error = %e, "sftp failed, reconnecting");
+                    self.forget(&conn).await;
+                    retried = true;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Runs a shell command line, retrying once on a new connection if it could not start because
+    /// the connection was gone.
+    async fn exec_line(&self, line: String, stdin: Option<Vec<u8>>, deadline: Duration) -> Result<crate::exec::Finished, SshError> {
+        let mut retried = false;
+        loop {
+            let conn = self.connection().await?;
+            match exec(&conn, line.clone(), stdin.clone(), deadline).await {
+                Ok(done) => return Ok(done),
+                Err(ExecError::NotStarted(e)) if e.is_unavailable() && !retried => {
+                    self.forget(&conn).await;
+                    retried = true;
+                }
+                Err(ExecError::NotStarted(e) | ExecError::Started(e)) => {
+                    if conn.is_closed() {
+                        self.forget(&conn).await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// What the node is: OS, kernel, architecture, CPUs, memory, hostname.
+    pub async fn gather_facts(&self) -> Result<NodeFacts, NodeError> {
+        let out = self
+            .run(NodeCommand {
+                argv: vec!["/bin/sh".into(), "-c".into(), crate::facts::SCRIPT.into()],
+                timeout: Some(Duration::from_secs(30)),
+                ..Default::default()
+            })
+            .await?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        NodeFacts::parse(&text).ok_or_else(|| {
+            NodeError::new(
+                NodeErrorKind::Failed,
+                format!(
+                    "cannot gather facts of node {}: unexpected output (exit {}): {}",
+                    self.inner.node,
+                    out.exit_code,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
+            )
+        })
+    }
+
+    async fn run_command(&self, command: NodeCommand) -> Result<CommandOutput, NodeError> {
+        let timeout = command.timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT);
+        let line = command_line(&command, timeout)?;
+        let program = command.argv[0].clone();
+        let deadline = timeout + Duration::from_secs(KILL_AFTER_S.into()) + LOCAL_GRACE;
+        let started = Instant::now();
+        let timed_out = || {
+            NodeError::new(
+                NodeErrorKind::Failed,
+                format!("command `{program}` timed out after {timeout:?} and was killed"),
+            )
+        };
+        let done = match self.exec_line(line, command.stdin, deadline).await {
+            Ok(done) => done,
+            Err(SshError::TimedOut { .. }) => return Err(timed_out()),
+            Err(e) => return Err(e.into()),
+        };
+        let exit_code = match (done.exit_status, &done.exit_signal) {
+            (Some(code), _) => code as i32,
+            (None, signal) => {
+                tracing::debug!(program = %program, signal = ?signal, "command killed by a signal");
+                -1
+            }
+        };
+        // `timeout` exits 124 after TERM, 137 after its KILL.
+        if matches!(exit_code, 124 | 137) && started.elapsed() >= timeout {
+            return Err(timed_out());
+        }
+        tracing::debug!(exit_code, elapsed_ms = started.elapsed().as_millis() as u64, "command finished");
+        Ok(CommandOutput {
+            exit_code,
+            stdout: done.stdout,
+            stderr: done.stderr,
+        })
+    }
+
+    async fn remove_path(&self, path: &str, recursive: bool) -> Result<bool, NodeError> {
+        if path.trim_end_matches('/').is_empty() {
+            return Err(NodeError::new(
+                NodeErrorKind::Denied,
+                "refusing to remove the node's root directory",
+            ));
+        }
+        let Some(stat) = self.with_sftp(|s| Box::pin(async move { s.lstat(path).await })).await? else {
+            return Ok(false);
+        };
+        if stat.kind == FileKind::Directory && recursive {
+            // SFTP has no recursive remove, and walking it would meet russh-sftp's lossy names.
+            let line = format!("exec rm -rf -- {}", quote(path));
+            let deadline = DEFAULT_COMMAND_TIMEOUT;
+            let done = self.exec_line(line, None, deadline).await.map_err(NodeError::from)?;
+            if done.exit_status != Some(0) {
+                return Err(NodeError::new(
+                    NodeErrorKind::Failed,
+                    format!(
+                        "cannot remove {path} on node {}: {}",
+                        self.inner.node,
+                        String::from_utf8_lossy(&done.stderr).trim()
+                    ),
+                ));
+            }
+            return Ok(true);
+        }
+        self.with_sftp(|s| Box::pin(async move { s.remove_one(path, stat.kind).await }))
+            .await?;
+        Ok(true)
+    }
+}
+
+/// Paths are absolute on the node and carry no NUL byte, as for `LocalNode`.
+fn check_path(path: &str) -> Result<(), NodeError> {
+    if path.contains('\0') {
+        return Err(NodeError::new(
+            NodeErrorKind::InvalidInput,
+            format!("path `{}` contains a NUL byte", path.escape_debug()),
+        ));
+    }
+    if !path.starts_with('/') {
+        return Err(NodeError::new(
+            NodeErrorKind::InvalidInput,
+            format!("path `{path}` is not absolute"),
+        ));
+    }
+    Ok(())
+}
+
+impl NodeBackend for SshNode {
+    fn run(&self, command: NodeCommand) -> BoxFuture<'_, Result<CommandOutput, NodeError>> {
+        let program = command.argv.first().cloned().unwrap_or_default();
+        let span = tracing::info_span!("ssh.run", node = %self.inner.node, program = %program);
+        Box::pin(self.run_command(command).instrument(span))
+    }
+
+    fn read_file<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Vec<u8>>, NodeError>> {
+        let span = tracing::debug_span!("ssh.read_file", node = %self.inner.node, path);
+        Box::pin(
+            async move {
+                check_path(path)?;
+                self.with_sftp(|s| Box::pin(async move { s.read_file(path).await })).await
+            }
+            .instrument(span),
+        )
+    }
+
+    fn write_file<'a>(&'a self, path: &'a str, content: Vec<u8>, mode: Option<u32>) -> BoxFuture<'a, Result<(), NodeError>> {
+        let span = tracing::debug_span!("ssh.write_file", node = %self.inner.node, path, size = content.len());
+        Box::pin(
+            async move {
+                check_path(path)?;
+                let content = &content;
+                self.with_sftp(|s| Box::pin(async move { s.write_file(path, content, mode).await }))
+                    .await
+            }
+            .instrument(span),
+        )
+    }
+
+    fn stat<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<FileStat>, NodeError>> {
+        Box::pin(async move {
+            check_path(path)?;
+            self.with_sftp(|s| Box::pin(async move { s.lstat(path).await })).await
+        })
+    }
+
+    fn create_dir<'a>(&'a self, path: &'a str, mode: Option<u32>, parents: bool) -> BoxFuture<'a, Result<(), NodeError>> {
+        let span = tracing::debug_span!("ssh.create_dir", node = %self.inner.node, path);
+        Box::pin(
+            async move {
+                check_path(path)?;
+                self.with_sftp(|s| Box::pin(async move { s.create_dir(path, mode, parents).await }))
+                    .await
+            }
+            .instrument(span),
+        )
+    }
+
+    fn set_mode<'a>(&'a self, path: &'a str, mode: u32) -> BoxFuture<'a, Result<(), NodeError>> {
+        Box::pin(async move {
+            check_path(path)?;
+            self.with_sftp(|s| Box::pin(async move { s.set_mode(path, mode).await })).await
+        })
+    }
+
+    fn remove<'a>(&'a self, path: &'a str, recursive: bool) -> BoxFuture<'a, Result<bool, NodeError>> {
+        let span = tracing::debug_span!("ssh.remove", node = %self.inner.node, path, recursive);
+        Box::pin(
+            async move {
+                check_path(path)?;
+                self.remove_path(path, recursive).await
+            }
+            .instrument(span),
+        )
+    }
+}
