@@ -228,6 +228,11 @@ impl Store {
     pub async fn close(&self) {
         on_pool!(self, pool => pool.close().await)
     }
+
+    /// Whether the database answers a trivial query (readiness).
+    pub async fn ping(&self) -> Result<()> {
+        on_pool!(self, pool => sqlx::query("SELECT 1").execute(pool).await.map(drop).map_err(backend("pinging the database")))
+    }
 }
 
 /// `scheme://user:secret@host/db` → `scheme://…@host/db`: locations go into error messages.
