@@ -63,6 +63,7 @@ pub(crate) async fn exec(conn: &Connection, line: String, stdin: Option<Vec<u8>>
         stderr: Vec::new(),
     };
     let mut refused = false;
+    let mut accepted = false;
     let collected = tokio::time::timeout(deadline, async {
         while let Some(msg) = reader.wait().await {
             match msg {
@@ -70,6 +71,7 @@ pub(crate) async fn exec(conn: &Connection, line: String, stdin: Option<Vec<u8>>
                 ChannelMsg::ExtendedData { data, ext: 1 } => append(&mut done.stderr, &data),
                 ChannelMsg::ExitStatus { exit_status } => done.exit_status = Some(exit_status),
                 ChannelMsg::ExitSignal { signal_name, .. } => done.exit_signal = Some(signal_name_text(&signal_name)),
+                ChannelMsg::Success => accepted = true,
                 ChannelMsg::Failure => refused = true,
                 _ => {}
             }
@@ -93,6 +95,10 @@ pub(crate) async fn exec(conn: &Connection, line: String, stdin: Option<Vec<u8>>
         }));
     }
     if done.exit_status.is_none() && done.exit_signal.is_none() {
+        if !accepted && conn.is_closed() {
+            // The connection ended before the server confirmed the command: it never ran.
+            return Err(ExecError::NotStarted(conn.lost()));
+        }
         let e = if conn.is_closed() {
             conn.lost()
         } else {

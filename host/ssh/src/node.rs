@@ -211,8 +211,9 @@ impl SshNode {
                 -1
             }
         };
-        // `timeout` exits 124 after TERM, 137 after its KILL.
-        if matches!(exit_code, 124 | 137) && started.elapsed() >= timeout {
+        // `timeout` exits 124 after TERM; after its KILL it is killed too (it signals its whole
+        // process group), so the shell reports 137 or the channel an exit signal.
+        if (matches!(exit_code, 124 | 137) || done.exit_signal.is_some()) && started.elapsed() >= timeout {
             return Err(timed_out());
         }
         tracing::debug!(exit_code, elapsed_ms = started.elapsed().as_millis() as u64, "command finished");

@@ -1,0 +1,136 @@
+//! Files over SFTP, with `LocalNode`'s semantics.
+
+use std::os::unix::fs::MetadataExt;
+
+use orc_runtime::capability::node::{FileKind, NodeBackend, NodeErrorKind};
+
+use crate::sshd::Sshd;
+use crate::{connect, path};
+
+#[tokio::test]
+async fn write_read_stat_mode_mkdir_and_remove() {
+    let sshd = Sshd::start();
+    let scratch = sshd.scratch_dir("files");
+    let node = connect(&sshd).await;
+    let file = path(&scratch, "motd");
+
+    assert_eq!(node.read_file(&file).await.unwrap(), None);
+    assert_eq!(node.stat(&file).await.unwrap(), None);
+    node.write_file(&file, b"hello".to_vec(), Some(0o600)).await.unwrap();
+    assert_eq!(node.read_file(&file).await.unwrap().unwrap(), b"hello");
+    let st = node.stat(&file).await.unwrap().unwrap();
+    let local = std::fs::metadata(&file).unwrap();
+    assert_eq!((st.kind, st.size, st.mode), (FileKind::File, 5, 0o600));
+    assert_eq!((st.uid, st.gid), (local.uid(), local.gid()));
+    assert_eq!(st.mtime_ms, local.mtime() * 1000);
+    // Rewriting keeps the mode when none is given; an empty file is a file.
+    node.write_file(&file, Vec::new(), None).await.unwrap();
+    assert_eq!(node.stat(&file).await.unwrap().unwrap().mode, 0o600);
+    assert_eq!(node.read_file(&file).await.unwrap().unwrap(), b"");
+    node.set_mode(&file, 0o644).await.unwrap();
+    assert_eq!(std::fs::metadata(&file).unwrap().mode() & 0o7777, 0o644);
+    // New files default to 0644 whatever the umask.
+    let fresh = path(&scratch, "fresh");
+    node.write_file(&fresh, b"x".to_vec(), None).await.unwrap();
+    assert_eq!(node.stat(&fresh).await.unwrap().unwrap().mode, 0o644);
+
+    // Directories: -p creates ancestors, mode applied, existing is fine, a file in the way is not.
+    let deep = path(&scratch, "a/b/c");
+    let err = node.create_dir(&deep, None, false).await.unwrap_err();
+    assert_eq!(err.kind, NodeErrorKind::InvalidInput, "{err}");
+    assert!(err.message.contains("does not exist"), "{err}");
+    node.create_dir(&deep, Some(0o750), true).await.unwrap();
+    node.create_dir(&deep, Some(0o750), true).await.unwrap();
+    let st = node.stat(&deep).await.unwrap().unwrap();
+    assert_eq!((st.kind, st.mode), (FileKind::Directory, 0o750));
+    let err = node.create_dir(&file, None, false).await.unwrap_err();
+    assert!(err.message.contains("not a directory"), "{err}");
+    let err = node.create_dir(&format!("{file}/sub"), None, true).await.unwrap_err();
+    assert_eq!(err.kind, NodeErrorKind::InvalidInput, "{err}");
+    node.create_dir(&path(&scratch, "single"), None, false).await.unwrap();
+
+    // Reading or writing a directory, a missing parent, relative paths.
+    let err = node.read_file(&deep).await.unwrap_err();
+    assert!(err.message.contains("is a directory"), "{err}");
+    let err = node.write_file(&deep, b"x".to_vec(), None).await.unwrap_err();
+    assert!(err.message.contains("is a directory"), "{err}");
+    let missing_parent = path(&scratch, "nope/file");
+    let err = node.write_file(&missing_parent, b"x".to_vec(), None).await.unwrap_err();
+    assert!(err.message.contains("does not exist"), "{err}");
+    let err = node.read_file("etc/motd").await.unwrap_err();
+    assert!(err.message.contains("not absolute"), "{err}");
+    let err = node.set_mode(&path(&scratch, "missing"), 0o600).await.unwrap_err();
+    assert_eq!(err.kind, NodeErrorKind::InvalidInput, "{err}");
+
+    // Symlinks are reported as such by stat (lstat), read through.
+    std::os::unix::fs::symlink(&file, scratch.join("link")).unwrap();
+    assert_eq!(node.stat(&path(&scratch, "link")).await.unwrap().unwrap().kind, FileKind::Symlink);
+    assert_eq!(node.read_file(&path(&scratch, "link")).await.unwrap().unwrap(), b"");
+
+    // Permission denied is Denied.
+    let err = node.write_file("/root/orc-denied", b"x".to_vec(), None).await.unwrap_err();
+    assert_eq!(err.kind, NodeErrorKind::Denied, "{err}");
+
+    // Remove: whether something was removed; a non-empty directory needs `recursive`.
+    node.write_file(&path(&scratch, "a/b/c/f"), b"x".to_vec(), None).await.unwrap();
+    assert!(node.remove(&file, false).await.unwrap());
+    assert!(!node.remove(&file, false).await.unwrap());
+    assert!(node.remove(&path(&scratch, "single"), false).await.unwrap());
+    assert!(node.remove(&path(&scratch, "a"), false).await.is_err());
+    assert!(node.remove(&path(&scratch, "a"), true).await.unwrap());
+    assert!(!scratch.join("a").exists());
+    assert!(node.remove("/", true).await.is_err());
+    // No temporary files are left behind.
+    let left: Vec<_> = std::fs::read_dir(&scratch).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.iter().all(|n| !n.to_string_lossy().contains("orc-tmp")), "{left:?}");
+}
+
+/// A reader never sees a half-written file while another task keeps replacing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overwriting_is_atomic() {
+    let sshd = Sshd::start();
+    let scratch = sshd.scratch_dir("atomic");
+    let node = connect(&sshd).await;
+    let file = path(&scratch, "config");
+    let a = vec![b'a'; 300 << 10];
+    let b = vec![b'b'; 700 << 10];
+    node.write_file(&file, a.clone(), None).await.unwrap();
+    let writer = {
+        let (node, file, a, b) = (node.clone(), file.clone(), a.clone(), b.clone());
+        tokio::spawn(async move {
+            for i in 0..30 {
+                let content = if i % 2 == 0 { b.clone() } else { a.clone() };
+                node.write_file(&file, content, Some(0o640)).await.unwrap();
+            }
+        })
+    };
+    let mut reads = 0;
+    while !writer.is_finished() {
+        // Read on the node's own filesystem too: the rename is what makes it atomic.
+        let local = std::fs::read(&file).unwrap();
+        let remote = node.read_file(&file).await.unwrap().unwrap();
+        for got in [local, remote] {
+            assert!(got == a || got == b, "torn read of {} bytes", got.len());
+        }
+        reads += 1;
+    }
+    writer.await.unwrap();
+    assert!(reads > 2, "only {reads} reads");
+    let left = std::fs::read_dir(&scratch).unwrap().count();
+    assert_eq!(left, 1, "temporary files left behind");
+}
+
+#[tokio::test]
+async fn a_20_mib_file_round_trips() {
+    let sshd = Sshd::start();
+    let scratch = sshd.scratch_dir("large");
+    let node = connect(&sshd).await;
+    let file = path(&scratch, "large.bin");
+    let content: Vec<u8> = (0..20u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    node.write_file(&file, content.clone(), Some(0o600)).await.unwrap();
+    assert!(std::fs::read(&file).unwrap() == content, "bytes on disk differ");
+    assert_eq!(node.stat(&file).await.unwrap().unwrap().size, content.len() as u64);
+    let back = node.read_file(&file).await.unwrap().unwrap();
+    assert_eq!(back.len(), content.len());
+    assert!(back == content, "bytes read back differ");
+}

@@ -1,0 +1,295 @@
+//! A real OpenSSH `sshd` for tests, on a free loopback port, with a host key and a client key
+//! generated per run (`ssh-keygen`), in its own temporary directory; killed (with its
+//! per-connection children) on drop. Standard library only, so any test crate can include it:
+//! `#[path = "../../../ssh/tests/support/sshd.rs"] mod sshd;`.
+//!
+//! Needs root (sshd must switch users) and `/usr/sbin/sshd`. Logins are as [`TEST_USER`], created
+//! if missing with `/bin/sh` as its shell (a heavy login shell makes every command slower), or as
+//! root with the client key.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::mpsc;
+use std::time::Duration;
+
+pub const SSHD: &str = "/usr/sbin/sshd";
+pub const TEST_USER: &str = "orctest";
+pub const TEST_PASSWORD: &str = "orc-test-pw-7Qz";
+
+pub struct Sshd {
+    dir: PathBuf,
+    pub port: u16,
+    child: Option<Child>,
+    /// `SHA256:…` of the current host key.
+    pub host_fingerprint: String,
+    /// The client's private key (OpenSSH text), authorised for every user.
+    pub client_key: String,
+    pub max_sessions: u32,
+}
+
+/// Creates [`TEST_USER`] (shell `/bin/sh`, home directory) if missing and sets its password.
+pub fn ensure_test_user() {
+    static DONE: Mutex<bool> = Mutex::new(false);
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if *done {
+        return;
+    }
+    let exists = || {
+        Command::new("id")
+            .arg("-u")
+            .arg(TEST_USER)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !exists() {
+        let status = Command::new("useradd")
+            .args(["-m", "-s", "/bin/sh", TEST_USER])
+            .status()
+            .expect("useradd");
+        // Another test process may have created it meanwhile.
+        assert!(status.success() || exists(), "useradd {TEST_USER} failed");
+    }
+    let mut chpasswd = Command::new("chpasswd").stdin(Stdio::piped()).spawn().expect("chpasswd");
+    writeln!(chpasswd.stdin.take().unwrap(), "{TEST_USER}:{TEST_PASSWORD}").unwrap();
+    assert!(chpasswd.wait().unwrap().success(), "chpasswd failed");
+    *done = true;
+}
+
+fn keygen(path: &Path) -> String {
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_file(path.with_extension("pub"));
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "orc-test", "-f"])
+        .arg(path)
+        .output()
+        .expect("ssh-keygen");
+    assert!(out.status.success(), "ssh-keygen: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("ssh-keygen")
+        .arg("-lf")
+        .arg(path.with_extension("pub"))
+        .output()
+        .unwrap();
+    // "256 SHA256:… orc-test (ED25519)"
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .nth(1)
+        .expect("fingerprint")
+        .to_string()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Sshd {
+    /// Starts sshd with OpenSSH's default `MaxSessions` (10).
+    pub fn start() -> Sshd {
+        Sshd::start_with(10)
+    }
+
+    pub fn start_with(max_sessions: u32) -> Sshd {
+        assert_eq!(
+            Command::new("id")
+                .arg("-u")
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                .ok()
+                .as_deref(),
+            Some("0"),
+            "the sshd tests run as root (sshd switches to the test user)"
+        );
+        assert!(Path::new(SSHD).exists(), "{SSHD} is missing: apt-get install openssh-server");
+        std::fs::create_dir_all("/run/sshd").unwrap(); // privilege separation directory
+        ensure_test_user();
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "orc-sshd-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // The test user must reach its scratch directories below this one.
+        set_mode(&dir, 0o755);
+        let host_fingerprint = keygen(&dir.join("host_ed25519"));
+        keygen(&dir.join("client_ed25519"));
+        std::fs::copy(dir.join("client_ed25519.pub"), dir.join("authorized_keys")).unwrap();
+        let client_key = std::fs::read_to_string(dir.join("client_ed25519")).unwrap();
+        let mut sshd = Sshd {
+            dir,
+            port: 0,
+            child: None,
+            host_fingerprint,
+            client_key,
+            max_sessions,
+        };
+        // A port found free may be taken before sshd binds it: try a few.
+        for attempt in 0.. {
+            sshd.port = free_port();
+            match sshd.launch() {
+                Ok(()) => break,
+                Err(e) if attempt < 5 => eprintln!("sshd on port {}: {e}; trying another port", sshd.port),
+                Err(e) => panic!("sshd did not start: {e}"),
+            }
+        }
+        sshd
+    }
+
+    fn launch(&mut self) -> Result<(), String> {
+        let config = self.dir.join("sshd_config");
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {dir}/host_ed25519\nPidFile none\n\
+                 AuthorizedKeysFile {dir}/authorized_keys\nPubkeyAuthentication yes\nPasswordAuthentication yes\n\
+                 KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\n\
+                 MaxSessions {max}\nSubsystem sftp internal-sftp\nLogLevel INFO\n",
+                port = self.port,
+                dir = self.dir.display(),
+                max = self.max_sessions,
+            ),
+        )
+        .unwrap();
+        let mut child = Command::new(SSHD) // by absolute path: sshd re-executes itself
+            .args(["-D", "-e", "-f"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let stderr = child.stderr.take().unwrap();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("sshd.log"))
+            .unwrap();
+        std::thread::spawn(move || {
+            let mut ready = Some(ready_tx);
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = writeln!(log, "{line}");
+                if line.contains("Server listening") {
+                    if let Some(tx) = ready.take() {
+                        let _ = tx.send(Ok(()));
+                    }
+                } else if let Some(tx) = &ready
+                    && (line.contains("Bind to port") || line.contains("fatal") || line.contains("Cannot bind"))
+                {
+                    let _ = tx.send(Err(line.clone()));
+                }
+            }
+            if let Some(tx) = ready {
+                let _ = tx.send(Err("sshd exited".into()));
+            }
+        });
+        match ready_rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(Ok(())) => {
+                self.child = Some(child);
+                Ok(())
+            }
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(format!("{other:?}"))
+            }
+        }
+    }
+
+    /// Kills sshd and every per-connection sshd under it, as if the node went away.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = child.id();
+            // Per-connection monitors and their privilege-separated children (which hold the
+            // connection after authentication): the whole tree, listed before anything dies.
+            let mut children = children_of(pid);
+            let mut i = 0;
+            while i < children.len() {
+                let grandchildren = children_of(children[i]);
+                children.extend(grandchildren);
+                i += 1;
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            for c in children {
+                let _ = Command::new("kill").arg("-KILL").arg(c.to_string()).status();
+            }
+        }
+    }
+
+    /// Starts sshd again on the same port with the same host key (after [`Sshd::stop`]).
+    pub fn start_again(&mut self) {
+        self.stop();
+        let mut last = String::new();
+        for _ in 0..50 {
+            match self.launch() {
+                Ok(()) => return,
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("sshd did not start again on port {}: {last}", self.port);
+    }
+
+    /// Gives the server a new host key and restarts it, as a reinstalled (or impostor) node would.
+    pub fn replace_host_key(&mut self) {
+        self.stop();
+        self.host_fingerprint = keygen(&self.dir.join("host_ed25519"));
+        self.start_again();
+    }
+
+    /// A fresh directory owned by [`TEST_USER`], for a test's files.
+    pub fn scratch_dir(&self, name: &str) -> PathBuf {
+        let dir = self.dir.join("scratch").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        set_mode(&self.dir.join("scratch"), 0o755);
+        let status = Command::new("chown").arg(format!("{TEST_USER}:")).arg(&dir).status().unwrap();
+        assert!(status.success());
+        dir
+    }
+
+    /// The server's log so far, for assertion messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("sshd.log")).unwrap_or_default()
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Processes whose parent is `pid` (from `/proc/<pid>/stat`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                // "pid (comm) state ppid …": comm may contain spaces, so split after the last ')'.
+                .and_then(|s| {
+                    s.rsplit_once(')')
+                        .map(|(_, rest)| rest.split_whitespace().nth(1) == Some(pid.to_string().as_str()))
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
