@@ -8,8 +8,11 @@
 //! drive the pool's I/O. So `DbKv` owns a small pool of its own, driven by its own thread and
 //! current-thread runtime: a call sends its request over a channel and blocks the calling thread
 //! for one database round trip (as `DirKv` blocks on file I/O), whatever runtime the caller is
-//! on, and nothing it waits for needs the caller's thread. Requests run concurrently on that
-//! runtime, up to the pool's size.
+//! on. One thing it waits for may need the caller's runtime: on SQLite, the database's one write
+//! lock, which the store's batch transaction holds across awaits. With every worker blocked in a
+//! kv write, that transaction never commits and each write fails after the busy timeout; so on a
+//! multi-thread runtime the wait runs under `block_in_place`, which hands the worker's other tasks
+//! to another thread. Requests run concurrently on the kv runtime, up to the pool's size.
 
 use std::sync::mpsc as std_mpsc;
 
@@ -108,7 +111,15 @@ impl DbKv {
         if self.requests.send(Request { op, reply }).is_err() {
             return Err(failed(std::io::Error::other("the key/value thread has stopped")));
         }
-        match answer.recv() {
+        // See the module's documentation: the transaction holding the write lock must keep running.
+        let on_worker =
+            tokio::runtime::Handle::try_current().is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let received = if on_worker {
+            tokio::task::block_in_place(|| answer.recv())
+        } else {
+            answer.recv()
+        };
+        match received {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(e)) => Err(failed(std::io::Error::other(e))),
             Err(_) => Err(failed(std::io::Error::other("the key/value thread has stopped"))),
