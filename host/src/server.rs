@@ -23,6 +23,7 @@ use crate::diff::IntentDiff;
 use crate::dryrun::DryrunResult;
 use crate::events::{Batch, EnvironmentSink, EventStream, Observer};
 use crate::intent::{Intent, IntentError, ResourceId};
+use crate::metrics::Metrics;
 use crate::persistence::{self, StoreSink};
 use crate::pinning::{self, PinError};
 use crate::scheduler::{Scheduler, Settings, Version};
@@ -110,8 +111,9 @@ pub struct Environments {
     data_dir: PathBuf,
     defaults: EnvironmentSettings,
     running: Mutex<HashMap<EnvironmentId, Arc<Running>>>,
-    /// Looks at every environment's events after persistence (metrics).
+    /// Looks at every environment's events after persistence.
     observers: Vec<Arc<dyn Observer>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Environments {
@@ -147,6 +149,7 @@ impl Environments {
             defaults: config.environment_defaults.clone(),
             running: Mutex::new(HashMap::new()),
             observers: Vec::new(),
+            metrics: Arc::new(Metrics::new()),
         };
         for env in environments.store.list_environments().await? {
             // One environment that cannot resume (say, a plugin gone from the registry) must
@@ -156,6 +159,11 @@ impl Environments {
             }
         }
         Ok(environments)
+    }
+
+    /// What `GET /metrics` shows.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The store, for reads (versions, states, actions).
@@ -197,6 +205,7 @@ impl Environments {
             running.scheduler.stop().await;
         }
         self.store.delete_environment(&env.id).await?;
+        self.metrics.forget(&env.name);
         let root = self.data_dir.join("nodes").join(&env.name);
         if let Err(e) = std::fs::remove_dir_all(&root)
             && e.kind() != std::io::ErrorKind::NotFound
@@ -251,6 +260,7 @@ impl Environments {
             return Ok((info, false));
         }
         let info = self.store.release_version(&env.id, info.version).await?;
+        self.metrics.released(&env.name, info.version);
         running
             .scheduler
             .release(Arc::new(Version::new(info.version as u64, intent, pinned.plugins)));
@@ -267,6 +277,7 @@ impl Environments {
         let info = self.store.submit_version(&env.id, &document).await?;
         let loaded = self.load_version(&env.id, info.version).await?;
         let info = self.store.release_version(&env.id, info.version).await?;
+        self.metrics.released(&env.name, info.version);
         running.scheduler.release(Arc::new(loaded));
         Ok(info)
     }
@@ -349,6 +360,7 @@ impl Environments {
         let _turn = running.releases.lock().await;
         let loaded = self.load_version(&env.id, version).await?;
         let info = self.store.release_version(&env.id, version).await?;
+        self.metrics.released(&env.name, info.version);
         running.scheduler.release(Arc::new(loaded));
         Ok(info)
     }
@@ -399,11 +411,17 @@ impl Environments {
             Some(v) => Some(self.load_version(&env.id, v).await?),
             None => None,
         };
+        let states = self.store.load_states(&env.id).await?;
+        self.metrics
+            .seed(&env.name, states.iter().map(|s| (s.resource_id.as_str(), s.status)));
+        drop(states);
+        let mut observers = self.observers.clone();
+        observers.push(Arc::new(self.metrics.environment(&env.name)));
         let stream = EventStream::default();
         let sink = Arc::new(EnvironmentSink::new(
             StoreSink::new(self.store.clone(), env.id),
             stream.clone(),
-            self.observers.clone(),
+            observers,
         ));
         let scheduler = Scheduler::spawn_halted(ctx.clone(), scheduler_settings(&env.settings), env.halted, sink, known);
         if let Some(version) = released {

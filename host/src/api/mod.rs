@@ -13,6 +13,7 @@ mod error;
 mod events;
 mod extract;
 mod intents;
+mod ops;
 mod resources;
 mod tokens;
 
@@ -99,6 +100,7 @@ pub fn router(environments: Arc<Environments>, max_body_bytes: usize) -> Router 
         .split_for_parts();
     let api = Router::new()
         .route("/health", get(health))
+        .route("/ready", get(ops::ready))
         .route(
             "/openapi.json",
             get(move || std::future::ready(([(axum::http::header::CONTENT_TYPE, "application/json")], document.to_string()))),
@@ -110,8 +112,11 @@ pub fn router(environments: Arc<Environments>, max_body_bytes: usize) -> Router 
         .layer(middleware::from_fn_with_state(environments.clone(), require_token_to_write));
     Router::new()
         .nest("/api/v1", api)
+        // Open like health and readiness: scrapers carry no token, and it shows counts only.
+        .route("/metrics", get(ops::metrics))
         .nest_service("/registry", registry)
         .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .layer(middleware::from_fn_with_state(environments.clone(), ops::track_requests))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(TraceLayer::new_for_http())
         .with_state(environments)

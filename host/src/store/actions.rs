@@ -75,7 +75,11 @@ pub(super) async fn insert_sqlite(conn: &mut SqliteConnection, actions: &[Action
                 .push_bind(a.error.as_ref().map(|e| e.code.as_str()))
                 .push_bind(a.error.as_ref().map(|e| e.message.as_str()));
         });
-        q.build().execute(&mut *conn).await.map_err(backend_with(context))?;
+        q.build()
+            .persistent(false)
+            .execute(&mut *conn)
+            .await
+            .map_err(backend_with(context))?;
     }
     Ok(())
 }

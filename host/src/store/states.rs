@@ -172,7 +172,13 @@ pub(super) async fn upsert_sqlite(conn: &mut SqliteConnection, env: &Environment
                 .push_bind(now);
         });
         q.push(times.conflict_clause());
-        q.build().execute(&mut *conn).await.map_err(backend_with(context))?;
+        // Batch statements are not cached (`persistent(false)`): their text varies with the chunk
+        // size, and sqlx would keep each variant prepared per connection (~250 MB at 100,000 rows).
+        q.build()
+            .persistent(false)
+            .execute(&mut *conn)
+            .await
+            .map_err(backend_with(context))?;
     }
     Ok(())
 }
@@ -336,7 +342,13 @@ impl Store {
                         .push_bind(&env_id)
                         .push(" AND ")
                         .push(SET_STATUS_MATCH);
-                    changed += q.build().execute(&mut *tx).await.map_err(backend_with(context))?.rows_affected();
+                    changed += q
+                        .build()
+                        .persistent(false)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(backend_with(context))?
+                        .rows_affected();
                 }
                 tx.commit().await.map_err(backend_with(context))?;
             }
@@ -514,7 +526,13 @@ impl Store {
                         list.push_bind(id);
                     }
                     q.push(")");
-                    deleted += q.build().execute(&mut *tx).await.map_err(backend_with(context))?.rows_affected();
+                    deleted += q
+                        .build()
+                        .persistent(false)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(backend_with(context))?
+                        .rows_affected();
                 }
                 tx.commit().await.map_err(backend_with(context))?;
             }

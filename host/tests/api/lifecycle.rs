@@ -627,3 +627,60 @@ pub async fn tokens_are_managed_and_guard_publishing(backend: Backend) {
     assert!(published.created);
     assert_eq!(published.entry.name, "misbehave");
 }
+
+/// Readiness and the Prometheus metrics, without a token: resource counts per status follow the
+/// deploy, actions and requests are counted, and a restart seeds the counts from the store.
+pub async fn readiness_and_metrics_follow_the_deploy(backend: Backend) {
+    let host = Host::start(backend, 1 << 20).await;
+    let root = host.base.trim_end_matches("/api/v1").to_string();
+    let ready = host.client.get(format!("{}/ready", host.base)).send().await.unwrap();
+    assert_eq!(ready.status(), StatusCode::OK);
+    assert_eq!(ready.json::<Value>().await.unwrap(), json!({ "status": "ready" }));
+    host.create_environment("dev").await;
+    host.post_raw("/environments/dev/intents", QUICKSTART.as_bytes()).await;
+    host.wait_all_deployed("dev", 6).await;
+    let scrape = || async {
+        let resp = host.client.get(format!("{root}/metrics")).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(
+            resp.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("application/openmetrics-text")
+        );
+        resp.text().await.unwrap()
+    };
+    // The sink observes a batch just before it is persisted; wait for the gauge to catch up.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut text = scrape().await;
+    while !text.contains(r#"orc_resources{environment="dev",status="deployed"} 6"#) {
+        assert!(Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        text = scrape().await;
+    }
+    assert!(text.contains("orc_actions_total{"), "{text}");
+    assert!(text.contains(r#"outcome="changed""#), "{text}");
+    assert!(text.contains("orc_action_duration_seconds_bucket"), "{text}");
+    assert!(
+        text.contains("/environments/{env}/intents"),
+        "requests are counted by route template: {text}"
+    );
+    assert!(text.ends_with("# EOF\n"));
+
+    let token = host.token.clone();
+    let data = host.stop().await;
+    let host = Host::start_with(data, 1 << 20, Some(token)).await;
+    let text = host
+        .client
+        .get(format!("{}/metrics", host.base.trim_end_matches("/api/v1")))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(r#"orc_resources{environment="dev",status="deployed"} 6"#),
+        "seeded at start: {text}"
+    );
+}

@@ -55,6 +55,7 @@ on_both_backends!(
     the_event_stream_shows_states_and_actions,
     the_openapi_document_validates_and_matches_the_answers,
     tokens_are_managed_and_guard_publishing,
+    readiness_and_metrics_follow_the_deploy,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");
