@@ -130,6 +130,37 @@ async fn an_unreachable_node_is_unavailable_and_reconnects_after_restart() {
     assert_eq!(node.connections_made(), 3);
 }
 
+/// A connection that goes silent (its sshd processes stopped, as on a lost network) is found dead
+/// by keepalives, and the call waiting on it goes on over a new connection.
+#[tokio::test]
+async fn keepalives_detect_a_silent_connection_and_the_call_reconnects() {
+    let sshd = Sshd::start();
+    let scratch = sshd.scratch_dir("keepalive");
+    let options = orc_ssh::SshOptions {
+        keepalive_interval: Some(std::time::Duration::from_millis(300)),
+        keepalive_max: 2,
+        ..options()
+    };
+    let (node, _) = SshNode::connect(
+        target(&sshd, TEST_USER, HostKeyPolicy::Pinned(sshd.host_fingerprint.clone())),
+        options,
+    )
+    .await
+    .unwrap();
+    let file = crate::path(&scratch, "f");
+    node.write_file(&file, b"x".to_vec(), None).await.unwrap();
+    let frozen = sshd.freeze_connections();
+    assert!(!frozen.is_empty());
+    let started = std::time::Instant::now();
+    let stat = node.stat(&file).await;
+    let elapsed = started.elapsed();
+    sshd.kill_frozen(&frozen);
+    assert!(stat.unwrap().is_some());
+    assert_eq!(node.connections_made(), 2);
+    assert!(elapsed < std::time::Duration::from_secs(5), "took {elapsed:?}");
+    assert_eq!(node.run(echo("alive")).await.unwrap().stdout, b"alive\n");
+}
+
 #[test]
 fn credentials_are_redacted_in_debug_output() {
     let c = Credential::PrivateKey {

@@ -206,19 +206,25 @@ impl Sshd {
             let pid = child.id();
             // Per-connection monitors and their privilege-separated children (which hold the
             // connection after authentication): the whole tree, listed before anything dies.
-            let mut children = children_of(pid);
-            let mut i = 0;
-            while i < children.len() {
-                let grandchildren = children_of(children[i]);
-                children.extend(grandchildren);
-                i += 1;
-            }
+            let children = descendants_of(pid);
             let _ = child.kill();
             let _ = child.wait();
-            for c in children {
-                let _ = Command::new("kill").arg("-KILL").arg(c.to_string()).status();
-            }
+            signal(&children, "KILL");
         }
+    }
+
+    /// Stops (SIGSTOP) every per-connection sshd, leaving the listener running: established
+    /// connections go silent, as on a lost network, while new connections still work. Returns
+    /// the stopped processes, for [`Sshd::kill_frozen`].
+    pub fn freeze_connections(&self) -> Vec<u32> {
+        let pids = self.child.as_ref().map(|c| descendants_of(c.id())).unwrap_or_default();
+        signal(&pids, "STOP");
+        pids
+    }
+
+    pub fn kill_frozen(&self, pids: &[u32]) {
+        signal(pids, "KILL");
+        signal(pids, "CONT");
     }
 
     /// Starts sshd again on the same port with the same host key (after [`Sshd::stop`]).
@@ -272,6 +278,28 @@ impl Drop for Sshd {
 fn set_mode(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn signal(pids: &[u32], name: &str) {
+    for pid in pids {
+        let _ = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Every process below `pid`.
+fn descendants_of(pid: u32) -> Vec<u32> {
+    let mut all = children_of(pid);
+    let mut i = 0;
+    while i < all.len() {
+        let next = children_of(all[i]);
+        all.extend(next);
+        i += 1;
+    }
+    all
 }
 
 /// Processes whose parent is `pid` (from `/proc/<pid>/stat`).
