@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use orc_runtime::capability::node::{NodeError, NodeErrorKind};
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum SshError {
     /// TCP connect failed or timed out: the node is unreachable.
     #[error("cannot connect to node {node}: {message}")]

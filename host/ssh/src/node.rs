@@ -34,6 +34,9 @@ struct Inner {
     conn: tokio::sync::Mutex<Option<Arc<Connection>>>,
     /// Counts reconnects, for tests and logs.
     connects: Mutex<u64>,
+    /// The last failed attempt to connect: callers that were already waiting for it share its
+    /// answer instead of each trying (and waiting out the connect timeout) in turn.
+    last_failure: Mutex<Option<(Instant, SshError)>>,
 }
 
 impl std::fmt::Debug for SshNode {
@@ -66,6 +69,7 @@ impl SshNode {
                 options,
                 conn: tokio::sync::Mutex::new(Some(Arc::new(conn))),
                 connects: Mutex::new(1),
+                last_failure: Mutex::new(None),
             }),
         };
         Ok((node, verified))
@@ -95,6 +99,7 @@ impl SshNode {
 
     /// The live connection, or a new one if it was lost.
     async fn connection(&self) -> Result<Arc<Connection>, SshError> {
+        let asked = Instant::now();
         let mut slot = self.inner.conn.lock().await;
         if let Some(conn) = slot.as_ref()
             && !conn.is_closed()
@@ -103,7 +108,19 @@ impl SshNode {
         }
         *slot = None;
         let inner = &self.inner;
-        let conn = Arc::new(connection::connect(&inner.target, &inner.options, Some(inner.host_key.clone())).await?);
+        if let Some((at, e)) = &*inner.last_failure.lock().expect("last_failure")
+            && *at >= asked
+        {
+            return Err(e.clone());
+        }
+        let conn = match connection::connect(&inner.target, &inner.options, Some(inner.host_key.clone())).await {
+            Ok(conn) => Arc::new(conn),
+            Err(e) => {
+                tracing::warn!(node = %inner.node, error = %e, "cannot reconnect");
+                *inner.last_failure.lock().expect("last_failure") = Some((Instant::now(), e.clone()));
+                return Err(e);
+            }
+        };
         *inner.connects.lock().expect("connects") += 1;
         tracing::info!(node = %inner.node, "ssh reconnected");
         *slot = Some(conn.clone());

@@ -117,6 +117,9 @@ async fn an_unreachable_node_is_unavailable_and_reconnects_after_restart() {
     assert_eq!(err.kind, NodeErrorKind::Unavailable, "{err}");
     let err = node.read_file(&file).await.unwrap_err();
     assert_eq!(err.kind, NodeErrorKind::Unavailable, "{err}");
+    // Many calls at once while the node is down all fail, sharing connect attempts.
+    let all = futures::future::join_all((0..20).map(|_| node.run(echo("down")))).await;
+    assert!(all.iter().all(|r| r.as_ref().is_err_and(|e| e.kind == NodeErrorKind::Unavailable)));
 
     sshd.start_again();
     assert_eq!(node.run(echo("after")).await.unwrap().stdout, b"after\n");
