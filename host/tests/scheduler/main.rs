@@ -10,7 +10,7 @@ use orc_host::intent::Intent;
 use orc_host::scheduler::{BoxFuture, Event, Scheduler, Settings, Sink, Snapshot, Status, Trigger, Version};
 use orc_manifest::{Digest, PluginKind};
 use orc_plugin_artifacts::Artifact;
-use orc_runtime::capability::{KvStore, LocalNode, MemoryKv, Nodes};
+use orc_runtime::capability::{LocalNode, MemoryKv, Nodes};
 use orc_runtime::{CallContext, Grants, Runtime, RuntimeConfig};
 use serde_json::json;
 

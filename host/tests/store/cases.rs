@@ -790,69 +790,63 @@ pub async fn admin_tokens(db: &TestDb) -> Result<()> {
     Ok(())
 }
 
-fn exercise_kv(kv: &dyn KvStore) {
-    kv.set("env/a", "k1", b"v1").unwrap();
-    kv.set("env/a", "k2", b"v2").unwrap();
-    kv.set("env/a", "other", b"o").unwrap();
-    kv.set("env/b", "k1", b"other scope").unwrap();
-    assert_eq!(kv.get("env/a", "k1").unwrap().unwrap(), b"v1");
-    assert_eq!(kv.list("env/a", "k").unwrap(), ["k1", "k2"]);
-    assert_eq!(kv.list("env/a", "").unwrap(), ["k1", "k2", "other"]);
-    assert_eq!(kv.list("env/b", "").unwrap(), ["k1"]);
-    assert!(kv.list("env/c", "").unwrap().is_empty());
-    kv.set("env/a", "k1", b"v1 again").unwrap();
-    assert_eq!(kv.get("env/a", "k1").unwrap().unwrap(), b"v1 again");
-    assert!(kv.delete("env/a", "k1").unwrap());
-    assert!(!kv.delete("env/a", "k1").unwrap());
-    assert_eq!(kv.get("env/a", "k1").unwrap(), None);
-    assert_eq!(kv.get("env/b", "k1").unwrap().unwrap(), b"other scope");
+async fn exercise_kv(kv: &dyn KvStore) {
+    kv.set("env/a", "k1", b"v1").await.unwrap();
+    kv.set("env/a", "k2", b"v2").await.unwrap();
+    kv.set("env/a", "other", b"o").await.unwrap();
+    kv.set("env/b", "k1", b"other scope").await.unwrap();
+    assert_eq!(kv.get("env/a", "k1").await.unwrap().unwrap(), b"v1");
+    assert_eq!(kv.list("env/a", "k").await.unwrap(), ["k1", "k2"]);
+    assert_eq!(kv.list("env/a", "").await.unwrap(), ["k1", "k2", "other"]);
+    assert_eq!(kv.list("env/b", "").await.unwrap(), ["k1"]);
+    assert!(kv.list("env/c", "").await.unwrap().is_empty());
+    kv.set("env/a", "k1", b"v1 again").await.unwrap();
+    assert_eq!(kv.get("env/a", "k1").await.unwrap().unwrap(), b"v1 again");
+    assert!(kv.delete("env/a", "k1").await.unwrap());
+    assert!(!kv.delete("env/a", "k1").await.unwrap());
+    assert_eq!(kv.get("env/a", "k1").await.unwrap(), None);
+    assert_eq!(kv.get("env/b", "k1").await.unwrap().unwrap(), b"other scope");
     // Keys are data, not paths or patterns; values are bytes.
-    kv.set("env/a", "../../etc/passwd", b"x").unwrap();
-    kv.set("env/a", "50%_off", &[0, 255, 1]).unwrap();
-    assert_eq!(kv.get("env/a", "50%_off").unwrap().unwrap(), [0, 255, 1]);
-    assert_eq!(kv.list("env/a", "50%").unwrap(), ["50%_off"]);
-    assert!(kv.list("env/a", "5_").unwrap().is_empty());
+    kv.set("env/a", "../../etc/passwd", b"x").await.unwrap();
+    kv.set("env/a", "50%_off", &[0, 255, 1]).await.unwrap();
+    assert_eq!(kv.get("env/a", "50%_off").await.unwrap().unwrap(), [0, 255, 1]);
+    assert_eq!(kv.list("env/a", "50%").await.unwrap(), ["50%_off"]);
+    assert!(kv.list("env/a", "5_").await.unwrap().is_empty());
     let big = vec![7u8; 1 << 20];
-    kv.set("env/a", "big", &big).unwrap();
-    assert_eq!(kv.get("env/a", "big").unwrap().unwrap(), big);
+    kv.set("env/a", "big", &big).await.unwrap();
+    assert_eq!(kv.get("env/a", "big").await.unwrap().unwrap(), big);
 }
 
 pub async fn db_kv_keeps_scopes_apart(db: &TestDb) -> Result<()> {
     let kv = Arc::new(DbKv::open(&db.store).await?);
-    // Called synchronously from a tokio worker thread, as host functions do.
-    exercise_kv(kv.as_ref());
-    // And from inside a current-thread runtime, where `Handle::block_on` would panic.
-    let on_current_thread = Arc::clone(&kv);
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(async {
-                on_current_thread.set("env/c", "from", b"current-thread").unwrap();
-                assert_eq!(on_current_thread.get("env/c", "from").unwrap().unwrap(), b"current-thread");
+    exercise_kv(kv.as_ref()).await;
+    // Many callers at once: their writes are committed in groups, each answered once durable.
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let kv = Arc::clone(&kv);
+            tokio::spawn(async move {
+                let scope = format!("env/t{t}");
+                let writes = (0..25).map(|i| {
+                    let (kv, scope) = (Arc::clone(&kv), scope.clone());
+                    async move { kv.set(&scope, &format!("{i:02}"), format!("{t}/{i}").as_bytes()).await }
+                });
+                for written in futures::future::join_all(writes).await {
+                    written.unwrap();
+                }
+                assert!(kv.delete(&scope, "00").await.unwrap());
+                kv.list(&scope, "").await.unwrap().len()
             })
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("the current-thread caller panicked"))?;
-    // Many callers at once.
-    let mut threads = Vec::new();
-    for t in 0..8 {
-        let kv = Arc::clone(&kv);
-        threads.push(std::thread::spawn(move || {
-            for i in 0..25 {
-                kv.set(&format!("env/t{t}"), &format!("{i:02}"), b"x").unwrap();
-            }
-            kv.list(&format!("env/t{t}"), "").unwrap().len()
-        }));
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await?, 24);
     }
-    for t in threads {
-        assert_eq!(t.join().unwrap(), 25);
-    }
+    assert_eq!(kv.get("env/t3", "07").await?.unwrap(), b"3/7");
     // Persisted: a new DbKv on a new pool sees it.
     drop(kv);
     let reopened = DbKv::open(&db.reopen().await?).await?;
-    assert_eq!(reopened.get("env/a", "k2").unwrap().unwrap(), b"v2");
+    assert_eq!(reopened.get("env/a", "k2").await?.unwrap(), b"v2");
+    assert_eq!(reopened.get("env/t5", "24").await?.unwrap(), b"5/24");
     Ok(())
 }
 

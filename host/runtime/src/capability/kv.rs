@@ -8,6 +8,7 @@ use std::sync::Mutex;
 
 use crate::bindings::host::orc::plugin::kv::Host;
 use crate::bindings::host::orc::plugin::types::{Error, ErrorKind};
+use crate::capability::node::BoxFuture;
 use crate::capability::wit_error;
 use crate::state::CallState;
 
@@ -26,13 +27,37 @@ pub enum KvError {
     },
 }
 
-/// A key/value backend. Calls are short and synchronous; scopes never mix.
+/// A key/value backend; scopes never mix. Asynchronous, so a backend that waits on a database
+/// or the network does not hold a worker thread while it waits.
 pub trait KvStore: Send + Sync + 'static {
-    fn get(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, KvError>;
-    fn set(&self, scope: &str, key: &str, value: &[u8]) -> Result<(), KvError>;
-    fn delete(&self, scope: &str, key: &str) -> Result<bool, KvError>;
-    fn list(&self, scope: &str, prefix: &str) -> Result<Vec<String>, KvError>;
+    fn get<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Option<Vec<u8>>, KvError>>;
+    fn set<'a>(&'a self, scope: &'a str, key: &'a str, value: &'a [u8]) -> BoxFuture<'a, Result<(), KvError>>;
+    fn delete<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<bool, KvError>>;
+    fn list<'a>(&'a self, scope: &'a str, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, KvError>>;
 }
+
+/// A [`KvStore`] over a backend whose calls are short and synchronous (memory, local files).
+macro_rules! sync_kv_store {
+    ($ty:ty) => {
+        impl KvStore for $ty {
+            fn get<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Option<Vec<u8>>, KvError>> {
+                Box::pin(std::future::ready(<$ty>::get(self, scope, key)))
+            }
+            fn set<'a>(&'a self, scope: &'a str, key: &'a str, value: &'a [u8]) -> BoxFuture<'a, Result<(), KvError>> {
+                Box::pin(std::future::ready(<$ty>::set(self, scope, key, value)))
+            }
+            fn delete<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<bool, KvError>> {
+                Box::pin(std::future::ready(<$ty>::delete(self, scope, key)))
+            }
+            fn list<'a>(&'a self, scope: &'a str, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, KvError>> {
+                Box::pin(std::future::ready(<$ty>::list(self, scope, prefix)))
+            }
+        }
+    };
+}
+
+sync_kv_store!(MemoryKv);
+sync_kv_store!(DirKv);
 
 /// Kept in memory: for benchmarks, tests and one-shot runs.
 #[derive(Debug, Default)]
@@ -40,21 +65,21 @@ pub struct MemoryKv {
     map: Mutex<BTreeMap<(String, String), Vec<u8>>>,
 }
 
-impl KvStore for MemoryKv {
-    fn get(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, KvError> {
+impl MemoryKv {
+    pub fn get(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, KvError> {
         Ok(self.map.lock().expect("kv").get(&(scope.to_string(), key.to_string())).cloned())
     }
-    fn set(&self, scope: &str, key: &str, value: &[u8]) -> Result<(), KvError> {
+    pub fn set(&self, scope: &str, key: &str, value: &[u8]) -> Result<(), KvError> {
         self.map
             .lock()
             .expect("kv")
             .insert((scope.to_string(), key.to_string()), value.to_vec());
         Ok(())
     }
-    fn delete(&self, scope: &str, key: &str) -> Result<bool, KvError> {
+    pub fn delete(&self, scope: &str, key: &str) -> Result<bool, KvError> {
         Ok(self.map.lock().expect("kv").remove(&(scope.to_string(), key.to_string())).is_some())
     }
-    fn list(&self, scope: &str, prefix: &str) -> Result<Vec<String>, KvError> {
+    pub fn list(&self, scope: &str, prefix: &str) -> Result<Vec<String>, KvError> {
         let map = self.map.lock().expect("kv");
         Ok(map
             .range((scope.to_string(), prefix.to_string())..)
@@ -103,8 +128,8 @@ fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> KvError {
     move |source| KvError::Io { context, source }
 }
 
-impl KvStore for DirKv {
-    fn get(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, KvError> {
+impl DirKv {
+    pub fn get(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, KvError> {
         let path = self.scope_dir(scope).join(hex_name(key));
         match std::fs::read(&path) {
             Ok(v) => Ok(Some(v)),
@@ -112,7 +137,7 @@ impl KvStore for DirKv {
             Err(e) => Err(io(format!("cannot read {}", path.display()))(e)),
         }
     }
-    fn set(&self, scope: &str, key: &str, value: &[u8]) -> Result<(), KvError> {
+    pub fn set(&self, scope: &str, key: &str, value: &[u8]) -> Result<(), KvError> {
         let dir = self.scope_dir(scope);
         std::fs::create_dir_all(&dir).map_err(io(format!("cannot create {}", dir.display())))?;
         let path = dir.join(hex_name(key));
@@ -120,7 +145,7 @@ impl KvStore for DirKv {
         std::fs::write(&tmp, value).map_err(io(format!("cannot write {}", tmp.display())))?;
         std::fs::rename(&tmp, &path).map_err(io(format!("cannot rename into {}", path.display())))
     }
-    fn delete(&self, scope: &str, key: &str) -> Result<bool, KvError> {
+    pub fn delete(&self, scope: &str, key: &str) -> Result<bool, KvError> {
         let path = self.scope_dir(scope).join(hex_name(key));
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(true),
@@ -128,7 +153,7 @@ impl KvStore for DirKv {
             Err(e) => Err(io(format!("cannot remove {}", path.display()))(e)),
         }
     }
-    fn list(&self, scope: &str, prefix: &str) -> Result<Vec<String>, KvError> {
+    pub fn list(&self, scope: &str, prefix: &str) -> Result<Vec<String>, KvError> {
         let dir = self.scope_dir(scope);
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
@@ -169,7 +194,7 @@ fn backend_error(e: KvError) -> Error {
 impl Host for CallState {
     async fn get(&mut self, key: String) -> Result<Option<Vec<u8>>, Error> {
         check_key(&key)?;
-        self.ctx.kv.get(&self.kv_scope, &key).map_err(backend_error)
+        self.ctx.kv.get(&self.kv_scope, &key).await.map_err(backend_error)
     }
 
     async fn set(&mut self, key: String, value: Vec<u8>) -> Result<(), Error> {
@@ -180,16 +205,16 @@ impl Host for CallState {
                 format!("kv value for `{key}` is {} bytes; the limit is {MAX_VALUE}", value.len()),
             ));
         }
-        self.ctx.kv.set(&self.kv_scope, &key, &value).map_err(backend_error)
+        self.ctx.kv.set(&self.kv_scope, &key, &value).await.map_err(backend_error)
     }
 
     async fn delete(&mut self, key: String) -> Result<bool, Error> {
         check_key(&key)?;
-        self.ctx.kv.delete(&self.kv_scope, &key).map_err(backend_error)
+        self.ctx.kv.delete(&self.kv_scope, &key).await.map_err(backend_error)
     }
 
     async fn list_keys(&mut self, prefix: String) -> Result<Vec<String>, Error> {
-        self.ctx.kv.list(&self.kv_scope, &prefix).map_err(backend_error)
+        self.ctx.kv.list(&self.kv_scope, &prefix).await.map_err(backend_error)
     }
 }
 
@@ -197,27 +222,27 @@ impl Host for CallState {
 mod tests {
     use super::*;
 
-    fn exercise(kv: &dyn KvStore) {
-        kv.set("env/a", "k1", b"v1").unwrap();
-        kv.set("env/a", "k2", b"v2").unwrap();
-        kv.set("env/b", "k1", b"other").unwrap();
-        assert_eq!(kv.get("env/a", "k1").unwrap().unwrap(), b"v1");
-        assert_eq!(kv.list("env/a", "k").unwrap(), vec!["k1", "k2"]);
-        assert_eq!(kv.list("env/b", "").unwrap(), vec!["k1"]);
-        assert!(kv.delete("env/a", "k1").unwrap());
-        assert!(!kv.delete("env/a", "k1").unwrap());
-        assert_eq!(kv.get("env/a", "k1").unwrap(), None);
-        assert_eq!(kv.get("env/b", "k1").unwrap().unwrap(), b"other");
-        kv.set("env/a", "../../etc/passwd", b"x").unwrap();
-        assert_eq!(kv.get("env/a", "../../etc/passwd").unwrap().unwrap(), b"x");
+    async fn exercise(kv: &dyn KvStore) {
+        kv.set("env/a", "k1", b"v1").await.unwrap();
+        kv.set("env/a", "k2", b"v2").await.unwrap();
+        kv.set("env/b", "k1", b"other").await.unwrap();
+        assert_eq!(kv.get("env/a", "k1").await.unwrap().unwrap(), b"v1");
+        assert_eq!(kv.list("env/a", "k").await.unwrap(), vec!["k1", "k2"]);
+        assert_eq!(kv.list("env/b", "").await.unwrap(), vec!["k1"]);
+        assert!(kv.delete("env/a", "k1").await.unwrap());
+        assert!(!kv.delete("env/a", "k1").await.unwrap());
+        assert_eq!(kv.get("env/a", "k1").await.unwrap(), None);
+        assert_eq!(kv.get("env/b", "k1").await.unwrap().unwrap(), b"other");
+        kv.set("env/a", "../../etc/passwd", b"x").await.unwrap();
+        assert_eq!(kv.get("env/a", "../../etc/passwd").await.unwrap().unwrap(), b"x");
     }
 
-    #[test]
-    fn memory_and_dir_backends_keep_scopes_apart() {
-        exercise(&MemoryKv::default());
+    #[tokio::test]
+    async fn memory_and_dir_backends_keep_scopes_apart() {
+        exercise(&MemoryKv::default()).await;
         let dir = tempfile::tempdir().unwrap();
         let kv = DirKv::open(dir.path().join("kv")).unwrap();
-        exercise(&kv);
+        exercise(&kv).await;
         // Nothing escaped the root.
         assert!(!dir.path().join("etc").exists());
         let reopened = DirKv::open(dir.path().join("kv")).unwrap();
