@@ -14,8 +14,12 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 mod lifecycle;
+#[path = "../support/paths.rs"]
+mod paths;
 #[path = "../support/pg.rs"]
 mod pg;
+
+use paths::encode;
 
 use lifecycle::*;
 
@@ -207,19 +211,6 @@ impl Host {
     fn node_root(&self, env: &str) -> std::path::PathBuf {
         orc_host::server::node_root(self.data.path(), env)
     }
-}
-
-/// Percent-encodes a resource id for a path segment.
-fn encode(id: &str) -> String {
-    id.chars()
-        .map(|c| match c {
-            '[' => "%5B".to_string(),
-            ']' => "%5D".to_string(),
-            ',' => "%2C".to_string(),
-            '/' => "%2F".to_string(),
-            c => c.to_string(),
-        })
-        .collect()
 }
 
 fn assert_error(got: (StatusCode, Value), status: StatusCode, code: &str, mentions: &str) {

@@ -18,6 +18,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 
+#[path = "../support/paths.rs"]
+mod paths;
 #[path = "../support/pg.rs"]
 mod pg;
 
@@ -328,7 +330,7 @@ async fn killed_mid_deploy(backend: Backend) {
     // A resource confirmed before the kill: its recent actions through the API are the one of
     // the first run.
     let (some_id, _) = confirmed.iter().next().unwrap();
-    let view = host.get(&format!("/environments/{ENV}/resources/{}", urlencode(some_id))).await;
+    let view = host.get(&format!("/environments/{ENV}/resources/{}", paths::encode(some_id))).await;
     assert_eq!(view["state"]["status"], "deployed", "{view}");
     assert_eq!(view["actions"].as_array().map(Vec::len), Some(1), "{view}");
     assert!(view["actions"][0]["seq"].as_i64().unwrap() <= last_seq_at_kill, "{view}");
@@ -393,17 +395,4 @@ async fn killed_mid_deploy(backend: Backend) {
         unconfirmed,
         started.elapsed().as_secs_f64()
     );
-}
-
-/// Percent-encodes a resource id for a path segment.
-fn urlencode(id: &str) -> String {
-    id.chars()
-        .map(|c| match c {
-            '[' => "%5B".to_string(),
-            ']' => "%5D".to_string(),
-            ',' => "%2C".to_string(),
-            '/' => "%2F".to_string(),
-            c => c.to_string(),
-        })
-        .collect()
 }
