@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use orc_runtime::capability::node::{
-    BoxFuture, CommandOutput, DEFAULT_COMMAND_TIMEOUT, FileKind, FileStat, NodeBackend, NodeCommand, NodeError, NodeErrorKind,
+    BoxFuture, CommandOutput, DEFAULT_COMMAND_TIMEOUT, FileKind, FileStat, NodeBackend, NodeCommand, NodeError, NodeErrorKind, Ownership,
+    check_account_name, check_link_target,
 };
 use tracing::Instrument;
 
@@ -274,6 +275,83 @@ impl SshNode {
     }
 }
 
+impl SshNode {
+    /// Runs a shell line of ours (quoted by `quote`), failing on a non-zero exit with its stderr.
+    async fn shell(&self, what: &str, path: &str, line: String) -> Result<Vec<u8>, NodeError> {
+        let done = self.exec_line(line, None, DEFAULT_COMMAND_TIMEOUT).await.map_err(NodeError::from)?;
+        if done.exit_status == Some(0) {
+            return Ok(done.stdout);
+        }
+        let stderr = String::from_utf8_lossy(&done.stderr).trim().to_string();
+        let kind = if stderr.contains("invalid user") || stderr.contains("invalid group") {
+            NodeErrorKind::InvalidInput
+        } else if stderr.contains("not permitted") || stderr.contains("Permission denied") {
+            NodeErrorKind::Denied
+        } else {
+            NodeErrorKind::Failed
+        };
+        Err(NodeError::new(
+            kind,
+            format!("cannot {what} {path} on node {}: {stderr}", self.inner.node),
+        ))
+    }
+
+    async fn owner_of(&self, path: &str) -> Result<Option<Ownership>, NodeError> {
+        let Some(stat) = self.with_sftp(|s| Box::pin(async move { s.lstat(path).await })).await? else {
+            return Ok(None);
+        };
+        // SFTP v3 carries ids only; the names come from the node's own databases.
+        let line = format!(
+            "(getent passwd {} | cut -d: -f1); echo /; (getent group {} | cut -d: -f1)",
+            stat.uid, stat.gid
+        );
+        let out = self.shell("look up the owner of", path, line).await?;
+        let text = String::from_utf8_lossy(&out);
+        let (user, group) = text.split_once("/\n").unwrap_or((&text, ""));
+        let name = |s: &str| Some(s.trim().to_string()).filter(|s| !s.is_empty());
+        Ok(Some(Ownership {
+            uid: stat.uid,
+            gid: stat.gid,
+            user: name(user),
+            group: name(group),
+        }))
+    }
+
+    async fn chown(&self, path: &str, user: Option<&str>, group: Option<&str>) -> Result<(), NodeError> {
+        if let Some(u) = user {
+            check_account_name("user", u)?;
+        }
+        if let Some(g) = group {
+            check_account_name("group", g)?;
+        }
+        let spec = match (user, group) {
+            (None, None) => return Ok(()),
+            (Some(u), None) => u.to_string(),
+            (None, Some(g)) => format!(":{g}"),
+            (Some(u), Some(g)) => format!("{u}:{g}"),
+        };
+        match self.with_sftp(|s| Box::pin(async move { s.lstat(path).await })).await? {
+            None => {
+                return Err(NodeError::new(
+                    NodeErrorKind::InvalidInput,
+                    format!("cannot change the owner of {path}: it does not exist"),
+                ));
+            }
+            Some(s) if !matches!(s.kind, FileKind::File | FileKind::Directory) => {
+                return Err(NodeError::new(
+                    NodeErrorKind::InvalidInput,
+                    format!("cannot change the owner of {path}: it is a {}", s.kind.as_str()),
+                ));
+            }
+            Some(_) => {}
+        }
+        // `chown` resolves names on the node (NSS included); `-h` never follows a symlink
+        // swapped in meanwhile.
+        let line = format!("LC_ALL=C exec chown -h -- {} {}", quote(&spec), quote(path));
+        self.shell("change the owner of", path, line).await.map(drop)
+    }
+}
+
 /// Paths are absolute on the node and carry no NUL byte, as for `LocalNode`.
 fn check_path(path: &str) -> Result<(), NodeError> {
     if path.contains('\0') {
@@ -346,6 +424,43 @@ impl NodeBackend for SshNode {
             check_path(path)?;
             self.with_sftp(|s| Box::pin(async move { s.set_mode(path, mode).await })).await
         })
+    }
+
+    fn read_link<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<String>, NodeError>> {
+        Box::pin(async move {
+            check_path(path)?;
+            self.with_sftp(|s| Box::pin(async move { s.read_link(path).await })).await
+        })
+    }
+
+    fn create_symlink<'a>(&'a self, target: &'a str, path: &'a str) -> BoxFuture<'a, Result<(), NodeError>> {
+        let span = tracing::debug_span!("ssh.create_symlink", node = %self.inner.node, path, target);
+        Box::pin(
+            async move {
+                check_path(path)?;
+                check_link_target(target)?;
+                self.with_sftp(|s| Box::pin(async move { s.symlink(target, path).await })).await
+            }
+            .instrument(span),
+        )
+    }
+
+    fn owner<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Ownership>, NodeError>> {
+        Box::pin(async move {
+            check_path(path)?;
+            self.owner_of(path).await
+        })
+    }
+
+    fn set_owner<'a>(&'a self, path: &'a str, user: Option<&'a str>, group: Option<&'a str>) -> BoxFuture<'a, Result<(), NodeError>> {
+        let span = tracing::debug_span!("ssh.set_owner", node = %self.inner.node, path, user, group);
+        Box::pin(
+            async move {
+                check_path(path)?;
+                self.chown(path, user, group).await
+            }
+            .instrument(span),
+        )
     }
 
     fn remove<'a>(&'a self, path: &'a str, recursive: bool) -> BoxFuture<'a, Result<bool, NodeError>> {

@@ -320,6 +320,70 @@ impl Sftp {
             .map_err(|e| self.error("chmod", path, e))
     }
 
+    /// The stored target of the symlink at `path`; `None` when nothing is there.
+    pub async fn read_link(&self, path: &str) -> Result<Option<String>, NodeError> {
+        match self.lstat(path).await? {
+            None => return Ok(None),
+            Some(s) if s.kind != FileKind::Symlink => {
+                return Err(NodeError::new(
+                    NodeErrorKind::InvalidInput,
+                    format!("{path} is a {}, not a symlink", s.kind.as_str()),
+                ));
+            }
+            Some(_) => {}
+        }
+        let name = self.raw.readlink(path).await.map_err(|e| self.error("read link", path, e))?;
+        name.files.into_iter().next().map(|f| Some(f.filename)).ok_or_else(|| {
+            NodeError::new(
+                NodeErrorKind::Failed,
+                format!("cannot read link {path} on node {}: empty answer", self.node),
+            )
+        })
+    }
+
+    /// Makes `path` a symlink to `target`: a new link beside it, renamed over an existing link.
+    pub async fn symlink(&self, target: &str, path: &str) -> Result<(), NodeError> {
+        if let Some(s) = self.lstat(path).await?
+            && s.kind != FileKind::Symlink
+        {
+            return Err(NodeError::new(
+                NodeErrorKind::InvalidInput,
+                format!("{path} exists and is a {}, not a symlink", s.kind.as_str()),
+            ));
+        }
+        let (parent, name) = split(path);
+        match self.lstat(parent).await? {
+            Some(s) if s.kind == FileKind::Directory => {}
+            Some(_) => {
+                return Err(NodeError::new(NodeErrorKind::InvalidInput, format!("{parent} is not a directory")));
+            }
+            None => {
+                return Err(NodeError::new(
+                    NodeErrorKind::InvalidInput,
+                    format!("parent directory {parent} does not exist"),
+                ));
+            }
+        }
+        let tmp = format!(
+            "{}/.{name}.orc-tmp-{}-{}",
+            parent.trim_end_matches('/'),
+            std::process::id(),
+            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        // OpenSSH's sftp-server takes SSH_FXP_SYMLINK's two paths in the opposite order to the
+        // draft (target first, then the link), and russh-sftp sends them in the draft's order
+        // (`linkpath`, `targetpath`): so the target goes in its first argument.
+        self.raw
+            .symlink(target, tmp.as_str())
+            .await
+            .map_err(|e| self.error("create symlink", path, e))?;
+        let renamed = self.rename(&tmp, path).await;
+        if renamed.is_err() {
+            let _ = self.raw.remove(tmp.as_str()).await;
+        }
+        renamed
+    }
+
     /// Removes a file, symlink or empty directory (the kind `stat` found).
     pub async fn remove_one(&self, path: &str, kind: FileKind) -> Result<(), NodeError> {
         let done = if kind == FileKind::Directory {

@@ -3,17 +3,22 @@
 //! Resource type `file`; the key is the file's absolute path on the node. Attributes:
 //! - `content` (string, required): the whole content;
 //! - `mode` (optional): octal string (`"0644"`) or integer of octal digits (`644`). A new file
-//!   gets `0644` when absent; an existing file's mode is then left alone.
+//!   gets `0644` when absent; an existing file's mode is then left alone;
+//! - `owner`, `group` (optional): a name resolved on the node, or a numeric id. Compared and
+//!   changed only when given; a new file otherwise belongs to whoever the node writes as. A
+//!   content rewrite (a new file renamed over the old one) keeps the previous owner and group.
 //!
-//! Current state: `{"mode": "0644", "size": 12, "sha256": "<hex>", "content": "hello world\n"}`,
-//! with `content` only for UTF-8 files of at most 4 KiB, so the host never carries large or
-//! binary files around. Content is compared by sha256. Changes show text of at most 4 KiB as is,
+//! Current state: `{"mode": "0644", "size": 12, "sha256": "<hex>", "content": "hello world\n",
+//! "uid": 0, "gid": 0, "owner": "root", "group": "root"}`, with `content` only for UTF-8 files of
+//! at most 4 KiB, so the host never carries large or binary files around, and the names only
+//! when `owner` or `group` is managed (looking them up costs a command over SSH). Content is compared by sha256. Changes show text of at most 4 KiB as is,
 //! anything else as `sha256:<hex> (<n> bytes)`.
 //!
 //! Written only against the host's `node` interface, so it works unchanged whatever transport
 //! the host uses to reach the node. Writes are atomic (`node::write_file`).
 
-use orc_sdk::node::{self, FileKind, Mode};
+use orc_sdk::adaptor::has_change;
+use orc_sdk::node::{self, FileKind, FileStat, Mode, Ownership};
 use orc_sdk::{Adaptor, Change, Changes, Error, Result, ResultExt, Target};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -34,6 +39,16 @@ pub struct Desired {
     content: String,
     #[serde(default)]
     mode: Option<Mode>,
+    #[serde(default)]
+    owner: Option<String>,
+    #[serde(default)]
+    group: Option<String>,
+}
+
+impl Desired {
+    fn manages_owner(&self) -> bool {
+        self.owner.is_some() || self.group.is_some()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,15 +59,35 @@ pub struct Current {
     /// The content, for UTF-8 files of at most [`SHOW_LIMIT`] bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     content: Option<String>,
+    uid: u32,
+    gid: u32,
+    /// The user's name (or id), read only when `owner` or `group` is managed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group: Option<String>,
 }
 
 impl Current {
-    fn of(bytes: &[u8], mode: Mode) -> Current {
+    fn of(bytes: &[u8], stat: &FileStat, names: Option<&Ownership>) -> Current {
         Current {
-            mode,
+            mode: stat.mode,
             size: bytes.len() as u64,
             sha256: sha256_hex(bytes),
             content: shown_text(bytes).map(str::to_string),
+            uid: stat.uid,
+            gid: stat.gid,
+            owner: names.map(Ownership::user_shown),
+            group: names.map(Ownership::group_shown),
+        }
+    }
+
+    fn ownership(&self) -> Ownership {
+        Ownership {
+            uid: self.uid,
+            gid: self.gid,
+            user: self.owner.clone(),
+            group: self.group.clone(),
         }
     }
 
@@ -89,6 +124,18 @@ fn desired_content_value(content: &str) -> Value {
     }
 }
 
+fn set_owner(target: &Target, path: &str, user: Option<&str>, group: Option<&str>, messages: &mut Vec<String>) -> Result<()> {
+    node::set_owner(&target.node, path, user, group).context(format_args!("{}: chown {path}", target.id))?;
+    let shown = match (user, group) {
+        (Some(u), Some(g)) => format!("{u}:{g}"),
+        (Some(u), None) => u.to_string(),
+        (None, Some(g)) => format!(":{g}"),
+        (None, None) => String::new(),
+    };
+    messages.push(format!("set owner of {path} to {shown}"));
+    Ok(())
+}
+
 /// The key, checked to be an absolute path that can name a file.
 fn path(target: &Target) -> Result<&str> {
     let key = target.key.as_str();
@@ -111,7 +158,7 @@ impl Adaptor for FileAdaptor {
     type Desired = Desired;
     type Current = Current;
 
-    fn read(target: &Target, _desired: &Desired) -> Result<Option<Current>> {
+    fn read(target: &Target, desired: &Desired) -> Result<Option<Current>> {
         let path = path(target)?;
         let Some(stat) = node::stat(&target.node, path).context(format_args!("stat {path}"))? else {
             return Ok(None);
@@ -127,7 +174,12 @@ impl Adaptor for FileAdaptor {
         let Some(bytes) = node::read_file(&target.node, path).context(format_args!("read {path}"))? else {
             return Ok(None);
         };
-        Ok(Some(Current::of(&bytes, stat.mode)))
+        let names = if desired.manages_owner() {
+            node::owner(&target.node, path).context(format_args!("owner of {path}"))?
+        } else {
+            None
+        };
+        Ok(Some(Current::of(&bytes, &stat, names.as_ref())))
     }
 
     fn diff(target: &Target, desired: &Desired, current: Option<&Current>) -> Result<Vec<Change>> {
@@ -136,6 +188,8 @@ impl Adaptor for FileAdaptor {
             return Ok(Changes::new()
                 .push(Change::new("content", None, Some(desired_content_value(&desired.content))))
                 .compare("mode", None, &desired.mode.unwrap_or(DEFAULT_MODE))
+                .compare_managed("owner", None, desired.owner.as_ref())
+                .compare_managed("group", None, desired.group.as_ref())
                 .into_vec());
         };
         let mut changes = Changes::new();
@@ -145,6 +199,17 @@ impl Adaptor for FileAdaptor {
                 Some(current.content_value()),
                 Some(desired_content_value(&desired.content)),
             ));
+        }
+        let owned = current.ownership();
+        if let Some(user) = &desired.owner
+            && !owned.is_user(user)
+        {
+            changes = changes.push(Change::new("owner", Some(owned.user_shown().into()), Some(user.as_str().into())));
+        }
+        if let Some(group) = &desired.group
+            && !owned.is_group(group)
+        {
+            changes = changes.push(Change::new("group", Some(owned.group_shown().into()), Some(group.as_str().into())));
         }
         Ok(changes
             .compare_managed("mode", Some(&current.mode), desired.mode.as_ref())
@@ -157,20 +222,44 @@ impl Adaptor for FileAdaptor {
         let Some(current) = current else {
             let mode = desired.mode.unwrap_or(DEFAULT_MODE);
             node::write_file(&target.node, path, bytes, Some(mode)).context(format_args!("write {path}"))?;
-            return Ok(vec![format!("created {path} ({} bytes, mode {mode})", bytes.len())]);
+            let mut messages = vec![format!("created {path} ({} bytes, mode {mode})", bytes.len())];
+            if desired.manages_owner() {
+                set_owner(target, path, desired.owner.as_deref(), desired.group.as_deref(), &mut messages)?;
+            }
+            return Ok(messages);
         };
         let mode = desired.mode.unwrap_or(current.mode);
         let mut messages = Vec::new();
-        if orc_sdk::adaptor::has_change(changes, "content") {
+        let owner_changes = (
+            desired.owner.as_deref().filter(|_| has_change(changes, "owner")),
+            desired.group.as_deref().filter(|_| has_change(changes, "group")),
+        );
+        if has_change(changes, "content") {
             // The write sets the mode too, so a mode change needs no second call.
             node::write_file(&target.node, path, bytes, Some(mode)).context(format_args!("write {path}"))?;
             messages.push(format!("wrote {path} ({} bytes, was {})", bytes.len(), current.size));
             if mode != current.mode {
                 messages.push(format!("set mode of {path} to {mode} (was {})", current.mode));
             }
-        } else if mode != current.mode && orc_sdk::adaptor::has_change(changes, "mode") {
+            // The new file belongs to whoever the node writes as: a managed owner or group is
+            // set again, an unmanaged one given back when the write changed it.
+            let written = node::stat(&target.node, path)
+                .context(format_args!("stat {path}"))?
+                .ok_or_else(|| Error::retryable(format!("{}: {path} vanished after writing it", target.id)))?;
+            let (uid, gid) = (current.uid.to_string(), current.gid.to_string());
+            let user = desired.owner.as_deref().or((written.uid != current.uid).then_some(uid.as_str()));
+            let group = desired.group.as_deref().or((written.gid != current.gid).then_some(gid.as_str()));
+            if user.is_some() || group.is_some() {
+                set_owner(target, path, user, group, &mut messages)?;
+            }
+            return Ok(messages);
+        }
+        if mode != current.mode && has_change(changes, "mode") {
             node::set_mode(&target.node, path, mode).context(format_args!("chmod {path}"))?;
             messages.push(format!("set mode of {path} to {mode} (was {})", current.mode));
+        }
+        if owner_changes.0.is_some() || owner_changes.1.is_some() {
+            set_owner(target, path, owner_changes.0, owner_changes.1, &mut messages)?;
         }
         Ok(messages)
     }
@@ -203,8 +292,29 @@ mod tests {
         }
     }
 
+    fn stat(mode: u32) -> FileStat {
+        FileStat {
+            kind: FileKind::File,
+            size: 0,
+            mode: Mode::new(mode).unwrap(),
+            uid: 1000,
+            gid: 100,
+            mtime_ms: 0,
+        }
+    }
+
     fn current(content: &[u8], mode: u32) -> String {
-        serde_json::to_string(&Current::of(content, Mode::new(mode).unwrap())).unwrap()
+        serde_json::to_string(&Current::of(content, &stat(mode), None)).unwrap()
+    }
+
+    fn owned(content: &[u8], user: Option<&str>, group: Option<&str>) -> String {
+        let names = Ownership {
+            uid: 1000,
+            gid: 100,
+            user: user.map(str::to_string),
+            group: group.map(str::to_string),
+        };
+        serde_json::to_string(&Current::of(content, &stat(0o644), Some(&names))).unwrap()
     }
 
     fn diff(attributes: Value, current: Option<String>) -> Result<Vec<Change>> {
@@ -272,11 +382,36 @@ mod tests {
         let small: Value = serde_json::from_str(&current(b"hi", 0o644)).unwrap();
         assert_eq!(
             small,
-            json!({"mode": "0644", "size": 2, "sha256": "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4", "content": "hi"})
+            json!({"mode": "0644", "size": 2, "sha256": "8f434346648f6b96df89dda901c5176b10a6d83961dd3c1ac88b59b2dc327aa4", "content": "hi", "uid": 1000, "gid": 100})
         );
         let big: Value = serde_json::from_str(&current(&vec![b'a'; SHOW_LIMIT + 1], 0o600)).unwrap();
         assert!(big.get("content").is_none());
         assert_eq!(big["size"], json!(SHOW_LIMIT + 1));
+    }
+
+    #[test]
+    fn owner_and_group_compare_by_name_or_id_and_only_when_given() {
+        let attrs = json!({"content": "x", "owner": "www-data", "group": "100"});
+        assert_eq!(
+            diff(attrs.clone(), Some(owned(b"x", Some("alice"), Some("users")))).unwrap(),
+            vec![Change::new("owner", Some(json!("alice")), Some(json!("www-data")))]
+        );
+        assert!(
+            diff(json!({"content": "x", "owner": "1000"}), Some(owned(b"x", None, None)))
+                .unwrap()
+                .is_empty()
+        );
+        let changes = diff(json!({"content": "x", "group": "staff"}), Some(owned(b"x", Some("alice"), None))).unwrap();
+        assert_eq!(changes, vec![Change::new("group", Some(json!("100")), Some(json!("staff")))]);
+        let changes = diff(attrs, None).unwrap();
+        let fields: Vec<&str> = changes.iter().map(|c| c.field.as_str()).collect();
+        assert_eq!(fields, ["content", "mode", "owner", "group"]);
+        // Unmanaged: whatever the owner, no change.
+        assert!(
+            diff(json!({"content": "x"}), Some(owned(b"x", Some("alice"), Some("users"))))
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]
@@ -287,10 +422,10 @@ mod tests {
             e.message(),
             "file[web1,/etc/motd]: invalid attributes: `mode`: invalid mode \"rw-r--r--\": expected octal permission bits like \"0644\""
         );
-        let e = diff(json!({"content": "x", "owner": "root"}), None).unwrap_err();
+        let e = diff(json!({"content": "x", "user": "root"}), None).unwrap_err();
         assert_eq!(
             e.message(),
-            "file[web1,/etc/motd]: invalid attributes: unknown field `owner`, expected `content` or `mode`"
+            "file[web1,/etc/motd]: invalid attributes: unknown field `user`, expected one of `content`, `mode`, `owner`, `group`"
         );
         let e = diff(json!({"mode": "0644"}), None).unwrap_err();
         assert_eq!(e.message(), "file[web1,/etc/motd]: invalid attributes: missing field `content`");

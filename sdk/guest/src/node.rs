@@ -225,6 +225,69 @@ pub fn remove(node: &str, path: &str, recursive: bool) -> Result<bool> {
     Ok(wit::remove(node, path, recursive)?)
 }
 
+/// The stored target of the symlink at `path` (not resolved); `None` when nothing exists there.
+/// Something other than a symlink at `path` is an `invalid-input` error.
+pub fn read_link(node: &str, path: &str) -> Result<Option<String>> {
+    Ok(wit::read_link(node, path)?)
+}
+
+/// Makes `path` a symlink to `target` (stored as given). An existing symlink is replaced
+/// atomically; a file or directory at `path` is an `invalid-input` error (remove it first).
+pub fn create_symlink(node: &str, target: &str, path: &str) -> Result<()> {
+    Ok(wit::create_symlink(node, target, path)?)
+}
+
+/// Who owns a path: ids, and the names the node has for them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ownership {
+    pub uid: u32,
+    pub gid: u32,
+    /// The user name of `uid` on the node, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// The group name of `gid` on the node, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+}
+
+impl Ownership {
+    /// Whether the owner is `user`, given as a name or as a numeric id.
+    pub fn is_user(&self, user: &str) -> bool {
+        self.user.as_deref() == Some(user) || user.parse() == Ok(self.uid)
+    }
+
+    /// Whether the group is `group`, given as a name or as a numeric id.
+    pub fn is_group(&self, group: &str) -> bool {
+        self.group.as_deref() == Some(group) || group.parse() == Ok(self.gid)
+    }
+
+    /// The user's name, or its id when it has none.
+    pub fn user_shown(&self) -> String {
+        self.user.clone().unwrap_or_else(|| self.uid.to_string())
+    }
+
+    /// The group's name, or its id when it has none.
+    pub fn group_shown(&self) -> String {
+        self.group.clone().unwrap_or_else(|| self.gid.to_string())
+    }
+}
+
+/// The owner of `path`, without following a final symlink; `None` when nothing exists there.
+pub fn owner(node: &str, path: &str) -> Result<Option<Ownership>> {
+    Ok(wit::owner(node, path)?.map(|o| Ownership {
+        uid: o.uid,
+        gid: o.gid,
+        user: o.user,
+        group: o.group,
+    }))
+}
+
+/// Changes the owner and/or group of a file or directory; names are resolved on the node, a
+/// string of digits is an id, `None` leaves that part alone.
+pub fn set_owner(node: &str, path: &str, user: Option<&str>, group: Option<&str>) -> Result<()> {
+    Ok(wit::set_owner(node, path, user, group)?)
+}
+
 /// Unix permission bits (`0o644`, at most `0o7777`).
 ///
 /// In attributes it is written as an octal string (`"0644"`, `"644"`, `"0o644"`) or as an
@@ -388,6 +451,20 @@ mod tests {
             stderr: vec![],
         };
         assert_eq!(killed.check(&cmd).unwrap_err().message(), "`apt-get install -y nginx` was killed");
+    }
+
+    #[test]
+    fn owners_match_by_name_or_id() {
+        let o = Ownership {
+            uid: 1000,
+            gid: 50,
+            user: Some("alice".into()),
+            group: None,
+        };
+        assert!(o.is_user("alice") && o.is_user("1000"));
+        assert!(!o.is_user("bob") && !o.is_user("0"));
+        assert!(o.is_group("50") && !o.is_group("staff"));
+        assert_eq!((o.user_shown(), o.group_shown()), ("alice".to_string(), "50".to_string()));
     }
 
     #[test]

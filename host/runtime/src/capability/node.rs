@@ -79,6 +79,18 @@ pub enum FileKind {
     Other,
 }
 
+impl FileKind {
+    /// `file`, `directory`, `symlink` or `special file`, for messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FileKind::File => "file",
+            FileKind::Directory => "directory",
+            FileKind::Symlink => "symlink",
+            FileKind::Other => "special file",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileStat {
     pub kind: FileKind,
@@ -87,6 +99,15 @@ pub struct FileStat {
     pub uid: u32,
     pub gid: u32,
     pub mtime_ms: i64,
+}
+
+/// Who owns a path: ids, and names when the node has them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ownership {
+    pub uid: u32,
+    pub gid: u32,
+    pub user: Option<String>,
+    pub group: Option<String>,
 }
 
 /// One node, reached by some transport. Paths are absolute paths on the node.
@@ -98,6 +119,49 @@ pub trait NodeBackend: Send + Sync + 'static {
     fn create_dir<'a>(&'a self, path: &'a str, mode: Option<u32>, parents: bool) -> BoxFuture<'a, Result<(), NodeError>>;
     fn set_mode<'a>(&'a self, path: &'a str, mode: u32) -> BoxFuture<'a, Result<(), NodeError>>;
     fn remove<'a>(&'a self, path: &'a str, recursive: bool) -> BoxFuture<'a, Result<bool, NodeError>>;
+    /// The stored target of the symlink at `path`; `None` when nothing exists there, an
+    /// `InvalidInput` error when it is not a symlink.
+    fn read_link<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<String>, NodeError>>;
+    /// Makes `path` a symlink to `target`, replacing an existing symlink atomically; anything
+    /// else at `path` is `InvalidInput`.
+    fn create_symlink<'a>(&'a self, target: &'a str, path: &'a str) -> BoxFuture<'a, Result<(), NodeError>>;
+    /// The owner of `path` (not following a final symlink); `None` when nothing exists there.
+    fn owner<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Ownership>, NodeError>>;
+    /// Changes owner and/or group (names resolved on the node, digits are ids) of a file or
+    /// directory; a symlink or a missing path is `InvalidInput`.
+    fn set_owner<'a>(&'a self, path: &'a str, user: Option<&'a str>, group: Option<&'a str>) -> BoxFuture<'a, Result<(), NodeError>>;
+}
+
+/// Checks a symlink target a plugin gives: not empty, no NUL byte.
+pub fn check_link_target(target: &str) -> Result<(), NodeError> {
+    if target.is_empty() {
+        return Err(NodeError::new(NodeErrorKind::InvalidInput, "symlink target is empty"));
+    }
+    if target.contains('\0') {
+        return Err(NodeError::new(
+            NodeErrorKind::InvalidInput,
+            format!("symlink target `{}` contains a NUL byte", target.escape_debug()),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a user or group name a plugin gives for `set_owner`: a name or a numeric id, never
+/// something a command line or a `user:group` pair could misread.
+pub fn check_account_name(what: &str, name: &str) -> Result<(), NodeError> {
+    let ok = !name.is_empty()
+        && !name.starts_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'$'));
+    if ok {
+        Ok(())
+    } else {
+        Err(NodeError::new(
+            NodeErrorKind::InvalidInput,
+            format!("{what} `{}` is not a valid name or id", name.escape_debug()),
+        ))
+    }
 }
 
 /// Finds a node by name for a call.
@@ -409,6 +473,157 @@ impl NodeBackend for LocalNode {
             done.map(|()| true).map_err(|e| io_error(rel, "remove", e))
         })
     }
+
+    fn read_link<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<String>, NodeError>> {
+        self.blocking(path, |root, rel| {
+            match lstat(root, rel)? {
+                None => return Ok(None),
+                Some(s) if s.kind != FileKind::Symlink => {
+                    return Err(NodeError::new(
+                        NodeErrorKind::InvalidInput,
+                        format!("{} is a {}, not a symlink", shown(rel), s.kind.as_str()),
+                    ));
+                }
+                Some(_) => {}
+            }
+            let target = root.read_link_contents(rel).map_err(|e| io_error(rel, "read link", e))?;
+            target.into_os_string().into_string().map(Some).map_err(|t| {
+                NodeError::new(
+                    NodeErrorKind::Failed,
+                    format!("the target of {} is not UTF-8: {}", shown(rel), t.to_string_lossy()),
+                )
+            })
+        })
+    }
+
+    fn create_symlink<'a>(&'a self, target: &'a str, path: &'a str) -> BoxFuture<'a, Result<(), NodeError>> {
+        let target = target.to_string();
+        self.blocking(path, move |root, rel| {
+            check_link_target(&target)?;
+            if let Some(s) = lstat(root, rel)?
+                && s.kind != FileKind::Symlink
+            {
+                return Err(NodeError::new(
+                    NodeErrorKind::InvalidInput,
+                    format!("{} exists and is a {}, not a symlink", shown(rel), s.kind.as_str()),
+                ));
+            }
+            let parent = existing_parent(root, rel)?;
+            let name = rel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let tmp = parent.join(format!(
+                ".{name}.orc-tmp-{}-{}",
+                std::process::id(),
+                TMP_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ));
+            // `symlink_contents` stores the target as given (absolute too); following it later
+            // goes through cap-std again, which refuses to leave the root.
+            root.symlink_contents(&target, &tmp)
+                .map_err(|e| io_error(&tmp, "create symlink", e))?;
+            root.rename(&tmp, root, rel).map_err(|e| {
+                let _ = root.remove_file(&tmp);
+                io_error(rel, "replace", e)
+            })
+        })
+    }
+
+    fn owner<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Ownership>, NodeError>> {
+        self.blocking(path, |root, rel| {
+            Ok(lstat(root, rel)?.map(|s| Ownership {
+                uid: s.uid,
+                gid: s.gid,
+                user: account_name(PASSWD, s.uid),
+                group: account_name(GROUP, s.gid),
+            }))
+        })
+    }
+
+    fn set_owner<'a>(&'a self, path: &'a str, user: Option<&'a str>, group: Option<&'a str>) -> BoxFuture<'a, Result<(), NodeError>> {
+        let user = user.map(str::to_string);
+        let group = group.map(str::to_string);
+        self.blocking(path, move |root, rel| {
+            let uid = user.as_deref().map(|u| account_id(PASSWD, "user", u)).transpose()?;
+            let gid = group.as_deref().map(|g| account_id(GROUP, "group", g)).transpose()?;
+            match lstat(root, rel)? {
+                None => {
+                    return Err(NodeError::new(
+                        NodeErrorKind::InvalidInput,
+                        format!("cannot change the owner of {}: it does not exist", shown(rel)),
+                    ));
+                }
+                Some(s) if !matches!(s.kind, FileKind::File | FileKind::Directory) => {
+                    return Err(NodeError::new(
+                        NodeErrorKind::InvalidInput,
+                        format!("cannot change the owner of {}: it is a {}", shown(rel), s.kind.as_str()),
+                    ));
+                }
+                Some(_) => {}
+            }
+            // Opened without following a final symlink (a link swapped in meanwhile fails),
+            // then changed through the handle: nothing outside the root can be reached.
+            let mut options = OpenOptions::new();
+            options.read(true);
+            cap_fs_ext::OpenOptionsFollowExt::follow(&mut options, cap_fs_ext::FollowSymlinks::No);
+            let file = root.open_with(rel, &options).map_err(|e| io_error(rel, "open", e))?;
+            std::os::unix::fs::fchown(&file, uid, gid).map_err(|e| io_error(rel, "chown", e))
+        })
+    }
+}
+
+static TMP_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How the node shows a path relative to its root: `/etc/motd`.
+fn shown(rel: &Path) -> String {
+    Path::new("/").join(rel).display().to_string()
+}
+
+/// The parent of `rel`, which must be an existing directory.
+fn existing_parent(root: &Dir, rel: &Path) -> Result<PathBuf, NodeError> {
+    let parent = rel.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    match lstat(root, parent)? {
+        Some(s) if s.kind == FileKind::Directory => Ok(parent.to_path_buf()),
+        Some(_) => Err(NodeError::new(
+            NodeErrorKind::InvalidInput,
+            format!("{} is not a directory", shown(parent)),
+        )),
+        None => Err(NodeError::new(
+            NodeErrorKind::InvalidInput,
+            format!("parent directory {} does not exist", shown(parent)),
+        )),
+    }
+}
+
+/// The local node's users and groups are the host's: its owners are real uids and gids.
+const PASSWD: &str = "/etc/passwd";
+const GROUP: &str = "/etc/group";
+
+/// `(name, id)` of every entry of a passwd- or group-format file (`name:x:id:…`).
+fn accounts(file: &str) -> Vec<(String, u32)> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split(':');
+            let name = fields.next()?;
+            let id = fields.nth(1)?.parse().ok()?;
+            Some((name.to_string(), id))
+        })
+        .collect()
+}
+
+fn account_name(file: &str, id: u32) -> Option<String> {
+    accounts(file).into_iter().find(|(_, i)| *i == id).map(|(n, _)| n)
+}
+
+/// A name looked up in `file`, or a numeric id as is.
+fn account_id(file: &str, what: &str, name: &str) -> Result<u32, NodeError> {
+    check_account_name(what, name)?;
+    if let Ok(id) = name.parse() {
+        return Ok(id);
+    }
+    accounts(file)
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, id)| id)
+        .ok_or_else(|| NodeError::new(NodeErrorKind::InvalidInput, format!("unknown {what} `{name}` on the local node")))
 }
 
 async fn read_capped(mut stream: impl tokio::io::AsyncRead + Unpin) -> Vec<u8> {
@@ -499,11 +714,37 @@ impl wit::Host for CallState {
     async fn remove(&mut self, node: String, path: String, recursive: bool) -> Result<bool, Error> {
         self.node(&node)?.remove(&path, recursive).await.map_err(to_wit)
     }
+
+    async fn read_link(&mut self, node: String, path: String) -> Result<Option<String>, Error> {
+        self.node(&node)?.read_link(&path).await.map_err(to_wit)
+    }
+
+    async fn create_symlink(&mut self, node: String, target: String, path: String) -> Result<(), Error> {
+        self.node(&node)?.create_symlink(&target, &path).await.map_err(to_wit)
+    }
+
+    async fn owner(&mut self, node: String, path: String) -> Result<Option<wit::Ownership>, Error> {
+        let owner = self.node(&node)?.owner(&path).await.map_err(to_wit)?;
+        Ok(owner.map(|o| wit::Ownership {
+            uid: o.uid,
+            gid: o.gid,
+            user: o.user,
+            group: o.group,
+        }))
+    }
+
+    async fn set_owner(&mut self, node: String, path: String, user: Option<String>, group: Option<String>) -> Result<(), Error> {
+        self.node(&node)?
+            .set_owner(&path, user.as_deref(), group.as_deref())
+            .await
+            .map_err(to_wit)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::MetadataExt as _;
 
     #[tokio::test]
     async fn local_node_stays_inside_its_root() {
@@ -541,6 +782,93 @@ mod tests {
         assert!(node.remove("/", true).await.is_err());
         assert!(node.remove("/etc/motd", false).await.unwrap());
         assert!(!node.remove("/etc/motd", false).await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn local_symlinks_are_stored_as_given_and_never_followed_out_of_the_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let node = LocalNode::open(&root).unwrap();
+        std::fs::write(dir.path().join("secret"), b"outside").unwrap();
+        node.create_dir("/etc", None, false).await.unwrap();
+        node.write_file("/etc/motd", b"hi".to_vec(), None).await.unwrap();
+
+        assert_eq!(node.read_link("/etc/link").await.unwrap(), None);
+        node.create_symlink("motd", "/etc/link").await.unwrap();
+        assert_eq!(node.read_link("/etc/link").await.unwrap().as_deref(), Some("motd"));
+        assert_eq!(std::fs::read_link(root.join("etc/link")).unwrap(), Path::new("motd"));
+        assert_eq!(node.stat("/etc/link").await.unwrap().unwrap().kind, FileKind::Symlink);
+        assert_eq!(node.read_file("/etc/link").await.unwrap().unwrap(), b"hi");
+        // Replaced atomically; absolute targets are stored as given.
+        node.create_symlink("/etc/motd", "/etc/link").await.unwrap();
+        assert_eq!(node.read_link("/etc/link").await.unwrap().as_deref(), Some("/etc/motd"));
+        // A link that leads out of the root is created but cannot be followed.
+        let outside = dir.path().join("secret");
+        node.create_symlink(outside.to_str().unwrap(), "/etc/out").await.unwrap();
+        node.create_symlink("../../secret", "/etc/up").await.unwrap();
+        for link in ["/etc/out", "/etc/up"] {
+            let err = node.read_file(link).await.unwrap_err();
+            assert_eq!(err.kind, NodeErrorKind::Denied, "{link}: {err}");
+            let err = node.set_owner(link, Some("0"), None).await.unwrap_err();
+            assert_eq!(err.kind, NodeErrorKind::InvalidInput, "{link}: {err}");
+        }
+        // No leftovers; a file or directory in the way is refused; a missing parent is named.
+        let names: Vec<_> = std::fs::read_dir(root.join("etc"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 4, "{names:?}");
+        let err = node.create_symlink("x", "/etc/motd").await.unwrap_err();
+        assert_eq!(err.kind, NodeErrorKind::InvalidInput);
+        assert!(err.message.contains("/etc/motd exists and is a file"), "{err}");
+        let err = node.create_symlink("x", "/etc").await.unwrap_err();
+        assert!(err.message.contains("is a directory"), "{err}");
+        let err = node.create_symlink("x", "/nope/link").await.unwrap_err();
+        assert!(err.message.contains("parent directory /nope does not exist"), "{err}");
+        let err = node.read_link("/etc/motd").await.unwrap_err();
+        assert!(err.message.contains("/etc/motd is a file, not a symlink"), "{err}");
+        assert!(node.create_symlink("", "/etc/l2").await.is_err());
+        assert!(node.create_symlink("x", "/../escape").await.is_err());
+        assert!(!dir.path().join("escape").exists());
+    }
+
+    #[tokio::test]
+    async fn local_owners_are_read_and_changed_by_name_or_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = LocalNode::open(dir.path()).unwrap();
+        node.write_file("/f", b"x".to_vec(), None).await.unwrap();
+        node.create_dir("/d", None, false).await.unwrap();
+        let me = std::fs::metadata(dir.path().join("f")).unwrap();
+        let o = node.owner("/f").await.unwrap().unwrap();
+        assert_eq!((o.uid, o.gid), (me.uid(), me.gid()));
+        assert_eq!(o.user, account_name(PASSWD, me.uid()));
+        assert_eq!(node.owner("/missing").await.unwrap(), None);
+
+        // Changing to what it already is works without privileges; by id and by name.
+        node.set_owner("/f", Some(&me.uid().to_string()), Some(&me.gid().to_string()))
+            .await
+            .unwrap();
+        if let (Some(user), Some(group)) = (o.user.clone(), o.group.clone()) {
+            node.set_owner("/d", Some(&user), Some(&group)).await.unwrap();
+        }
+        let is_root = me.uid() == 0;
+        if is_root {
+            // `nobody`/`nogroup` (65534) exist on Debian; ids work whatever the names are.
+            node.set_owner("/f", Some("65534"), None).await.unwrap();
+            let m = std::fs::metadata(dir.path().join("f")).unwrap();
+            assert_eq!((m.uid(), m.gid()), (65534, me.gid()));
+            node.set_owner("/d", None, Some("65534")).await.unwrap();
+            let m = std::fs::metadata(dir.path().join("d")).unwrap();
+            assert_eq!((m.uid(), m.gid()), (me.uid(), 65534));
+            assert_eq!(node.owner("/d").await.unwrap().unwrap().gid, 65534);
+        }
+        let err = node.set_owner("/f", Some("no-such-user-orc"), None).await.unwrap_err();
+        assert_eq!(err.kind, NodeErrorKind::InvalidInput);
+        assert!(err.message.contains("unknown user `no-such-user-orc`"), "{err}");
+        let err = node.set_owner("/f", Some("a:b"), None).await.unwrap_err();
+        assert!(err.message.contains("not a valid name"), "{err}");
+        let err = node.set_owner("/missing", Some("0"), None).await.unwrap_err();
+        assert!(err.message.contains("/missing: it does not exist"), "{err}");
     }
 
     #[tokio::test]

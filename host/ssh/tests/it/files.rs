@@ -134,3 +134,65 @@ async fn a_20_mib_file_round_trips() {
     assert_eq!(back.len(), content.len());
     assert!(back == content, "bytes read back differ");
 }
+
+#[tokio::test]
+async fn symlinks_and_owners() {
+    let sshd = Sshd::start();
+    let scratch = sshd.scratch_dir("links");
+    let node = connect(&sshd).await;
+    let file = path(&scratch, "motd");
+    let link = path(&scratch, "link");
+    node.write_file(&file, b"hi".to_vec(), None).await.unwrap();
+
+    assert_eq!(node.read_link(&link).await.unwrap(), None);
+    // The target is stored as given: OpenSSH's reversed SYMLINK arguments are handled.
+    node.create_symlink("motd", &link).await.unwrap();
+    assert_eq!(std::fs::read_link(&link).unwrap(), std::path::Path::new("motd"));
+    assert_eq!(node.read_link(&link).await.unwrap().as_deref(), Some("motd"));
+    assert_eq!(node.stat(&link).await.unwrap().unwrap().kind, FileKind::Symlink);
+    assert_eq!(node.read_file(&link).await.unwrap().unwrap(), b"hi");
+    node.create_symlink(&file, &link).await.unwrap();
+    assert_eq!(std::fs::read_link(&link).unwrap(), std::path::Path::new(&file));
+    let entries = std::fs::read_dir(&scratch).unwrap().count();
+    assert_eq!(entries, 2, "no temporary link left behind");
+    let err = node.create_symlink("x", &file).await.unwrap_err();
+    assert_eq!(err.kind, NodeErrorKind::InvalidInput);
+    assert!(err.message.contains("exists and is a file"), "{err}");
+    let err = node.read_link(&file).await.unwrap_err();
+    assert!(err.message.contains("is a file, not a symlink"), "{err}");
+    let err = node.create_symlink("x", &path(&scratch, "nope/l")).await.unwrap_err();
+    assert!(err.message.contains("does not exist"), "{err}");
+    assert!(node.remove(&link, false).await.unwrap());
+    assert!(std::fs::metadata(&file).is_ok(), "removing the link left its target");
+
+    // Owners: names from the node; the test user may set its own user and group.
+    let me = std::fs::metadata(&file).unwrap();
+    let owner = node.owner(&file).await.unwrap().unwrap();
+    assert_eq!((owner.uid, owner.gid), (me.uid(), me.gid()));
+    assert_eq!(owner.user.as_deref(), Some(crate::sshd::TEST_USER));
+    assert_eq!(node.owner(&path(&scratch, "missing")).await.unwrap(), None);
+    node.set_owner(&file, Some(crate::sshd::TEST_USER), owner.group.as_deref())
+        .await
+        .unwrap();
+    let err = node.set_owner(&file, Some("root"), None).await.unwrap_err();
+    assert_eq!(err.kind, NodeErrorKind::Denied, "{err}");
+    let err = node.set_owner(&file, Some("no-such-user-orc"), None).await.unwrap_err();
+    assert_eq!(err.kind, NodeErrorKind::InvalidInput, "{err}");
+    assert!(err.message.contains("no-such-user-orc"), "{err}");
+    let err = node.set_owner(&file, Some("x y"), None).await.unwrap_err();
+    assert!(err.message.contains("not a valid name"), "{err}");
+
+    // As root, ownership really changes, by name and by id.
+    let (root, _) = orc_ssh::SshNode::connect(
+        crate::target(&sshd, "root", orc_ssh::HostKeyPolicy::Pinned(sshd.host_fingerprint.clone())),
+        crate::options(),
+    )
+    .await
+    .unwrap();
+    root.set_owner(&file, Some("root"), Some("65534")).await.unwrap();
+    let m = std::fs::metadata(&file).unwrap();
+    assert_eq!((m.uid(), m.gid()), (0, 65534));
+    let owner = root.owner(&file).await.unwrap().unwrap();
+    assert_eq!(owner.user.as_deref(), Some("root"));
+    assert!(owner.group.is_some(), "{owner:?}");
+}
