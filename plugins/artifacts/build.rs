@@ -13,6 +13,8 @@ const PLUGINS: &[(&str, &str, bool)] = &[
     ("FILE", "plugins/file", false),
     ("DIRECTORY", "plugins/directory", false),
     ("BENCH_MEMORY", "plugins/bench-memory", false),
+    ("PACKAGE", "plugins/package", false),
+    ("HTTP_OBJECT", "plugins/http-object", false),
     ("MISBEHAVE", "plugins/fixtures/misbehave", true),
     ("WRONG_WORLD", "plugins/fixtures/wrong-world", true),
 ];

@@ -1,13 +1,21 @@
-//! `orc:plugin/http`: outgoing HTTP, only to origins the environment's policy allows. The origin
-//! (scheme, host, port) of every request is checked before any connection is made, redirects are
-//! not followed (a redirect could leave the allowed origins), responses are capped in size, and a
-//! plugin names a secret that the host injects as the `Authorization` header, so the plugin never
-//! holds its value.
+//! `orc:plugin/http`: outgoing HTTP, only where the environment's policy allows. Two checks, both
+//! before any packet leaves: the origin (scheme, host, port) of every request must be one the
+//! policy names, and every address the host name resolves to must be allowed by the policy's
+//! [`AddressPolicy`] — the resolver hook filters the very addresses the client then connects to,
+//! so there is no window between check and connect (DNS rebinding), and a granted name that
+//! resolves to loopback, link-local or a cloud metadata address is refused unless the policy
+//! names that network. Redirects are not followed (a redirect could leave the allowed origins),
+//! responses are capped in size, and a plugin names a secret that the host injects as the
+//! `Authorization` header, so the plugin never holds its value.
 
 use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+pub use ipnet::IpNet;
 
 use crate::bindings::host::orc::plugin::http::{Host, Request, Response};
 use crate::bindings::host::orc::plugin::types::{Error, ErrorKind};
@@ -42,10 +50,215 @@ fn origin_of(url: &reqwest::Url) -> Option<Origin> {
     })
 }
 
+/// Which addresses a granted origin's host may resolve to (or be, for an IP literal).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum AddressPolicy {
+    /// Globally routable unicast addresses only. The default.
+    #[default]
+    Public,
+    /// Public addresses and private ones (RFC 1918, shared 100.64.0.0/10, IPv6 unique-local);
+    /// never loopback, link-local, cloud metadata, multicast or reserved addresses.
+    PublicAndPrivate,
+    /// Only addresses inside these networks, whatever their kind: the one way to reach loopback
+    /// (tests, a sidecar) or a link-local service.
+    Networks(Vec<IpNet>),
+}
+
+/// What kind of address an IP is, for the policy and for messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressKind {
+    Public,
+    Private,
+    Loopback,
+    LinkLocal,
+    /// A cloud provider's instance metadata service (169.254.169.254, fd00:ec2::254,
+    /// 100.100.100.200): never reachable unless a network names it.
+    Metadata,
+    Unspecified,
+    Multicast,
+    /// Broadcast, documentation, benchmarking and other reserved ranges.
+    Reserved,
+}
+
+impl AddressKind {
+    pub fn of(ip: IpAddr) -> AddressKind {
+        match ip {
+            IpAddr::V4(v4) => kind_v4(v4),
+            IpAddr::V6(v6) => kind_v6(v6),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AddressKind::Public => "public",
+            AddressKind::Private => "private",
+            AddressKind::Loopback => "loopback",
+            AddressKind::LinkLocal => "link-local",
+            AddressKind::Metadata => "cloud metadata",
+            AddressKind::Unspecified => "unspecified",
+            AddressKind::Multicast => "multicast",
+            AddressKind::Reserved => "reserved",
+        }
+    }
+}
+
+const METADATA: [IpAddr; 3] = [
+    IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254)),
+    IpAddr::V4(Ipv4Addr::new(100, 100, 100, 200)),
+    IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+];
+
+fn kind_v4(ip: Ipv4Addr) -> AddressKind {
+    let [a, b, c, _] = ip.octets();
+    if METADATA.contains(&IpAddr::V4(ip)) {
+        AddressKind::Metadata
+    } else if a == 0 {
+        AddressKind::Unspecified
+    } else if ip.is_loopback() {
+        AddressKind::Loopback
+    } else if ip.is_link_local() {
+        AddressKind::LinkLocal
+    } else if ip.is_private() || (a == 100 && (64..128).contains(&b)) {
+        AddressKind::Private
+    } else if ip.is_multicast() {
+        AddressKind::Multicast
+    } else if a >= 240
+        || (a == 192 && b == 0 && (c == 0 || c == 2))
+        || (a == 198 && (b == 18 || b == 19))
+        || (a == 198 && b == 51 && c == 100)
+        || (a == 203 && b == 0 && c == 113)
+    {
+        AddressKind::Reserved
+    } else {
+        AddressKind::Public
+    }
+}
+
+fn kind_v6(ip: Ipv6Addr) -> AddressKind {
+    // An IPv4 address in IPv6 clothing (mapped, or NAT64) is what it carries.
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return kind_v4(v4);
+    }
+    let s = ip.segments();
+    if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0, 0, 0, 0] {
+        return kind_v4(Ipv4Addr::from_bits((u32::from(s[6]) << 16) | u32::from(s[7])));
+    }
+    if METADATA.contains(&IpAddr::V6(ip)) {
+        AddressKind::Metadata
+    } else if ip.is_unspecified() {
+        AddressKind::Unspecified
+    } else if ip.is_loopback() {
+        AddressKind::Loopback
+    } else if ip.is_unicast_link_local() {
+        AddressKind::LinkLocal
+    } else if ip.is_unique_local() {
+        AddressKind::Private
+    } else if ip.is_multicast() {
+        AddressKind::Multicast
+    } else if (s[0] == 0x2001 && s[1] == 0xdb8) || s[0] & 0xe000 != 0x2000 {
+        // Documentation, and everything outside global unicast 2000::/3.
+        AddressKind::Reserved
+    } else {
+        AddressKind::Public
+    }
+}
+
+impl AddressPolicy {
+    /// Whether `ip` may be connected to.
+    pub fn allows(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        match self {
+            AddressPolicy::Public => AddressKind::of(ip) == AddressKind::Public,
+            AddressPolicy::PublicAndPrivate => matches!(AddressKind::of(ip), AddressKind::Public | AddressKind::Private),
+            AddressPolicy::Networks(nets) => nets.iter().any(|n| n.contains(&ip)),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            AddressPolicy::Public => "public addresses only".to_string(),
+            AddressPolicy::PublicAndPrivate => "public and private addresses only".to_string(),
+            AddressPolicy::Networks(nets) => {
+                let nets: Vec<String> = nets.iter().map(ToString::to_string).collect();
+                format!("addresses in {} only", nets.join(", "))
+            }
+        }
+    }
+}
+
+/// A host name (or IP literal) whose every address the policy refused.
+#[derive(Debug)]
+struct AddressRefused {
+    host: String,
+    refused: Vec<IpAddr>,
+    policy: String,
+}
+
+impl fmt::Display for AddressRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let refused: Vec<String> = self
+            .refused
+            .iter()
+            .map(|ip| format!("{ip} ({})", AddressKind::of(ip.to_canonical()).as_str()))
+            .collect();
+        write!(
+            f,
+            "outgoing HTTP to {} refused: it resolves to {}, and this environment's policy allows {}",
+            self.host,
+            refused.join(", "),
+            self.policy
+        )
+    }
+}
+
+impl std::error::Error for AddressRefused {}
+
+/// The client's resolver: resolves with the system resolver, then keeps only the addresses the
+/// policy allows. The client connects to exactly what this returns.
+struct CheckedResolver {
+    addresses: Arc<AddressPolicy>,
+}
+
+impl reqwest::dns::Resolve for CheckedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let policy = self.addresses.clone();
+        let host = name.as_str().to_string();
+        Box::pin(async move {
+            let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let (allowed, refused): (Vec<SocketAddr>, Vec<SocketAddr>) = resolved.into_iter().partition(|addr| policy.allows(addr.ip()));
+            if allowed.is_empty() && !refused.is_empty() {
+                return Err(Box::new(AddressRefused {
+                    host,
+                    refused: refused.iter().map(SocketAddr::ip).collect(),
+                    policy: policy.describe(),
+                }) as Box<dyn std::error::Error + Send + Sync>);
+            }
+            if !refused.is_empty() {
+                tracing::debug!(%host, ?refused, "left out addresses the HTTP policy refuses");
+            }
+            Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// The policy's refusal somewhere in an error's chain of sources.
+fn refusal_in<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a AddressRefused> {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(refused) = e.downcast_ref::<AddressRefused>() {
+            return Some(refused);
+        }
+        next = e.source();
+    }
+    None
+}
+
 /// What an environment allows.
 #[derive(Debug, Clone)]
 pub struct HttpPolicy {
     pub allowed: Vec<Origin>,
+    /// Where the allowed origins' hosts may resolve to.
+    pub addresses: AddressPolicy,
     /// Secret name → `Authorization` header value.
     pub secrets: HashMap<String, String>,
     pub timeout: Duration,
@@ -56,6 +269,7 @@ impl Default for HttpPolicy {
     fn default() -> Self {
         HttpPolicy {
             allowed: Vec::new(),
+            addresses: AddressPolicy::default(),
             secrets: HashMap::new(),
             timeout: Duration::from_secs(30),
             max_response_bytes: 16 << 20,
@@ -85,6 +299,9 @@ impl HttpAccess {
             .redirect(reqwest::redirect::Policy::none())
             .timeout(policy.timeout)
             .no_proxy()
+            .dns_resolver(CheckedResolver {
+                addresses: Arc::new(policy.addresses.clone()),
+            })
             .build()
             .map_err(|e| format!("cannot build HTTP client: {e}"))?;
         Ok(HttpAccess {
@@ -93,7 +310,9 @@ impl HttpAccess {
         })
     }
 
-    /// Checks the request against the policy; the error names the refused origin or secret.
+    /// Checks the request against the policy; the error names the refused origin, address or
+    /// secret. A host name's addresses are checked by the resolver, an IP literal's here (the
+    /// client does not resolve literals).
     fn check(&self, url: &reqwest::Url, secret: Option<&str>) -> Result<Option<String>, Error> {
         let origin =
             origin_of(url).ok_or_else(|| wit_error(ErrorKind::InvalidInput, format!("`{url}` is not an http(s) URL with a host")))?;
@@ -105,6 +324,17 @@ impl HttpAccess {
                     origin.scheme, origin.host, origin.port
                 ),
             ));
+        }
+        let literal = origin.host.trim_start_matches('[').trim_end_matches(']');
+        if let Ok(ip) = literal.parse::<IpAddr>()
+            && !self.policy.addresses.allows(ip)
+        {
+            let refused = AddressRefused {
+                host: origin.host.clone(),
+                refused: vec![ip],
+                policy: self.policy.addresses.describe(),
+            };
+            return Err(wit_error(ErrorKind::Denied, refused.to_string()));
         }
         match secret {
             None => Ok(None),
@@ -148,6 +378,9 @@ impl Host for CallState {
             builder = builder.timeout(Duration::from_millis(ms.into()));
         }
         let response = builder.send().await.map_err(|e| {
+            if let Some(refused) = refusal_in(&e) {
+                return wit_error(ErrorKind::Denied, refused.to_string());
+            }
             let kind = if e.is_connect() || e.is_timeout() {
                 ErrorKind::Unavailable
             } else {
@@ -174,5 +407,62 @@ impl Host for CallState {
             body.extend_from_slice(&chunk);
         }
         Ok(Response { status, headers, body })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(ip: &str) -> AddressKind {
+        AddressKind::of(ip.parse().unwrap())
+    }
+
+    #[test]
+    fn addresses_are_classified() {
+        for (ip, expected) in [
+            ("93.184.215.14", AddressKind::Public),
+            ("2606:4700::1111", AddressKind::Public),
+            ("10.1.2.3", AddressKind::Private),
+            ("172.31.255.255", AddressKind::Private),
+            ("192.168.0.1", AddressKind::Private),
+            ("100.64.0.1", AddressKind::Private),
+            ("fd12:3456::1", AddressKind::Private),
+            ("127.0.0.1", AddressKind::Loopback),
+            ("::1", AddressKind::Loopback),
+            ("::ffff:127.0.0.1", AddressKind::Loopback),
+            ("64:ff9b::a9fe:a9fe", AddressKind::Metadata),
+            ("169.254.169.254", AddressKind::Metadata),
+            ("fd00:ec2::254", AddressKind::Metadata),
+            ("100.100.100.200", AddressKind::Metadata),
+            ("169.254.1.1", AddressKind::LinkLocal),
+            ("fe80::1", AddressKind::LinkLocal),
+            ("0.0.0.0", AddressKind::Unspecified),
+            ("::", AddressKind::Unspecified),
+            ("224.0.0.1", AddressKind::Multicast),
+            ("ff02::1", AddressKind::Multicast),
+            ("255.255.255.255", AddressKind::Reserved),
+            ("192.0.2.1", AddressKind::Reserved),
+            ("2001:db8::1", AddressKind::Reserved),
+        ] {
+            assert_eq!(kind(ip), expected, "{ip}");
+        }
+    }
+
+    #[test]
+    fn policies_allow_what_they_say() {
+        let public: IpAddr = "93.184.215.14".parse().unwrap();
+        let private: IpAddr = "10.0.0.5".parse().unwrap();
+        let metadata: IpAddr = "169.254.169.254".parse().unwrap();
+        let mapped: IpAddr = "::ffff:10.0.0.5".parse().unwrap();
+        assert!(AddressPolicy::Public.allows(public));
+        assert!(!AddressPolicy::Public.allows(private));
+        assert!(AddressPolicy::PublicAndPrivate.allows(private));
+        assert!(!AddressPolicy::PublicAndPrivate.allows(metadata));
+        let nets = AddressPolicy::Networks(vec!["10.0.0.0/24".parse().unwrap()]);
+        assert!(nets.allows(private) && nets.allows(mapped));
+        assert!(!nets.allows(public), "a network list admits nothing else");
+        let meta = AddressPolicy::Networks(vec!["169.254.169.254/32".parse().unwrap()]);
+        assert!(meta.allows(metadata), "only a named network reaches metadata");
     }
 }

@@ -19,7 +19,7 @@ use wasmtime::component::{HasSelf, Linker};
 use crate::bindings::host::orc::plugin as wit;
 use crate::state::CallState;
 
-pub use http::{HttpAccess, HttpPolicy, Origin};
+pub use http::{AddressKind, AddressPolicy, HttpAccess, HttpPolicy, IpNet, Origin};
 pub use kv::{DirKv, KvError, KvStore, MemoryKv};
 pub use node::{LocalNode, NodeBackend, NodeDirectory, NodeError, NodeErrorKind, Nodes};
 

@@ -4,6 +4,7 @@
 mod cache;
 mod file_adaptor;
 mod fixtures;
+mod http;
 
 use std::sync::Arc;
 
