@@ -850,6 +850,59 @@ pub async fn db_kv_keeps_scopes_apart(db: &TestDb) -> Result<()> {
     Ok(())
 }
 
+/// Calls queued together are answered by one query (reads) or one transaction (writes), each
+/// with what it would have got on its own: writes of one key apply in order, a delete knows
+/// whether its key existed at that point, a key read twice gets its value twice.
+pub async fn db_kv_batches_answer_each_call_in_order(db: &TestDb) -> Result<()> {
+    let kv = DbKv::open(&db.store).await?;
+    kv.set("env/b", "kept", b"old").await?;
+    // `join_all` polls in order, so the calls are queued in this order.
+    let (s1, d1, s2, d2, s3, d3, s4) = futures::join!(
+        kv.set("env/b", "k", b"1"),
+        kv.delete("env/b", "k"),
+        kv.set("env/b", "k", b"2"),
+        kv.delete("env/b", "never"),
+        kv.set("env/b", "gone", b"x"),
+        kv.delete("env/b", "gone"),
+        kv.set("env/b", "kept", b"new"),
+    );
+    s1?;
+    ensure!(d1?, "the delete after a set in the same group removed the key");
+    s2?;
+    ensure!(!d2?, "deleting a key that never existed answers false");
+    s3?;
+    ensure!(d3?);
+    s4?;
+    ensure!(
+        kv.get("env/b", "k").await?.as_deref() == Some(b"2".as_slice()),
+        "the last write of `k` wins"
+    );
+    ensure!(kv.get("env/b", "gone").await?.is_none());
+    ensure!(kv.get("env/b", "kept").await?.as_deref() == Some(b"new".as_slice()));
+
+    let writes = (0..300).map(|i| {
+        let kv = &kv;
+        async move {
+            kv.set(&format!("env/s{}", i % 3), &format!("{i:03}"), format!("v{i}").as_bytes())
+                .await
+        }
+    });
+    for written in futures::future::join_all(writes).await {
+        written?;
+    }
+    // 600 reads at once over three scopes: present keys, absent keys, every key twice.
+    let reads = (0..600).map(|j| {
+        let kv = &kv;
+        let i = j % 400;
+        async move { (i, kv.get(&format!("env/s{}", i % 3), &format!("{i:03}")).await) }
+    });
+    for (i, value) in futures::future::join_all(reads).await {
+        let expected = (i < 300).then(|| format!("v{i}").into_bytes());
+        ensure!(value? == expected, "read of key {i:03}");
+    }
+    Ok(())
+}
+
 pub async fn deleting_an_environment_removes_its_data(db: &TestDb) -> Result<()> {
     let store = &db.store;
     let env = new_env(store, "prod").await?;

@@ -44,6 +44,7 @@ on_both_backends!(
     operations_lifecycle_and_interruption,
     admin_tokens,
     db_kv_keeps_scopes_apart,
+    db_kv_batches_answer_each_call_in_order,
     deleting_an_environment_removes_its_data,
     migrations_are_idempotent_on_reconnect,
     batch_timings_10k,
