@@ -4,6 +4,7 @@
 mod cache;
 mod file_adaptor;
 mod fixtures;
+mod node_adaptors;
 mod http;
 
 use std::sync::Arc;
