@@ -19,7 +19,8 @@
 //! Runs everything through the `node` interface's `run`, non-interactively (`DEBIAN_FRONTEND=
 //! noninteractive`, existing configuration files kept). A package or version the sources do not
 //! have is looked up again after one `apt-get update`, then is an `invalid-input` error naming
-//! it; a busy apt/dpkg lock is `retryable`.
+//! it. `apt-get` waits up to 5 minutes for the dpkg lock (another package resource on the same
+//! node, unattended upgrades); a lock still busy after that is `retryable`.
 
 use std::time::Duration;
 
@@ -29,6 +30,9 @@ use serde::{Deserialize, Serialize};
 
 /// How long one `apt-get` may run.
 const APT_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long `apt-get` waits for the dpkg lock (held by another package resource on the same
+/// node, or by unattended upgrades) before giving up with a `retryable` error.
+const LOCK_TIMEOUT: &str = "DPkg::Lock::Timeout=300";
 
 pub struct Package;
 
@@ -127,6 +131,8 @@ fn apt_get(options: &[String], args: &[&str]) -> Command {
             "Dpkg::Options::=--force-confdef",
             "-o",
             "Dpkg::Options::=--force-confold",
+            "-o",
+            LOCK_TIMEOUT,
         ]);
     for option in options {
         command = command.args(["-o", option.as_str()]);
