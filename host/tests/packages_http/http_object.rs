@@ -85,6 +85,36 @@ async fn delete_object(State(api): Shared, Path(name): Path<String>, headers: He
     }
 }
 
+/// `PATCH /objects/<name>`: a JSON merge patch (RFC 7396).
+async fn patch_object(State(api): Shared, Path(name): Path<String>, headers: HeaderMap, Json(patch): Json<Value>) -> Response {
+    if !api.admit(Method::PATCH, format!("/objects/{name}"), &headers) {
+        return unauthorized();
+    }
+    let Some(mut object) = api.object(&name) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    merge(&mut object, patch);
+    Json(api.store(&name, object)).into_response()
+}
+
+fn merge(target: &mut Value, patch: Value) {
+    match patch {
+        Value::Object(fields) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            for (k, v) in fields {
+                if v.is_null() {
+                    target.as_object_mut().unwrap().remove(&k);
+                } else {
+                    merge(&mut target[k.as_str()], v);
+                }
+            }
+        }
+        other => *target = other,
+    }
+}
+
 /// `POST /objects`: the server places the object at `/objects/<name>`.
 async fn create_object(State(api): Shared, headers: HeaderMap, Json(body): Json<Value>) -> Response {
     if !api.admit(Method::POST, "/objects".into(), &headers) {
@@ -100,7 +130,10 @@ async fn serve() -> (Arc<Api>, u16) {
     let api = Arc::new(Api::default());
     let app = Router::new()
         .route("/objects", post(create_object))
-        .route("/objects/{name}", get(read_object).put(put_object).delete(delete_object))
+        .route(
+            "/objects/{name}",
+            get(read_object).put(put_object).patch(patch_object).delete(delete_object),
+        )
         .with_state(api.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -146,10 +179,16 @@ async fn objects_converge_repair_drift_and_are_deleted_with_a_host_held_secret()
     let no_secret = object("d", json!({"url": url("d"), "body": {"name": "d"}, "secret": "other-token"}));
     let elsewhere = object("e", json!({"url": "http://127.0.0.1:9/objects/e", "body": {"name": "e"}}));
 
-    let v1 = json!([a, b, c, no_secret, elsewhere]);
+    // Updated by merge patch, comparing one nested field only.
+    let p = object(
+        "p",
+        json!({"url": url("p"), "body": {"name": "p", "spec": {"replicas": 2, "note": "ours"}}, "secret": "api-token",
+               "compare": ["/spec/replicas"], "update": "PATCH"}),
+    );
+    let v1 = json!([a, b, c, p, no_secret, elsewhere]);
     s.release(h.version(1, v1.clone()));
     let snap = s.settled().await;
-    assert_eq!((snap.count(Status::Deployed), snap.count(Status::Failed)), (3, 2), "{snap:?}");
+    assert_eq!((snap.count(Status::Deployed), snap.count(Status::Failed)), (4, 2), "{snap:?}");
     for (name, size) in [("a", 1), ("b", 2), ("c", 3)] {
         let stored = api.object(name).unwrap_or_else(|| panic!("{name} was created"));
         assert_eq!((stored["name"].clone(), stored["size"].clone()), (json!(name), json!(size)));
@@ -175,14 +214,14 @@ async fn objects_converge_repair_drift_and_are_deleted_with_a_host_held_secret()
     let revision_a = api.object("a").unwrap()["revision"].clone();
     s.repair();
     until(&s, "repair passes", || {
-        ["a", "b", "c"].iter().all(|n| {
+        ["a", "b", "c", "p"].iter().all(|n| {
             h.recorder
                 .count(&format!("http-object[api,{n}]"), Trigger::Repair, Outcome::Unchanged)
                 >= 2
         })
     })
     .await;
-    for n in ["a", "b", "c"] {
+    for n in ["a", "b", "c", "p"] {
         assert_eq!(
             h.recorder
                 .count(&format!("http-object[api,{n}]"), Trigger::Repair, Outcome::Changed),
@@ -198,6 +237,7 @@ async fn objects_converge_repair_drift_and_are_deleted_with_a_host_held_secret()
     s.settled().await;
     let version = h.version(2, v1.clone());
     api.store("a", json!({"name": "a", "size": 99, "tags": ["x"]}));
+    api.store("p", json!({"name": "p", "spec": {"replicas": 5, "note": "theirs"}}));
     let dry = scheduler::dryrun(&version, &h.ctx, 2).await;
     let dry_a = dry.iter().find(|r| r.resource == "http-object[api,a]").unwrap();
     assert_eq!(dry_a.outcome, Outcome::WouldChange);
@@ -207,15 +247,34 @@ async fn objects_converge_repair_drift_and_are_deleted_with_a_host_held_secret()
         .map(|c| (c.field.as_str(), c.current.clone(), c.desired.clone()))
         .collect();
     assert_eq!(changes, [("size", Some(json!(99)), Some(json!(1)))]);
+    let dry_p = dry.iter().find(|r| r.resource == "http-object[api,p]").unwrap();
+    let changes: Vec<_> = dry_p
+        .changes
+        .iter()
+        .map(|c| (c.field.as_str(), c.current.clone(), c.desired.clone()))
+        .collect();
+    assert_eq!(changes, [("/spec/replicas", Some(json!(5)), Some(json!(2)))]);
     assert_eq!(api.object("a").unwrap()["size"], json!(99), "a dryrun changes nothing");
     s.set_halted(false);
-    until(&s, "self-healing", || api.object("a").unwrap()["size"] == json!(1)).await;
+    until(&s, "self-healing", || {
+        api.object("a").unwrap()["size"] == json!(1) && api.object("p").unwrap()["spec"]["replicas"] == json!(2)
+    })
+    .await;
     assert_eq!(h.recorder.count("http-object[api,a]", Trigger::Repair, Outcome::Changed), 1);
+    // The patch carried the compared field only: the server's note stays.
+    assert_eq!(api.object("p").unwrap()["spec"], json!({"replicas": 2, "note": "theirs"}));
+    assert!(
+        api.log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(m, path, _)| m == "PATCH" && path == "/objects/p")
+    );
 
     // Purge deletes; a purged object already gone is no change.
     let mut purged_c = c.clone();
     purged_c["purged"] = json!(true);
-    s.release(h.version(3, json!([a, b, purged_c])));
+    s.release(h.version(3, json!([a, b, purged_c, p])));
     s.settled().await;
     assert_eq!(api.object("c"), None);
     assert!(api.object("a").is_some() && api.object("b").is_some());
