@@ -253,8 +253,8 @@ fn refusal_in<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a Ad
     None
 }
 
-/// What an environment allows.
-#[derive(Debug, Clone)]
+/// What an environment allows. `Debug` names the secrets, never their values.
+#[derive(Clone)]
 pub struct HttpPolicy {
     pub allowed: Vec<Origin>,
     /// Where the allowed origins' hosts may resolve to.
@@ -263,6 +263,20 @@ pub struct HttpPolicy {
     pub secrets: HashMap<String, String>,
     pub timeout: Duration,
     pub max_response_bytes: usize,
+}
+
+impl fmt::Debug for HttpPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut secrets: Vec<&str> = self.secrets.keys().map(String::as_str).collect();
+        secrets.sort_unstable();
+        f.debug_struct("HttpPolicy")
+            .field("allowed", &self.allowed)
+            .field("addresses", &self.addresses)
+            .field("secrets", &secrets)
+            .field("timeout", &self.timeout)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .finish()
+    }
 }
 
 impl Default for HttpPolicy {
@@ -447,6 +461,16 @@ mod tests {
         ] {
             assert_eq!(kind(ip), expected, "{ip}");
         }
+    }
+
+    #[test]
+    fn debug_names_secrets_but_never_shows_their_values() {
+        let policy = HttpPolicy {
+            secrets: HashMap::from([("api-token".to_string(), "Bearer hunter2".to_string())]),
+            ..HttpPolicy::default()
+        };
+        let text = format!("{policy:?} {:?}", HttpAccess::new(policy.clone()).unwrap());
+        assert!(text.contains("api-token") && !text.contains("hunter2"), "{text}");
     }
 
     #[test]
