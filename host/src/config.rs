@@ -25,6 +25,11 @@ pub struct HostConfig {
     pub shutdown_grace_s: u64,
     /// The settings an environment gets when its creation names none.
     pub environment_defaults: EnvironmentSettings,
+    /// The key node credentials are encrypted with (64 hex characters, created with mode 0600
+    /// if missing); default `DATA_DIR/secret.key`. Replicas on one database share one file.
+    pub secret_key_file: Option<PathBuf>,
+    /// Nodes not verified yet or unreachable are tried again this often, in seconds.
+    pub node_reverify_interval_s: u64,
 }
 
 impl Default for HostConfig {
@@ -36,6 +41,8 @@ impl Default for HostConfig {
             max_body_bytes: 16 * 1024 * 1024,
             shutdown_grace_s: 30,
             environment_defaults: EnvironmentSettings::default(),
+            secret_key_file: None,
+            node_reverify_interval_s: 30,
         }
     }
 }

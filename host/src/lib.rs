@@ -17,6 +17,7 @@ pub mod events;
 pub mod executor;
 pub mod intent;
 pub mod metrics;
+pub mod nodes;
 pub mod persistence;
 pub mod pinning;
 pub mod scheduler;

@@ -72,6 +72,13 @@ struct ServeArgs {
     /// Seconds actions in flight get to finish at shutdown.
     #[arg(long, env = "ORC_SHUTDOWN_GRACE_S")]
     shutdown_grace_s: Option<u64>,
+    /// The key node credentials are encrypted with (default: DATA_DIR/secret.key, created 0600);
+    /// replicas on one PostgreSQL database must share it.
+    #[arg(long, env = "ORC_SECRET_KEY_FILE")]
+    secret_key_file: Option<PathBuf>,
+    /// Seconds between attempts to reach nodes not verified yet or unreachable.
+    #[arg(long, env = "ORC_NODE_REVERIFY_INTERVAL_S")]
+    node_reverify_interval_s: Option<u64>,
 }
 
 impl ServeArgs {
@@ -97,6 +104,12 @@ impl ServeArgs {
         }
         if let Some(grace) = self.shutdown_grace_s {
             config.shutdown_grace_s = grace;
+        }
+        if let Some(file) = self.secret_key_file {
+            config.secret_key_file = Some(file);
+        }
+        if let Some(every) = self.node_reverify_interval_s {
+            config.node_reverify_interval_s = every;
         }
         Ok(config)
     }

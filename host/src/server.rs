@@ -4,7 +4,8 @@
 //! ([`crate::api`]) over it and runs until told to shut down.
 //!
 //! Data directory layout: `orc.db` (the default SQLite database), `registry/`, `cache/`
-//! (compiled plugins), `nodes/<environment>/local/` (each environment's local node root).
+//! (compiled plugins), `nodes/<environment>/local/` (each environment's local node root),
+//! `secret.key` (the key node credentials are sealed with, unless `secret_key_file` says where).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orc_registry::{RegistryError, StoreOptions};
-use orc_runtime::capability::{LocalNode, Nodes};
+use orc_runtime::capability::LocalNode;
 use orc_runtime::{CallContext, EngineError, Grants, Runtime, RuntimeConfig};
 use tokio::sync::{Mutex, broadcast};
 
@@ -24,6 +25,7 @@ use crate::dryrun::DryrunResult;
 use crate::events::{Batch, EnvironmentSink, EventStream, Observer};
 use crate::intent::{Intent, IntentError, ResourceId};
 use crate::metrics::Metrics;
+use crate::nodes::{NodeRegistry, Refusal, SECRET_KEY_FILE, SecretError, SecretKey};
 use crate::persistence::{self, StoreSink};
 use crate::pinning::{self, PinError};
 use crate::scheduler::{Scheduler, Settings, Version};
@@ -47,8 +49,16 @@ pub enum EnvError {
     /// Boxed: a load error is large, and this error travels through every request.
     #[error(transparent)]
     Pin(Box<PinError>),
-    #[error("resource `{resource}` is on node `{node}`; this host manages only the `local` node")]
+    #[error("resource `{resource}` is on node `{node}`, which is not registered (nodes: `local` and those of /api/v1/nodes)")]
     UnknownNode { resource: ResourceId, node: String },
+    #[error(
+        "resource `{resource}` is on node `{node}`, which is private to another environment and not allowed for environment `{environment}`"
+    )]
+    NodeNotAllowed {
+        resource: ResourceId,
+        node: String,
+        environment: String,
+    },
     #[error("invalid settings: {0}")]
     InvalidSettings(String),
     #[error("environment `{0}` has no intent version yet")]
@@ -84,6 +94,8 @@ pub enum StartError {
     Registry(#[from] RegistryError),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error("cannot load the host's secret key")]
+    Secret(#[from] SecretError),
     #[error("cannot listen on {addr}")]
     Bind {
         addr: SocketAddr,
@@ -108,6 +120,8 @@ pub struct Environments {
     registry: orc_registry::Store,
     runtime: Runtime,
     kv: Arc<DbKv>,
+    /// The SSH nodes, shared by the environments allowed to use them.
+    nodes: NodeRegistry,
     data_dir: PathBuf,
     defaults: EnvironmentSettings,
     running: Mutex<HashMap<EnvironmentId, Arc<Running>>>,
@@ -140,7 +154,17 @@ impl Environments {
             ..RuntimeConfig::default()
         })?;
         let kv = Arc::new(DbKv::open(&store).await?);
+        let key_file = config.secret_key_file.clone().unwrap_or_else(|| data_dir.join(SECRET_KEY_FILE));
+        let key = SecretKey::load_or_create(&key_file)?;
+        let nodes = NodeRegistry::open(
+            store.clone(),
+            key,
+            orc_ssh::SshOptions::default(),
+            Duration::from_secs(config.node_reverify_interval_s),
+        )
+        .await?;
         let environments = Environments {
+            nodes,
             store,
             registry,
             runtime,
@@ -164,6 +188,11 @@ impl Environments {
     /// What `GET /metrics` shows.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The SSH nodes.
+    pub fn nodes(&self) -> &NodeRegistry {
+        &self.nodes
     }
 
     /// The store, for reads (versions, states, actions).
@@ -205,6 +234,7 @@ impl Environments {
             running.scheduler.stop().await;
         }
         self.store.delete_environment(&env.id).await?;
+        self.nodes.forget_environment(&env.id);
         self.metrics.forget(&env.name);
         let root = self.data_dir.join("nodes").join(&env.name);
         if let Err(e) = std::fs::remove_dir_all(&root)
@@ -250,7 +280,7 @@ impl Environments {
     pub async fn submit(&self, key: &str, intent_json: &[u8]) -> Result<(VersionInfo, bool), EnvError> {
         let env = self.get(key).await?;
         let intent = Intent::parse(intent_json)?;
-        check_nodes(&intent)?;
+        self.check_nodes(&intent, &env)?;
         let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &Grants::all()).await?;
         let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
         let running = self.running(&env).await?;
@@ -389,6 +419,31 @@ impl Environments {
         Ok(Version::new(version as u64, intent, pinned.plugins))
     }
 
+    /// Every resource's node must be `local` or a registered node the environment may use. A
+    /// node not verified yet (or unreachable, or blocked) is accepted: its resources stay
+    /// `unavailable` (or fail as denied) until it is usable, as with a node that goes down later.
+    fn check_nodes(&self, intent: &Intent, env: &Environment) -> Result<(), EnvError> {
+        for r in intent.resources.iter().filter(|r| r.id.node != LOCAL_NODE) {
+            match self.nodes.check(&r.id.node, &env.id) {
+                Ok(()) => {}
+                Err(Refusal::Unknown) => {
+                    return Err(EnvError::UnknownNode {
+                        resource: r.id.clone(),
+                        node: r.id.node.clone(),
+                    });
+                }
+                Err(Refusal::NotAllowed) => {
+                    return Err(EnvError::NodeNotAllowed {
+                        resource: r.id.clone(),
+                        node: r.id.node.clone(),
+                        environment: env.name.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The environment's scheduler, started (and resumed from the store) on first use.
     async fn running(&self, env: &Environment) -> Result<Arc<Running>, EnvError> {
         let mut running = self.running.lock().await;
@@ -397,8 +452,7 @@ impl Environments {
         }
         let root = node_root(&self.data_dir, &env.name);
         let node = LocalNode::open(&root).map_err(|source| EnvError::NodeRoot { path: root, source })?;
-        let nodes = Nodes::default();
-        nodes.insert(LOCAL_NODE, Arc::new(node));
+        let nodes = self.nodes.directory(env.id, &env.name, Arc::new(node));
         let ctx = CallContext {
             kv: self.kv.clone(),
             nodes: Arc::new(nodes),
@@ -474,16 +528,6 @@ fn validate_name(name: &str) -> Result<(), EnvError> {
         return Err(invalid("it must start with a letter or digit"));
     }
     Ok(())
-}
-
-fn check_nodes(intent: &Intent) -> Result<(), EnvError> {
-    match intent.resources.iter().find(|r| r.id.node != LOCAL_NODE) {
-        Some(r) => Err(EnvError::UnknownNode {
-            resource: r.id.clone(),
-            node: r.id.node.clone(),
-        }),
-        None => Ok(()),
-    }
 }
 
 /// An error with its sources, for the log.

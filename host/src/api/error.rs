@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::intent::IntentError;
+use crate::nodes::NodesError;
 use crate::pinning::PinError;
 use crate::server::{EnvError, error_chain};
 use crate::store::StoreError;
@@ -117,6 +118,7 @@ impl From<EnvError> for ApiError {
             EnvError::UnknownEnvironment(_) => ApiError::new(StatusCode::NOT_FOUND, "unknown_environment", e.to_string()),
             EnvError::InvalidName { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_name", e.to_string()),
             EnvError::UnknownNode { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_node", e.to_string()),
+            EnvError::NodeNotAllowed { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "node_not_allowed", e.to_string()),
             EnvError::InvalidSettings(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_settings", e.to_string()),
             EnvError::NoVersion(_) => ApiError::new(StatusCode::CONFLICT, "no_version", e.to_string()),
             EnvError::Intent(e) => e.into(),
@@ -124,5 +126,23 @@ impl From<EnvError> for ApiError {
             EnvError::Store(e) => e.into(),
             EnvError::NodeRoot { .. } => ApiError::internal(&e),
         }
+    }
+}
+
+impl From<NodesError> for ApiError {
+    fn from(e: NodesError) -> ApiError {
+        let (status, code) = match &e {
+            NodesError::Unknown(_) => (StatusCode::NOT_FOUND, "unknown_node"),
+            NodesError::Invalid { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_field"),
+            NodesError::InvalidCredential(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_credential"),
+            NodesError::InUse { .. } => (StatusCode::CONFLICT, "node_in_use"),
+            NodesError::NoKeyToAccept { .. } => (StatusCode::CONFLICT, "host_key_unchanged"),
+            NodesError::WrongFingerprint { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "wrong_fingerprint"),
+            NodesError::Secret(_) => return ApiError::internal(&e),
+            NodesError::Store(StoreError::Conflict { .. }) => (StatusCode::CONFLICT, "node_exists"),
+            NodesError::Store(StoreError::NotFound { .. }) => (StatusCode::NOT_FOUND, "not_found"),
+            NodesError::Store(_) => return ApiError::internal(&e),
+        };
+        ApiError::new(status, code, e.to_string())
     }
 }

@@ -1,8 +1,8 @@
 //! The REST API under `/api/v1`: environments, intent versions, resources, actions (deploy,
-//! repair, dryrun), the action log, events, health, readiness and the OpenAPI document generated
-//! from these handlers (`/api/v1/openapi.json`). Handlers are thin: they decode the request,
-//! call [`Environments`] (writes) or the store (reads) and encode the answer. Every refusal is an
-//! [`ApiError`]: JSON `{code, message}` with a stable code.
+//! repair, dryrun), the action log, events, SSH nodes, health, readiness and the OpenAPI
+//! document generated from these handlers (`/api/v1/openapi.json`). Handlers are thin: they
+//! decode the request, call [`Environments`] (writes) or the store (reads) and encode the
+//! answer. Every refusal is an [`ApiError`]: JSON `{code, message}` with a stable code.
 //!
 //! Architecture invariant: handlers never issue SQL; they reach the database only through
 //! `store`.
@@ -13,6 +13,7 @@ mod error;
 mod events;
 mod extract;
 mod intents;
+mod nodes;
 mod ops;
 mod resources;
 mod tokens;
@@ -54,6 +55,7 @@ type Result<T, E = ApiError> = std::result::Result<T, E>;
         (name = "resources", description = "Resource states and the action log"),
         (name = "actions", description = "Deploy, repair and dryrun, answered 202 with an id to fetch"),
         (name = "events", description = "Server-sent events of state changes and action outcomes"),
+        (name = "nodes", description = "SSH nodes: register, verify, label, share or keep private, accept a changed host key"),
         (name = "host", description = "Health, readiness and admin tokens"),
     )
 )]
@@ -80,6 +82,7 @@ fn protected() -> OpenApiRouter<AppState> {
         .merge(actions::routes())
         .merge(events::routes())
         .merge(tokens::routes())
+        .merge(nodes::routes())
 }
 
 /// The OpenAPI document of `/api/v1` (paths relative to it; `servers` says where it lives).

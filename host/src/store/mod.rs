@@ -1,7 +1,7 @@
 //! The persistence layer of orc-host: environments, intent versions, resource states, the action
-//! log, dryrun reports, admin tokens and the plugin key/value store, on SQLite (the embedded
-//! default: one file in the data directory) or PostgreSQL (production, scale-out), with the same
-//! behaviour on both.
+//! log, dryrun reports, admin tokens, SSH nodes (their credentials sealed, in a table of their
+//! own) and the plugin key/value store, on SQLite (the embedded default: one file in the data
+//! directory) or PostgreSQL (production, scale-out), with the same behaviour on both.
 //!
 //! # Two backends, one enum
 //! [`Store`] holds `Db::Sqlite(SqlitePool)` or `Db::Postgres(PgPool)` rather than sqlx's
@@ -68,6 +68,7 @@ mod error;
 mod intents;
 mod kv;
 mod model;
+mod nodes;
 mod operations;
 mod states;
 mod tokens;
@@ -75,6 +76,7 @@ mod tokens;
 pub use error::StoreError;
 pub use kv::DbKv;
 pub use model::*;
+pub use nodes::NodeDeletion;
 
 use error::backend;
 
@@ -279,10 +281,12 @@ type Embedded = &'static [(i64, &'static str, &'static str)];
 const SQLITE_MIGRATIONS: Embedded = &[
     (1, "init", include_str!("../../migrations/sqlite/0001_init.sql")),
     (2, "operations", include_str!("../../migrations/sqlite/0002_operations.sql")),
+    (3, "nodes", include_str!("../../migrations/sqlite/0003_nodes.sql")),
 ];
 const POSTGRES_MIGRATIONS: Embedded = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
     (2, "operations", include_str!("../../migrations/postgres/0002_operations.sql")),
+    (3, "nodes", include_str!("../../migrations/postgres/0003_nodes.sql")),
 ];
 
 fn migrator(embedded: Embedded) -> Migrator {

@@ -500,3 +500,120 @@ pub fn hash_token(token: &str) -> String {
     use sha2::Digest as _;
     hex::encode(sha2::Sha256::digest(token.as_bytes()))
 }
+
+named_enum!(
+    /// Where a node stands: `unidentified` until the host has reached it and pinned its host key,
+    /// then `public` (any environment may use it) or `private` (one environment); `unreachable`,
+    /// `auth_failed` and `host_key_changed` when the last attempt to reach it failed that way.
+    NodeStatus("node status") {
+        /// Registered, not yet reached.
+        Unidentified => "unidentified",
+        /// Verified; any environment may use it.
+        Public => "public",
+        /// Verified; only its environment may use it.
+        Private => "private",
+        /// The last connection attempt found nothing answering; retried.
+        Unreachable => "unreachable",
+        /// The node refused the credential (or the key could not be used).
+        AuthFailed => "auth_failed",
+        /// The node presented a host key other than the pinned one: unusable until an operator
+        /// accepts the new key.
+        HostKeyChanged => "host_key_changed",
+    }
+);
+
+impl NodeStatus {
+    /// The status of a node that was just verified.
+    pub fn verified(private: bool) -> NodeStatus {
+        if private { NodeStatus::Private } else { NodeStatus::Public }
+    }
+
+    pub fn is_verified(self) -> bool {
+        matches!(self, NodeStatus::Public | NodeStatus::Private)
+    }
+}
+
+named_enum!(
+    /// How the host logs in to a node (the secret itself is never shown).
+    CredentialKind("credential kind") {
+        PrivateKey => "private_key",
+        Password => "password",
+    }
+);
+
+/// A node as the store keeps it, without its credential.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct NodeRecord {
+    pub name: String,
+    pub address: String,
+    pub port: u16,
+    pub user: String,
+    pub credential: CredentialKind,
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The environment it is private to; `None`: public.
+    pub environment: Option<EnvironmentId>,
+    /// That environment's name.
+    pub environment_name: Option<String>,
+    pub status: NodeStatus,
+    /// The pinned host key fingerprint (`SHA256:…`).
+    pub host_key: Option<String>,
+    /// A different host key the node presented, refused until accepted.
+    pub presented_host_key: Option<String>,
+    /// Facts gathered at the last verification (JSON).
+    #[schema(value_type = Option<Object>)]
+    pub facts: Option<serde_json::Value>,
+    pub last_error: Option<String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+    pub verified_at: Option<Millis>,
+}
+
+/// A new node to store (status `unidentified`).
+#[derive(Debug, Clone)]
+pub struct NewNode {
+    pub name: String,
+    pub address: String,
+    pub port: u16,
+    pub user: String,
+    pub credential: CredentialKind,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub environment: Option<EnvironmentId>,
+    pub host_key: Option<String>,
+}
+
+/// A credential encrypted with the host's secret key. Only the node registry can open it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SealedCredential {
+    pub nonce: Vec<u8>,
+    pub ciphertext: Vec<u8>,
+}
+
+impl fmt::Debug for SealedCredential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SealedCredential(<encrypted>)")
+    }
+}
+
+/// What a verification (or an observation of a node in use) found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeObservation {
+    pub status: NodeStatus,
+    /// A new pinned key (first verification, or an accepted key); `None` keeps the stored one.
+    pub host_key: Option<String>,
+    /// The refused key, with `host_key_changed`; cleared otherwise.
+    pub presented_host_key: Option<String>,
+    /// New facts; `None` keeps the stored ones.
+    pub facts: Option<serde_json::Value>,
+    pub last_error: Option<String>,
+    /// Set when the node was reached and its key checked.
+    pub verified_at: Option<Millis>,
+}
+
+/// Changes to a node's labels, visibility or credential.
+#[derive(Debug, Clone, Default)]
+pub struct NodePatch {
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
+    /// `Some(None)`: make public; `Some(Some(env))`: private to `env`.
+    pub environment: Option<Option<EnvironmentId>>,
+    pub credential: Option<(CredentialKind, SealedCredential)>,
+}

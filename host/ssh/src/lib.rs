@@ -47,6 +47,18 @@ impl fmt::Debug for Credential {
 }
 
 impl Credential {
+    /// Checks that a private key can be used (it decodes, with its passphrase if encrypted)
+    /// before it is stored. The message says what is wrong and never contains the key.
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            Credential::PrivateKey { pem, passphrase } => russh::keys::decode_secret_key(pem, passphrase.as_deref())
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            Credential::Password(p) if p.is_empty() => Err("the password is empty".into()),
+            Credential::Password(_) => Ok(()),
+        }
+    }
+
     pub(crate) fn method(&self) -> &'static str {
         match self {
             Credential::PrivateKey { .. } => "public key",
