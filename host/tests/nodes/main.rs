@@ -30,27 +30,33 @@ struct Host {
     token: String,
     client: reqwest::Client,
     dir: tempfile::TempDir,
+    database: Option<String>,
     stop: oneshot::Sender<()>,
     served: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
 impl Host {
     async fn start(backend: Backend) -> Host {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let dir = tempfile::tempdir().unwrap();
         let database = match backend {
             Backend::Sqlite => None,
             Backend::Postgres => Some(pg::fresh_database().await.unwrap()),
         };
+        Host::start_on(tempfile::tempdir().unwrap(), database, None).await
+    }
+
+    /// Starts on a data directory and database; `token`: the admin token of an earlier start on
+    /// them (only a first start creates one).
+    async fn start_on(dir: tempfile::TempDir, database: Option<String>, token: Option<String>) -> Host {
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let config = HostConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             data_dir: dir.path().to_path_buf(),
-            database,
+            database: database.clone(),
             node_reverify_interval_s: 1,
             ..HostConfig::default()
         };
         let server = Server::start(&config).await.unwrap();
-        let token = server.initial_token().unwrap().to_string();
+        let token = server.initial_token().map(str::to_string).or(token).expect("a token");
         let addr = server.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let served = tokio::spawn(server.run(async {
@@ -61,14 +67,21 @@ impl Host {
             token,
             client: reqwest::Client::new(),
             dir,
+            database,
             stop,
             served,
         }
     }
 
     async fn stop(self) {
+        self.restart_later().await;
+    }
+
+    /// Stops, keeping what a restart on the same data needs.
+    async fn restart_later(self) -> (tempfile::TempDir, Option<String>, String) {
         let _ = self.stop.send(());
         self.served.await.unwrap().unwrap();
+        (self.dir, self.database, self.token)
     }
 
     /// Every answer's raw text goes through here, so a test can check none ever held a secret.
@@ -312,6 +325,18 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
     let (status, _) = host.get("/nodes/web1").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
+    // A restarted host opens the credentials it sealed and verifies its nodes again.
+    host.register(key_registration("web3", &sshd)).await;
+    let before = host.wait_status("web3", "public").await;
+    let (dir, database, token) = host.restart_later().await;
+    let host = Host::start_on(dir, database, Some(token)).await;
+    let after = host
+        .wait_node("web3", "verified again", |n| {
+            n["status"] == "public" && n["verified_at"] != before["verified_at"]
+        })
+        .await;
+    assert_eq!(after["host_key"], before["host_key"]);
+
     for text in &answers {
         assert!(!text.contains(&fragment), "an answer holds the private key: {text}");
         assert!(!text.contains("BEGIN OPENSSH PRIVATE KEY"), "an answer holds a key: {text}");
@@ -398,6 +423,32 @@ async fn private_nodes_are_refused_to_other_environments() {
         .submit("team-b", json!([file("db1", std::path::Path::new("/tmp/y"), "y")]))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{version}");
+
+    // The answers match the schemas the OpenAPI document gives them.
+    let doc: Value = host
+        .client
+        .get(format!("{}/openapi.json", host.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (_, list) = host.get("/nodes").await;
+    let (_, missing) = host.get("/nodes/nope").await;
+    for (path, method, status, body) in [
+        ("/nodes/{node}", "get", 200, &node),
+        ("/nodes", "get", 200, &list),
+        ("/nodes/{node}", "get", 404, &missing),
+    ] {
+        let schema = &doc["paths"][path][method]["responses"][status.to_string()]["content"]["application/json"]["schema"];
+        assert!(schema.is_object(), "{method} {path} {status}: no schema");
+        let root = json!({ "$schema": "https://json-schema.org/draft/2020-12/schema", "components": doc["components"], "allOf": [schema] });
+        let validator = jsonschema::validator_for(&root).unwrap();
+        if let Err(e) = validator.validate(body) {
+            panic!("{method} {path} {status} does not match its schema: {e}\n{body}");
+        }
+    }
     host.stop().await;
 }
 
