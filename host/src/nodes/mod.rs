@@ -265,6 +265,8 @@ impl NodeRegistry {
             Err(e) => return Err(e.into()),
         }
         let gone = self.inner.entries.write().expect("node entries").remove(name);
+        self.inner.locks.lock().expect("node locks").remove(name);
+        self.inner.probes.lock().expect("node probes").remove(name);
         if let Some(ssh) = gone.and_then(|e| e.ssh) {
             ssh.ssh.disconnect().await;
         }
