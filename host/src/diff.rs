@@ -98,7 +98,10 @@ fn resource_fields(from: &ResourceSpec, to: &ResourceSpec) -> Vec<FieldDiff> {
         Value::from(set.into_iter().collect::<Vec<_>>())
     };
     differ("requires", requires(from), requires(to));
-    values(&mut fields, "attributes".to_string(), Some(&from.attributes), Some(&to.attributes));
+    if from.attributes != to.attributes {
+        let (a, b) = (from.attributes.to_value(), to.attributes.to_value());
+        values(&mut fields, "attributes".to_string(), Some(&a), Some(&b));
+    }
     fields
 }
 

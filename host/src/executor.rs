@@ -79,7 +79,7 @@ pub fn target_of(spec: &ResourceSpec) -> Target {
         resource_type: spec.id.resource_type.clone(),
         node: spec.id.node.clone(),
         key: spec.id.key.clone(),
-        attributes: spec.attributes.to_string(),
+        attributes: spec.attributes.as_json().to_string(),
     }
 }
 

@@ -130,9 +130,9 @@ pub struct ResourceSpec {
     #[schema(value_type = String, example = "file@0.1.0")]
     pub adaptor: PluginRef,
     /// The desired state, as the adaptor defines it.
-    #[serde(default = "empty_object")]
+    #[serde(default)]
     #[schema(value_type = Object)]
-    pub attributes: serde_json::Value,
+    pub attributes: Attributes,
     /// Ids of resources that must be deployed before this one.
     #[serde(default)]
     #[schema(value_type = Vec<String>)]
@@ -142,8 +142,58 @@ pub struct ResourceSpec {
     pub purged: bool,
 }
 
-fn empty_object() -> serde_json::Value {
-    serde_json::Value::Object(Default::default())
+/// A resource's desired attributes, kept as canonical JSON text (object keys sorted, no
+/// whitespace): what adaptors receive and what the desired hash covers, so neither serialises
+/// anything per action, and an order of magnitude smaller in memory than a `serde_json::Value`
+/// tree (a version of 100,000 resources stays loaded for as long as it is released). Parsed back
+/// only where a tree is needed (intent diffs).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Attributes(Box<str>);
+
+impl Attributes {
+    /// The canonical text of `value` (not necessarily an object: [`Intent::validate`] refuses
+    /// anything else naming the resource).
+    pub fn new(value: &serde_json::Value) -> Attributes {
+        Attributes(value.to_string().into_boxed_str())
+    }
+
+    /// The canonical JSON text.
+    pub fn as_json(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_object(&self) -> bool {
+        self.0.starts_with('{')
+    }
+
+    /// The attributes as a JSON tree.
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.0).expect("canonical attributes are valid JSON")
+    }
+}
+
+impl Default for Attributes {
+    fn default() -> Attributes {
+        Attributes("{}".into())
+    }
+}
+
+impl fmt::Debug for Attributes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for Attributes {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.to_value().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Attributes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde_json::Value::deserialize(d).map(|v| Attributes::new(&v))
+    }
 }
 
 /// An intent document as submitted.
@@ -279,6 +329,33 @@ mod tests {
 
     fn doc(resources: serde_json::Value) -> Result<Intent, IntentError> {
         Intent::parse(serde_json::json!({ "resources": resources }).to_string().as_bytes())
+    }
+
+    #[test]
+    fn attributes_are_canonical_and_hash_as_a_json_value_would() {
+        let a = doc(serde_json::json!([{ "id": "file[n,/a]", "adaptor": "file@0.1.0",
+            "attributes": { "z": 1, "a": { "y": [1, 2.5, "x\"y"], "b": null }, "m": "é\n" } }]))
+        .unwrap();
+        let b = Intent::parse(
+            br#"{"resources": [{"id": "file[n,/a]", "adaptor": "file@0.1.0",
+                "attributes": {"m": "\u00e9\n", "a": {"b": null, "y": [1, 2.5, "x\"y"]}, "z": 1}}]}"#,
+        )
+        .unwrap();
+        let (a, b) = (&a.resources[0], &b.resources[0]);
+        assert_eq!(a.attributes, b.attributes, "key order and escapes do not matter");
+        assert_eq!(a.attributes.as_json(), r#"{"a":{"b":null,"y":[1,2.5,"x\"y"]},"m":"é\n","z":1}"#);
+        // Hashes stored by earlier versions were of this JSON value's text: they must not change.
+        let digest = Digest::of(b"plugin");
+        for purged in [false, true] {
+            let spec = ResourceSpec { purged, ..a.clone() };
+            let value = serde_json::json!({ "adaptor": digest.to_string(), "attributes": spec.attributes.to_value(), "purged": purged });
+            assert_eq!(
+                crate::scheduler::desired_hash(&spec, &digest),
+                Digest::of(value.to_string().as_bytes())
+            );
+        }
+        let missing = doc(serde_json::json!([{ "id": "file[n,/a]", "adaptor": "file@0.1.0" }])).unwrap();
+        assert_eq!(missing.resources[0].attributes.as_json(), "{}");
     }
 
     #[test]

@@ -111,8 +111,14 @@ impl Version {
 /// The hash of what a resource should be: its adaptor, attributes and purge mark. JSON objects
 /// serialise with sorted keys, so equal desired states hash equally.
 pub fn desired_hash(spec: &ResourceSpec, adaptor: &Digest) -> Digest {
-    let canonical = serde_json::json!({ "adaptor": adaptor.to_string(), "attributes": spec.attributes, "purged": spec.purged });
-    Digest::of(canonical.to_string().as_bytes())
+    // Exactly the text of `{"adaptor": …, "attributes": …, "purged": …}` serialised as a JSON
+    // value (keys in order, no whitespace), without building one.
+    let canonical = format!(
+        r#"{{"adaptor":"{adaptor}","attributes":{},"purged":{}}}"#,
+        spec.attributes.as_json(),
+        spec.purged
+    );
+    Digest::of(canonical.as_bytes())
 }
 
 /// A resource's status: the store's, so that what the scheduler decides is what is persisted.
