@@ -325,6 +325,9 @@ struct Entry {
     last_deploy_at: Option<i64>,
     last_verified_at: Option<i64>,
     next_retry_at: Option<i64>,
+    /// When its one live timer (retry or repair) is due; a timer in the heap whose due differs
+    /// was superseded (rescheduled, or a new interval) and is ignored when it fires.
+    timer: Option<Instant>,
 }
 
 /// A finished action, applied by resource id so that it lands even after a new version.
@@ -441,13 +444,34 @@ impl Loop {
                 }
             }
             Command::Settled(reply) => self.settled.push(reply),
-            Command::Settings(settings) => self.settings = settings,
+            Command::Settings(settings) => self.apply_settings(settings),
             Command::Halt(halted) => self.halted = halted,
             Command::Stop(reply) => {
                 self.halted = true;
                 self.stopping = Some(reply);
             }
         }
+    }
+
+    /// New settings. A changed repair interval reschedules self-healing of every deployed
+    /// resource at once, so switching it on (or shortening it) does not wait for each resource's
+    /// next action; switching it off cancels the pending repairs.
+    fn apply_settings(&mut self, settings: Settings) {
+        let interval_changed = settings.repair_interval != self.settings.repair_interval;
+        self.settings = settings;
+        if !interval_changed {
+            return;
+        }
+        for i in 0..self.entries.len() {
+            if self.entries[i].status == Status::Deployed {
+                self.entries[i].timer = None;
+                self.schedule_repair(i);
+            }
+        }
+        // Drop what the reschedule superseded, so old intervals leave nothing behind.
+        let entries = &self.entries;
+        self.timers
+            .retain(|Reverse((due, _, i, _))| entries.get(*i).is_some_and(|e| e.timer == Some(*due)));
     }
 
     fn release(&mut self, v: Arc<Version>) {
@@ -475,6 +499,7 @@ impl Loop {
                     last_deploy_at: None,
                     last_verified_at: None,
                     next_retry_at: None,
+                    timer: None,
                 }
             })
             .collect();
@@ -693,15 +718,19 @@ impl Loop {
             .retry_interval
             .saturating_mul(1 << (attempts.saturating_sub(1)).min(16));
         let delay = jitter(base.min(self.settings.max_retry_interval), i);
+        let due = Instant::now() + delay;
         self.entries[i].next_retry_at = Some(crate::store::now_ms() + delay.as_millis() as i64);
-        self.timers.push(Reverse((Instant::now() + delay, v.number, i, false)));
+        self.entries[i].timer = Some(due);
+        self.timers.push(Reverse((due, v.number, i, false)));
     }
 
     fn schedule_repair(&mut self, i: usize) {
         let (Some(v), Some(interval)) = (&self.version, self.settings.repair_interval) else {
             return;
         };
-        self.timers.push(Reverse((Instant::now() + jitter(interval, i), v.number, i, true)));
+        let due = Instant::now() + jitter(interval, i);
+        self.entries[i].timer = Some(due);
+        self.timers.push(Reverse((due, v.number, i, true)));
     }
 
     fn fire_timers(&mut self) {
@@ -712,9 +741,10 @@ impl Loop {
                 break;
             }
             self.timers.pop();
-            if Some(version) != current {
+            if Some(version) != current || self.entries[i].timer != Some(due) {
                 continue;
             }
+            self.entries[i].timer = None;
             let status = self.entries[i].status;
             if repair && status == Status::Deployed {
                 self.want(i, Trigger::Repair);
