@@ -1,0 +1,346 @@
+//! What the REST benchmarks (`api-bench`, `node-bench`) share: a real `orc-host serve` child
+//! process from the release build and a client for its API, and the three measured phases —
+//! intent `POST` → every resource deployed, user repair → its operation done (then, untimed,
+//! every resource checked deployed and verified since), dryrun → its report done with nothing to
+//! change. Included by each example with `#[path = "support/serve.rs"] mod serve;`.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+use tokio::process::{Child, Command};
+
+/// Pause between two polls of a condition (`ORC_BENCH_POLL_MS`, default 2).
+pub fn poll_interval() -> Duration {
+    let ms = std::env::var("ORC_BENCH_POLL_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    Duration::from_millis(ms)
+}
+/// Longest wait for any one condition.
+pub const PATIENCE: Duration = Duration::from_secs(600);
+/// Resources per listing page (the API's maximum).
+const PAGE: usize = 10_000;
+
+/// Resident and peak resident memory of a process, in KiB.
+#[derive(Debug, Clone, Copy)]
+pub struct Memory {
+    pub rss_kib: u64,
+    pub hwm_kib: u64,
+}
+
+impl std::fmt::Display for Memory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RSS {:.1} MiB (peak {:.1} MiB)",
+            self.rss_kib as f64 / 1024.0,
+            self.hwm_kib as f64 / 1024.0
+        )
+    }
+}
+
+pub fn memory_of(pid: u32) -> Result<Memory> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("reading /proc/PID/status")?;
+    let field = |name: &str| -> Result<u64> {
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .ok_or_else(|| anyhow!("no {name} in /proc/{pid}/status"))?;
+        Ok(line[name.len()..].trim().trim_end_matches("kB").trim().parse()?)
+    };
+    Ok(Memory {
+        rss_kib: field("VmRSS:")?,
+        hwm_kib: field("VmHWM:")?,
+    })
+}
+
+/// A running `orc-host serve` child process and a client for its API.
+pub struct Host {
+    child: Child,
+    pub pid: u32,
+    pub base: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Host {
+    pub async fn spawn(bin: &Path, data_dir: &Path, database: Option<&str>) -> Result<Host> {
+        let mut command = Command::new(bin);
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--max-body-bytes", "67108864", "--data-dir"])
+            .arg(data_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        if let Some(url) = database {
+            command.args(["--database", url]);
+        }
+        let mut child = command.spawn().with_context(|| format!("starting {}", bin.display()))?;
+        let pid = child.id().ok_or_else(|| anyhow!("the server exited at once"))?;
+        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+        let (mut addr, mut token) = (None, None);
+        while addr.is_none() || token.is_none() {
+            let line = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
+                .await
+                .context("the server printed nothing for 120 s")??
+                .ok_or_else(|| anyhow!("the server exited before printing its address and admin token"))?;
+            if let Some(a) = line.strip_prefix("listening on ") {
+                addr = Some(a.trim().to_string());
+            } else if let Some((_, t)) = line.split_once("admin token (shown once; only its hash is stored): ") {
+                token = Some(t.trim().to_string());
+            }
+        }
+        // Keep draining stdout, so the server never writes into a closed pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Host {
+            child,
+            pid,
+            base: addr.expect("read"),
+            token: token.expect("read"),
+            http: reqwest::Client::builder().pool_max_idle_per_host(4).build()?,
+        })
+    }
+
+    pub fn memory(&self) -> Result<Memory> {
+        memory_of(self.pid)
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<(StatusCode, Value)> {
+        let response = request.bearer_auth(&self.token).send().await?;
+        let status = response.status();
+        let bytes = response.bytes().await?;
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        Ok((status, value))
+    }
+
+    pub async fn get(&self, path: &str) -> Result<(StatusCode, Value)> {
+        self.send(self.http.get(format!("{}{path}", self.base))).await
+    }
+
+    pub async fn post(&self, path: &str, body: Vec<u8>) -> Result<(StatusCode, Value)> {
+        self.send(
+            self.http
+                .post(format!("{}{path}", self.base))
+                .header("content-type", "application/json")
+                .body(body),
+        )
+        .await
+    }
+
+    /// Publishes a plugin to the server's registry (`/registry`, the token is needed to write).
+    pub async fn publish(&self, bytes: &'static [u8]) -> Result<Value> {
+        let (status, body) = self
+            .send(
+                self.http
+                    .post(format!("{}/registry/v1/plugins", self.base))
+                    .header("content-type", "application/wasm")
+                    .body(bytes),
+            )
+            .await?;
+        ensure!(status.is_success(), "publishing: {status} {body}");
+        Ok(body)
+    }
+
+    /// Creates an environment with `settings` (as `POST /api/v1/environments` takes them).
+    pub async fn create_environment(&self, name: &str, settings: Value) -> Result<()> {
+        let (status, body) = self
+            .post(
+                "/api/v1/environments",
+                serde_json::to_vec(&json!({ "name": name, "settings": settings }))?,
+            )
+            .await?;
+        ensure!(status == StatusCode::CREATED, "creating {name}: {status} {body}");
+        Ok(())
+    }
+
+    /// Resources per status, from `GET /api/v1/environments/{env}`.
+    pub async fn counts(&self, env: &str) -> Result<BTreeMap<String, u64>> {
+        let (status, body) = self.get(&format!("/api/v1/environments/{env}")).await?;
+        ensure!(status == StatusCode::OK, "GET environment {env}: {status} {body}");
+        let counts = body
+            .get("resources")
+            .and_then(Value::as_object)
+            .ok_or_else(|| anyhow!("GET environment {env}: no `resources` counts in {body}"))?;
+        Ok(counts.iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0))).collect())
+    }
+
+    /// Polls the counts until every one of `n` resources is deployed; fails on any failure.
+    pub async fn until_deployed(&self, env: &str, n: u64) -> Result<u64> {
+        let deadline = Instant::now() + PATIENCE;
+        let mut polls = 0;
+        loop {
+            let counts = self.counts(env).await?;
+            polls += 1;
+            if counts.get("deployed").copied().unwrap_or(0) == n {
+                return Ok(polls);
+            }
+            let bad: u64 = ["failed", "skipped", "unavailable"].iter().filter_map(|s| counts.get(*s)).sum();
+            ensure!(bad == 0, "resources did not deploy: {counts:?}");
+            ensure!(Instant::now() < deadline, "not deployed after {PATIENCE:?}: {counts:?}");
+            tokio::time::sleep(poll_interval()).await;
+        }
+    }
+
+    /// Polls `…/{env}/{collection}/{id}` (an operation or a dryrun, `id` from the 202 answer
+    /// `accepted`) until its status is `done`.
+    pub async fn until_done(&self, env: &str, collection: &str, accepted: &Value) -> Result<Value> {
+        let id = accepted
+            .get("id")
+            .and_then(Value::as_str)
+            .ok_or_else(|| anyhow!("answered without an id: {accepted}"))?;
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let (status, body) = self.get(&format!("/api/v1/environments/{env}/{collection}/{id}")).await?;
+            ensure!(status == StatusCode::OK, "{collection}/{id}: {status} {body}");
+            match body.get("status").and_then(Value::as_str) {
+                Some("running") => {}
+                Some("done") => return Ok(body),
+                other => bail!("{collection}/{id} ended {other:?}: {body}"),
+            }
+            ensure!(Instant::now() < deadline, "{collection}/{id} not done after {PATIENCE:?}");
+            tokio::time::sleep(poll_interval()).await;
+        }
+    }
+
+    /// Every resource state of `env`, page by page.
+    pub async fn all_resources(&self, env: &str) -> Result<Vec<Value>> {
+        let mut items = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let mut url = reqwest::Url::parse(&format!("{}/api/v1/environments/{env}/resources", self.base))?;
+            url.query_pairs_mut().append_pair("limit", &PAGE.to_string());
+            if let Some(a) = &after {
+                url.query_pairs_mut().append_pair("after", a);
+            }
+            let (status, mut page) = self.send(self.http.get(url)).await?;
+            ensure!(status == StatusCode::OK, "listing resources: {status} {page}");
+            if let Some(Value::Array(batch)) = page.get_mut("items").map(Value::take) {
+                items.extend(batch);
+            }
+            match page.get("next_after").and_then(Value::as_str) {
+                Some(a) => after = Some(a.to_string()),
+                None => return Ok(items),
+            }
+        }
+    }
+
+    /// Stops the server gracefully (SIGTERM) and waits for it.
+    pub async fn stop(mut self) -> Result<()> {
+        let _ = std::process::Command::new("kill").args(["-TERM", &self.pid.to_string()]).status();
+        match tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await {
+            Ok(status) => {
+                let status = status?;
+                ensure!(status.success(), "the server exited with {status}");
+            }
+            Err(_) => {
+                self.child.kill().await?;
+                bail!("the server did not stop within 60 s of SIGTERM");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Milliseconds since the Unix epoch (the server's timestamps, on the same clock).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A measured intent submission.
+pub struct Deployed {
+    /// From just before the `POST` until the environment counts every resource deployed.
+    pub elapsed: Duration,
+    /// Until the `POST` was answered `201`.
+    pub answered: Duration,
+    pub polls: u64,
+}
+
+/// Submits `body` to `env` and waits until all `n` resources are deployed.
+pub async fn deploy(host: &Host, env: &str, body: Vec<u8>, n: usize) -> Result<Deployed> {
+    let t = Instant::now();
+    let (status, submitted) = host.post(&format!("/api/v1/environments/{env}/intents"), body).await?;
+    let answered = t.elapsed();
+    ensure!(status == StatusCode::CREATED, "submitting: {status} {submitted}");
+    let polls = host.until_deployed(env, n as u64).await?;
+    Ok(Deployed {
+        elapsed: t.elapsed(),
+        answered,
+        polls,
+    })
+}
+
+/// A user repair from just before the `POST` until its operation is done, i.e. the scheduler
+/// settled after re-reading every resource and every action was recorded; then, untimed, every
+/// one of the `n` resources is checked to be deployed and verified by this repair. Returns the
+/// time and the operation's action counts.
+pub async fn repair(host: &Host, env: &str, n: usize) -> Result<(Duration, String)> {
+    let since = now_ms();
+    let t = Instant::now();
+    let (status, operation) = host.post(&format!("/api/v1/environments/{env}/repair"), Vec::new()).await?;
+    ensure!(status == StatusCode::ACCEPTED, "repair: {status} {operation}");
+    let done = host.until_done(env, "operations", &operation).await?;
+    let elapsed = t.elapsed();
+    let resources = host.all_resources(env).await?;
+    let verified = resources
+        .iter()
+        .filter(|r| r.get("status").and_then(Value::as_str) == Some("deployed"))
+        .filter(|r| r.get("last_verified_at").and_then(Value::as_i64).is_some_and(|at| at >= since))
+        .count();
+    ensure!(
+        verified == n,
+        "after the repair only {verified} of {n} resources are deployed and verified since it started"
+    );
+    let actions = done.pointer("/result/actions").map(Value::to_string).unwrap_or_default();
+    Ok((elapsed, actions))
+}
+
+/// A dryrun from just before the `POST` until its report is done; it must find all `n`
+/// resources unchanged. Returns the time and the report's summary.
+pub async fn dryrun(host: &Host, env: &str, n: usize) -> Result<(Duration, String)> {
+    let t = Instant::now();
+    let (status, started) = host.post(&format!("/api/v1/environments/{env}/dryrun"), Vec::new()).await?;
+    ensure!(status == StatusCode::ACCEPTED, "dryrun: {status} {started}");
+    let report = host.until_done(env, "dryruns", &started).await?;
+    let elapsed = t.elapsed();
+    let summary = match report.pointer("/report/summary") {
+        Some(summary) => summary.to_string(),
+        None => "no summary".to_string(),
+    };
+    let unchanged = report.pointer("/report/summary/no_change").and_then(Value::as_u64);
+    ensure!(unchanged == Some(n as u64), "the dryrun should find nothing to change: {summary}");
+    Ok((elapsed, summary))
+}
+
+/// The release `orc-host` beside the running example (`target/release/examples/<name>` →
+/// `target/release/orc-host`), or `ORC_HOST_BIN`.
+pub fn host_binary() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("ORC_HOST_BIN") {
+        return Ok(bin.into());
+    }
+    let exe = std::env::current_exe()?;
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("orc-host"))
+        .ok_or_else(|| anyhow!("cannot locate orc-host from {}", exe.display()))?;
+    ensure!(
+        bin.is_file(),
+        "{} not found: build it (`cargo build --release -p orc-host --bins --examples`) or set ORC_HOST_BIN",
+        bin.display()
+    );
+    Ok(bin)
+}
