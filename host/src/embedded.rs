@@ -235,6 +235,8 @@ impl Sink for CollectingSink {
                 Event::Action { report, .. } => {
                     seen.reports.insert(report.resource.clone(), report);
                 }
+                // One version per run: nothing is dropped.
+                Event::Released { .. } => {}
             }
         }
         Box::pin(std::future::ready(()))

@@ -58,6 +58,7 @@ fn published(event: &Event) -> Published {
     let name = match event {
         Event::State(_) => "state",
         Event::Action { .. } => "action",
+        Event::Released { .. } => "released",
     };
     Published {
         name,

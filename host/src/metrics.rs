@@ -189,6 +189,13 @@ impl Metrics {
                         *actions.entry((trigger_name(*trigger), outcome_name(report.outcome))).or_default() += 1;
                         durations.push(report.duration);
                     }
+                    Event::Released { dropped, .. } => {
+                        for resource in dropped {
+                            if let Some(previous) = last.remove(&self.hasher.hash_one(resource.as_str())) {
+                                *moved.entry(previous).or_default() -= 1;
+                            }
+                        }
+                    }
                 }
             }
         }

@@ -30,6 +30,7 @@ impl StoreSink {
         // The last state of a resource in a batch is the one that counts.
         let mut states: HashMap<String, ResourceState> = HashMap::new();
         let mut actions = Vec::new();
+        let mut released = None;
         for event in events {
             match event {
                 Event::State(s) => {
@@ -76,6 +77,7 @@ impl StoreSink {
                         message: e.message,
                     }),
                 }),
+                Event::Released { version, .. } => released = Some(version as i64),
             }
         }
         let states: Vec<ResourceState> = states.into_values().collect();
@@ -87,7 +89,17 @@ impl StoreSink {
         let mut delay = FIRST_RETRY;
         let mut attempt = 1;
         loop {
-            match self.store.record_progress(&self.environment, &states, &actions).await {
+            let written = match self.store.record_progress(&self.environment, &states, &actions).await {
+                // Every state of the released version is stored by now (the scheduler hands
+                // them over before the release), so what is left outside it was dropped. A
+                // crash before this runs is made good by the release at the next start.
+                Ok(()) => match released {
+                    Some(version) => self.store.delete_states_outside(&self.environment, version).await.map(drop),
+                    None => Ok(()),
+                },
+                Err(e) => Err(e),
+            };
+            match written {
                 Ok(()) => return Ok(()),
                 Err(e) if attempt < WRITE_ATTEMPTS => {
                     tracing::warn!(environment = %self.environment, attempt, error = %e, "cannot persist scheduler events; retrying");

@@ -161,6 +161,14 @@ pub enum Event {
         trigger: Trigger,
         report: ActionReport,
     },
+    /// `version` was released and every one of its resources' states was handed over before
+    /// this event. `dropped`: the resources of the previous version that it no longer has — they
+    /// are no longer managed (nor removed from the device: purging does that), and their states
+    /// go away.
+    Released {
+        version: u64,
+        dropped: Vec<String>,
+    },
 }
 
 /// Where events go (persistence, event streams). Called from the scheduler's writer task, in
@@ -479,7 +487,18 @@ impl Loop {
         self.ready.clear();
         self.node_queues.clear();
         self.timers.clear();
-        self.by_id = v.intent.resources.iter().enumerate().map(|(i, r)| (r.id.to_string(), i)).collect();
+        let by_id: HashMap<String, usize> = v.intent.resources.iter().enumerate().map(|(i, r)| (r.id.to_string(), i)).collect();
+        let mut dropped: Vec<String> = std::mem::replace(&mut self.by_id, by_id)
+            .into_keys()
+            .filter(|id| !self.by_id.contains_key(id))
+            .collect();
+        dropped.sort_unstable();
+        // Not managed any more: if a later version brings one back, it is deployed afresh (its
+        // stored state is gone too).
+        for id in &dropped {
+            self.deployed.remove(id);
+        }
+        let number = v.number;
         self.entries = (0..n)
             .map(|i| {
                 let id = v.intent.resources[i].id.to_string();
@@ -515,6 +534,7 @@ impl Loop {
             self.emit_state(i);
             self.enqueue_if_ready(i);
         }
+        let _ = self.events.send(Outgoing::Event(Event::Released { version: number, dropped }));
     }
 
     /// Marks a resource wanted; a deploy want is not downgraded to a repair.
@@ -618,6 +638,7 @@ impl Loop {
         }
         let Some(v) = self.version.clone() else { return };
         let succeeded = done.report.outcome.succeeded();
+        let managed = self.by_id.contains_key(&done.resource);
         let outcome = done.report.outcome;
         let error = done.report.error.clone();
         let _ = self.events.send(Outgoing::Event(Event::Action {
@@ -625,7 +646,7 @@ impl Loop {
             trigger: done.trigger,
             report: done.report,
         }));
-        if succeeded {
+        if succeeded && managed {
             self.deployed.insert(done.resource.clone(), done.executed_hash);
         }
         let Some(&i) = self.by_id.get(&done.resource) else { return };

@@ -1,6 +1,7 @@
 //! `GET /environments/{env}/events`: server-sent events of the environment, from the moment of
-//! the request — `state` (a resource's new state) and `action` (an action's outcome), each with
-//! its JSON as `data`, in the order the scheduler recorded them. A watcher too slow to keep up
+//! the request — `state` (a resource's new state), `action` (an action's outcome) and `released`
+//! (a version was released; the resources it dropped are no longer managed), each with its JSON
+//! as `data`, in the order the scheduler recorded them. A watcher too slow to keep up
 //! gets a `lagged` event saying how many batches it missed, and should re-read what it shows.
 
 use std::convert::Infallible;
@@ -22,7 +23,8 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 }
 
 /// Server-sent events: `event: state` (data: `{"event":"state", resource, version, status, …}`),
-/// `event: action` (data: `{"event":"action", version, trigger, report}`), `event: lagged`
+/// `event: action` (data: `{"event":"action", version, trigger, report}`), `event: released`
+/// (data: `{"event":"released", version, dropped}`), `event: lagged`
 /// (data: `{"missed_batches": n}`).
 #[utoipa::path(get, path = "/environments/{env}/events", tag = "events",
     params(("env" = String, Path, description = "Environment name or id")),

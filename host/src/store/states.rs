@@ -507,6 +507,22 @@ impl Store {
         Ok(ids)
     }
 
+    /// Removes the states that do not belong to `version`: once every resource of a released
+    /// version has its state stored for it, these are the resources the version dropped (no
+    /// longer managed; what they made on the device stays). Returns how many were removed.
+    pub async fn delete_states_outside(&self, env: &EnvironmentId, version: i64) -> Result<u64> {
+        let deleted = on_pool!(self, pool => {
+            sqlx::query("DELETE FROM resource_states WHERE environment_id = $1 AND version <> $2")
+                .bind(env.to_string())
+                .bind(version)
+                .execute(pool)
+                .await
+                .map_err(backend_with(|| format!("deleting the states outside version {version} of environment {env}")))?
+                .rows_affected()
+        });
+        Ok(deleted)
+    }
+
     /// Removes the states of resources that left the intent; returns how many existed.
     pub async fn delete_states(&self, env: &EnvironmentId, resource_ids: &[String]) -> Result<u64> {
         if resource_ids.is_empty() {

@@ -405,6 +405,7 @@ pub async fn the_event_stream_shows_states_and_actions(backend: Backend) {
                     actions.push(data["report"]["resource"].as_str().unwrap().to_string());
                 }
                 "state" => {}
+                "released" => assert_eq!((&data["version"], &data["dropped"]), (&json!(1), &json!([])), "{data}"),
                 other => panic!("unexpected event `{other}`: {message}"),
             }
         }

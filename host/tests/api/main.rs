@@ -13,6 +13,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+mod dropped;
 mod lifecycle;
 #[path = "../support/paths.rs"]
 mod paths;
@@ -21,6 +22,7 @@ mod pg;
 
 use paths::encode;
 
+use dropped::*;
 use lifecycle::*;
 
 /// One `#[tokio::test]` per case and backend: `sqlite::<case>` and `postgres::<case>`, each
@@ -60,6 +62,7 @@ on_both_backends!(
     the_openapi_document_validates_and_matches_the_answers,
     tokens_are_managed_and_guard_publishing,
     readiness_and_metrics_follow_the_deploy,
+    resources_dropped_from_the_intent_are_no_longer_listed,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");
