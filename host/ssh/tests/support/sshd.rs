@@ -22,6 +22,10 @@ pub const TEST_PASSWORD: &str = "orc-test-pw-7Qz";
 
 pub struct Sshd {
     dir: PathBuf,
+    /// The address sshd listens on: `127.0.0.1`, or its own in a network namespace.
+    pub address: String,
+    /// The network namespace sshd runs in ([`Sshd::start_in_netns`]), if any.
+    netns: Option<String>,
     pub port: u16,
     child: Option<Child>,
     /// `SHA256:…` of the current host key.
@@ -92,6 +96,32 @@ impl Sshd {
     }
 
     pub fn start_with(max_sessions: u32) -> Sshd {
+        let mut sshd = Sshd::prepare(max_sessions, "127.0.0.1", None);
+        // A port found free may be taken before sshd binds it: try a few.
+        for attempt in 0.. {
+            sshd.port = free_port();
+            match sshd.launch() {
+                Ok(()) => break,
+                Err(e) if attempt < 5 => eprintln!("sshd on port {}: {e}; trying another port", sshd.port),
+                Err(e) => panic!("sshd did not start: {e}"),
+            }
+        }
+        sshd
+    }
+
+    /// Starts sshd inside the existing network namespace `netns` (`ip netns exec`), listening on
+    /// `address` (one of the namespace's own) port 22, which nothing else there can hold.
+    pub fn start_in_netns(netns: &str, address: &str) -> Sshd {
+        let mut sshd = Sshd::prepare(10, address, Some(netns.to_string()));
+        sshd.port = 22;
+        if let Err(e) = sshd.launch() {
+            panic!("sshd in network namespace {netns} on {address}:22 did not start: {e}");
+        }
+        sshd
+    }
+
+    /// Checks the prerequisites, creates the directory, the keys and the test user.
+    fn prepare(max_sessions: u32, address: &str, netns: Option<String>) -> Sshd {
         assert_eq!(
             Command::new("id")
                 .arg("-u")
@@ -119,24 +149,16 @@ impl Sshd {
         keygen(&dir.join("client_ed25519"));
         std::fs::copy(dir.join("client_ed25519.pub"), dir.join("authorized_keys")).unwrap();
         let client_key = std::fs::read_to_string(dir.join("client_ed25519")).unwrap();
-        let mut sshd = Sshd {
+        Sshd {
             dir,
+            address: address.to_string(),
+            netns,
             port: 0,
             child: None,
             host_fingerprint,
             client_key,
             max_sessions,
-        };
-        // A port found free may be taken before sshd binds it: try a few.
-        for attempt in 0.. {
-            sshd.port = free_port();
-            match sshd.launch() {
-                Ok(()) => break,
-                Err(e) if attempt < 5 => eprintln!("sshd on port {}: {e}; trying another port", sshd.port),
-                Err(e) => panic!("sshd did not start: {e}"),
-            }
         }
-        sshd
     }
 
     fn launch(&mut self) -> Result<(), String> {
@@ -144,17 +166,27 @@ impl Sshd {
         std::fs::write(
             &config,
             format!(
-                "Port {port}\nListenAddress 127.0.0.1\nHostKey {dir}/host_ed25519\nPidFile none\n\
+                "Port {port}\nListenAddress {address}\nHostKey {dir}/host_ed25519\nPidFile none\n\
                  AuthorizedKeysFile {dir}/authorized_keys\nPubkeyAuthentication yes\nPasswordAuthentication yes\n\
                  KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\n\
                  MaxSessions {max}\nSubsystem sftp internal-sftp\nLogLevel INFO\n",
                 port = self.port,
+                address = self.address,
                 dir = self.dir.display(),
                 max = self.max_sessions,
             ),
         )
         .unwrap();
-        let mut child = Command::new(SSHD) // by absolute path: sshd re-executes itself
+        let mut command = match &self.netns {
+            // `ip netns exec` executes sshd in place: the child is sshd itself.
+            Some(netns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", netns, SSHD]);
+                c
+            }
+            None => Command::new(SSHD), // by absolute path: sshd re-executes itself
+        };
+        let mut child = command
             .args(["-D", "-e", "-f"])
             .arg(&config)
             .stdin(Stdio::null())

@@ -1,0 +1,263 @@
+//! Several SSH nodes, each a real OpenSSH `sshd` in its own network namespace with its own
+//! address (`network`), registered by those addresses in a real server (`Server` on
+//! `127.0.0.1:0`, SQLite in a fresh data directory): `file` resources deployed to every node and
+//! found on disk; one node's link taken down → its resources `unavailable` and the node
+//! `unreachable` while the other nodes' resources deploy; the link up again → they recover on
+//! their own (retries). Needs root (namespaces; sshd switches users). Polls, never sleeps for a
+//! fixed time.
+
+mod network;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use orc_host::config::HostConfig;
+use orc_host::server::Server;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+#[path = "../../ssh/tests/support/sshd.rs"]
+mod sshd;
+
+use network::Network;
+use sshd::{Sshd, TEST_USER};
+
+/// Nodes in the test, and files per node.
+const NODES: usize = 3;
+const FILES: usize = 5;
+
+struct Host {
+    base: String,
+    token: String,
+    client: reqwest::Client,
+    _dir: tempfile::TempDir,
+    stop: oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Host {
+    async fn start() -> Host {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let config = HostConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.path().to_path_buf(),
+            node_reverify_interval_s: 1,
+            ..HostConfig::default()
+        };
+        let server = Server::start(&config).await.unwrap();
+        let token = server.initial_token().expect("a first start's token").to_string();
+        let addr = server.local_addr().unwrap();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let served = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+        Host {
+            base: format!("http://{addr}/api/v1"),
+            token,
+            client: reqwest::Client::new(),
+            _dir: dir,
+            stop,
+            served,
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.served.await.unwrap().unwrap();
+    }
+
+    async fn send(&self, method: Method, path: &str, body: Option<&Value>) -> (StatusCode, Value) {
+        let mut req = self.client.request(method, format!("{}{path}", self.base)).bearer_auth(&self.token);
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        let value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text}"))
+        };
+        (status, value)
+    }
+
+    /// Polls the node until its status is `status`.
+    async fn wait_node(&self, name: &str, status: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (code, node) = self.send(Method::GET, &format!("/nodes/{name}"), None).await;
+            assert_eq!(code, StatusCode::OK, "{node}");
+            if node["status"] == status {
+                return node;
+            }
+            assert!(Instant::now() < deadline, "node {name} never became {status}: {node}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Status of every resource of `env`, by resource id.
+    async fn statuses(&self, env: &str) -> Vec<(String, String, Value)> {
+        let (code, page) = self
+            .send(Method::GET, &format!("/environments/{env}/resources?limit=1000"), None)
+            .await;
+        assert_eq!(code, StatusCode::OK, "{page}");
+        page["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|r| {
+                (
+                    r["resource_id"].as_str().expect("resource_id").to_string(),
+                    r["status"].as_str().expect("status").to_string(),
+                    r["last_error"].clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// Polls until `want(resource id)` is the status of every resource of `env`.
+    async fn wait_statuses(&self, env: &str, what: &str, want: impl Fn(&str) -> &'static str) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let states = self.statuses(env).await;
+            let wrong: Vec<_> = states.iter().filter(|(id, status, _)| status != want(id)).collect();
+            if !states.is_empty() && wrong.is_empty() {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: not reached, still {wrong:#?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn node_name(i: usize) -> String {
+    format!("ns{i}")
+}
+
+fn file_path(dir: &Path, j: usize) -> PathBuf {
+    dir.join(format!("f{j}.conf"))
+}
+
+fn content(node: usize, j: usize, version: u32) -> String {
+    format!("node {node} file {j} version {version}\n")
+}
+
+/// `FILES` files on every node, in version `version` of their content.
+fn resources(dirs: &[PathBuf], version: u32) -> Value {
+    let resources: Vec<Value> = dirs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, dir)| {
+            (0..FILES).map(move |j| {
+                json!({
+                    "id": format!("file[{},{}]", node_name(i), file_path(dir, j).display()),
+                    "adaptor": "file@0.1.0",
+                    "attributes": { "content": content(i, j, version), "mode": "0640" },
+                })
+            })
+        })
+        .collect();
+    json!({ "resources": resources })
+}
+
+/// The node a resource id `file[nsI,…]` is on.
+fn node_of(id: &str) -> usize {
+    id.strip_prefix("file[ns")
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected resource id {id}"))
+}
+
+/// Every file of node `i` holds version `version` of its content.
+fn assert_on_disk(dirs: &[PathBuf], i: usize, version: u32) {
+    for j in 0..FILES {
+        let path = file_path(&dirs[i], j);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(text, content(i, j, version), "{} on node {i}", path.display());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_in_network_namespaces_deploy_and_one_cut_off_recovers() {
+    let network = Network::create(NODES);
+    // Declared after the network: dropped (killed) before their namespaces are removed.
+    let sshds: Vec<Sshd> = network
+        .namespaces
+        .iter()
+        .map(|ns| Sshd::start_in_netns(&ns.name, &ns.address))
+        .collect();
+    let host = Host::start().await;
+
+    for (i, sshd) in sshds.iter().enumerate() {
+        let body = json!({
+            "name": node_name(i),
+            "address": sshd.address,
+            "port": sshd.port,
+            "user": TEST_USER,
+            "credential": { "private_key": sshd.client_key },
+            "host_key_fingerprint": sshd.host_fingerprint,
+        });
+        let (status, node) = host.send(Method::POST, "/nodes", Some(&body)).await;
+        assert_eq!(status, StatusCode::CREATED, "{node}");
+    }
+    for (i, sshd) in sshds.iter().enumerate() {
+        let node = host.wait_node(&node_name(i), "public").await;
+        assert_eq!(node["host_key"], sshd.host_fingerprint.as_str(), "{node}");
+        assert_eq!(node["address"], sshd.address.as_str(), "{node}");
+    }
+
+    let body = json!({ "name": "fleet", "settings": { "retry_interval_s": 1, "repair_interval_s": 0 } });
+    let (status, env) = host.send(Method::POST, "/environments", Some(&body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{env}");
+    let dirs: Vec<PathBuf> = sshds.iter().map(|s| s.scratch_dir("fleet")).collect();
+
+    // Every node gets its files.
+    let (status, version) = host
+        .send(Method::POST, "/environments/fleet/intents", Some(&resources(&dirs, 1)))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{version}");
+    host.wait_statuses("fleet", "all deployed", |_| "deployed").await;
+    for i in 0..NODES {
+        assert_on_disk(&dirs, i, 1);
+    }
+
+    // Node 1 drops off the network; a new version reaches the others only.
+    let cut = 1;
+    network.set_link(cut, false);
+    let down = Instant::now();
+    let (status, version) = host
+        .send(Method::POST, "/environments/fleet/intents", Some(&resources(&dirs, 2)))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{version}");
+    host.wait_statuses("fleet", "node 1 unavailable, the others deployed", |id| {
+        if node_of(id) == cut { "unavailable" } else { "deployed" }
+    })
+    .await;
+    // The error names where the host could not connect to.
+    for (id, _, error) in host.statuses("fleet").await {
+        if node_of(&id) == cut {
+            assert!(error.to_string().contains(&sshds[cut].address), "{id}: {error}");
+        }
+    }
+    for i in 0..NODES {
+        assert_on_disk(&dirs, i, if i == cut { 1 } else { 2 });
+    }
+    host.wait_node(&node_name(cut), "unreachable").await;
+    eprintln!("node {cut} cut off: its resources unavailable after {:?}", down.elapsed());
+
+    // Back on the network: its resources are retried and deployed without anyone's help.
+    network.set_link(cut, true);
+    let up = Instant::now();
+    host.wait_statuses("fleet", "all deployed again", |_| "deployed").await;
+    eprintln!("node {cut} back: its resources deployed after {:?}", up.elapsed());
+    for i in 0..NODES {
+        assert_on_disk(&dirs, i, 2);
+    }
+    let node = host.wait_node(&node_name(cut), "public").await;
+    assert!(node["last_error"].is_null(), "{node}");
+    host.stop().await;
+    drop(sshds);
+}
