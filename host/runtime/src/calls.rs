@@ -53,14 +53,14 @@ struct Session {
 
 impl Session {
     fn new(plugin: &Plugin, ctx: &CallContext) -> Session {
-        let config = plugin.runtime.config();
+        let config = &plugin.config;
         let deadline = ctx.deadline.unwrap_or(config.call_deadline);
         let memory = ctx
             .memory_limit_bytes
             .unwrap_or(config.memory_limit_bytes)
             .min(config.memory_limit_bytes);
         let mut store = Store::new(
-            &plugin.runtime.inner.engine,
+            &plugin.engine,
             CallState::new(&plugin.manifest.name, ctx.clone(), memory),
         );
         store.limiter(|s| &mut s.limiter);

@@ -22,7 +22,10 @@ pub(crate) enum KindPre {
 pub struct Plugin {
     pub digest: Digest,
     pub manifest: Manifest,
-    pub(crate) runtime: Runtime,
+    /// The runtime's engine and limits, not the runtime itself: the runtime keeps its loaded
+    /// plugins, so a plugin holding the runtime would keep both alive for ever (a cycle).
+    pub(crate) engine: wasmtime::Engine,
+    pub(crate) config: crate::engine::RuntimeConfig,
     pub(crate) capabilities: CapabilitySet,
     pub(crate) pre: KindPre,
     pub(crate) name: Arc<str>,
@@ -61,7 +64,8 @@ impl Plugin {
         Ok(Plugin {
             digest,
             manifest,
-            runtime,
+            engine: runtime.inner.engine.clone(),
+            config: runtime.inner.config.clone(),
             capabilities,
             pre,
             name,
