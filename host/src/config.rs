@@ -2,11 +2,13 @@
 //! the settings new environments start with, request limits. Deserialised from TOML (unknown keys
 //! are an error); only the binary reads flags, `ORC_*` variables and the file.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::outbound::SecretSource;
 use crate::store::{EnvironmentSettings, SQLITE_FILE};
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -30,6 +32,11 @@ pub struct HostConfig {
     pub secret_key_file: Option<PathBuf>,
     /// Nodes not verified yet or unreachable are tried again this often, in seconds.
     pub node_reverify_interval_s: u64,
+    /// Host-held secrets for plugins' outgoing HTTP, by name: `name = { env = "VAR" }` or
+    /// `name = { file = "/path" }`, read at start. The value is sent as the `Authorization`
+    /// header of the requests that name the secret, from environments whose `http.secrets`
+    /// list it.
+    pub secrets: BTreeMap<String, SecretSource>,
 }
 
 impl Default for HostConfig {
@@ -43,6 +50,7 @@ impl Default for HostConfig {
             environment_defaults: EnvironmentSettings::default(),
             secret_key_file: None,
             node_reverify_interval_s: 30,
+            secrets: BTreeMap::new(),
         }
     }
 }
@@ -82,6 +90,30 @@ mod tests {
         assert_eq!(config.data_dir, PathBuf::from("/var/lib/orc"));
         assert_eq!(config.database_url(), "sqlite:/var/lib/orc/orc.db");
         assert_eq!(config.environment_defaults.retry_interval_s, 60);
+        assert_eq!(config.environment_defaults.call_timeout_s, 30);
+        // The commented-out sections parse too, once uncommented.
+        let uncommented: String = text
+            .lines()
+            .map(|l| {
+                l.strip_prefix("# [")
+                    .map(|rest| format!("[{rest}"))
+                    .unwrap_or_else(|| l.to_string())
+            })
+            .map(|l| {
+                let mut parts = l.splitn(2, " = ");
+                match (parts.next(), parts.next()) {
+                    (Some(key), Some(value)) if key.starts_with("# ") && !key[2..].contains(' ') => {
+                        format!("{} = {value}", &key[2..])
+                    }
+                    _ => l,
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let full = HostConfig::from_toml(&uncommented).unwrap();
+        assert_eq!(full.environment_defaults.http.secrets, ["billing-api"]);
+        assert_eq!(full.secrets.len(), 2);
+        assert_eq!(full.database_url(), "postgres://orc@localhost/orc");
     }
 
     #[test]
@@ -90,6 +122,16 @@ mod tests {
         assert!(err.to_string().contains("listen_port"), "{err}");
         let err = HostConfig::from_toml("[environment_defaults]\nauto_deploi = true\n").unwrap_err();
         assert!(err.to_string().contains("auto_deploi"), "{err}");
+    }
+
+    #[test]
+    fn secrets_name_their_source() {
+        let config =
+            HostConfig::from_toml("[secrets]\nbilling = { env = \"BILLING_TOKEN\" }\ngithub = { file = \"/etc/orc/github\" }\n").unwrap();
+        assert_eq!(config.secrets["billing"], SecretSource::Env("BILLING_TOKEN".into()));
+        assert_eq!(config.secrets["github"], SecretSource::File("/etc/orc/github".into()));
+        let err = HostConfig::from_toml("[secrets]\nx = { value = \"Bearer 1\" }\n").unwrap_err();
+        assert!(err.to_string().contains("value"), "{err}");
     }
 
     #[test]

@@ -3,10 +3,14 @@
 //! every adaptor reference is pinned to a digest, and resources run in dependency order, in
 //! parallel where the graph allows, each through the same executor a server would use.
 //!
+//! Outgoing HTTP is denied unless the config allows origins ([`HttpSettings`], as an
+//! environment's settings in the server); the secrets given are the host-held secrets of this
+//! run, all usable by the intent's plugins.
+//!
 //! Data directory layout: `registry/` (content-addressed plugins), `cache/` (compiled artifacts),
 //! `kv/` (plugin key/value state), `nodes/local/` (the local node's root, unless given).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -18,8 +22,10 @@ use std::sync::Mutex;
 
 use crate::executor::{self, ActionReport, Mode, Outcome};
 use crate::intent::{Intent, IntentError, ResourceId};
+use crate::outbound::{self, HostSecrets, SecretError, SecretSource};
 use crate::pinning::{self, PinError};
 use crate::scheduler::{self, BoxFuture, Event, Scheduler, Settings, Sink, Status, Version};
+use crate::store::{EnvironmentSettings, HttpSettings};
 
 pub use crate::pinning::LOCAL_NODE;
 
@@ -31,6 +37,29 @@ pub struct EmbeddedConfig {
     pub mode: Mode,
     /// Resource actions in flight at once.
     pub concurrency: usize,
+    /// Where plugins may send HTTP requests; `http.secrets` empty means every secret of
+    /// `secrets` may be used.
+    pub http: HttpSettings,
+    /// The host-held secrets of this run, by name.
+    pub secrets: BTreeMap<String, SecretSource>,
+    /// Longest one plugin call may run, in seconds.
+    pub call_timeout_s: u64,
+}
+
+impl EmbeddedConfig {
+    /// Deploys (or dry-runs) on the local node under `data_dir`, without outgoing HTTP, with the
+    /// server's default call timeout.
+    pub fn new(data_dir: PathBuf, mode: Mode, concurrency: usize) -> EmbeddedConfig {
+        EmbeddedConfig {
+            data_dir,
+            local_root: None,
+            mode,
+            concurrency,
+            http: HttpSettings::default(),
+            secrets: BTreeMap::new(),
+            call_timeout_s: EnvironmentSettings::default().call_timeout_s,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +83,10 @@ pub enum EmbeddedError {
     Engine(#[from] EngineError),
     #[error("cannot open the key/value store")]
     Kv(#[source] orc_runtime::capability::KvError),
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    #[error("invalid settings: {0}")]
+    Settings(String),
 }
 
 impl From<PinError> for EmbeddedError {
@@ -89,6 +122,20 @@ pub async fn deploy(
     progress: impl Fn(&str, usize, usize) + Send + Sync + 'static,
 ) -> Result<DeployReport, EmbeddedError> {
     let intent = Intent::parse(intent_json)?;
+    let secrets = HostSecrets::load(&config.secrets)?;
+    let mut http = config.http.clone();
+    if http.secrets.is_empty() {
+        http.secrets = secrets.names().map(str::to_string).collect();
+    }
+    let settings = EnvironmentSettings {
+        http,
+        call_timeout_s: config.call_timeout_s,
+        ..EnvironmentSettings::default()
+    };
+    settings
+        .validate()
+        .and_then(|()| secrets.check(&settings.http))
+        .map_err(EmbeddedError::Settings)?;
     let data_dir = &config.data_dir;
     let dir_err = |path: PathBuf| move |source| EmbeddedError::DataDir { path, source };
     std::fs::create_dir_all(data_dir).map_err(dir_err(data_dir.clone()))?;
@@ -96,15 +143,6 @@ pub async fn deploy(
     let store = Store::open(data_dir.join("registry"), StoreOptions::default())?;
     for artifact in orc_plugin_artifacts::FIRST_PARTY {
         store.publish(artifact.bytes)?;
-    }
-
-    for r in &intent.resources {
-        if r.id.node != LOCAL_NODE {
-            return Err(EmbeddedError::UnknownNode {
-                resource: r.id.clone(),
-                node: r.id.node.clone(),
-            });
-        }
     }
 
     let runtime = Runtime::new(RuntimeConfig {
@@ -115,17 +153,28 @@ pub async fn deploy(
     let pinned = pinning::load_adaptors(&intent, &store, &runtime, &Grants::all()).await?;
     let plugins = pinned.plugins;
     let pinned = pinned.by_reference;
+    // Resources whose adaptor uses nodes are on `local`; the others (`http-object`) name
+    // something else there.
+    for (r, plugin) in intent.resources.iter().zip(&plugins) {
+        if r.id.node != LOCAL_NODE && plugin.manifest.capabilities.contains(&orc_manifest::Capability::Node) {
+            return Err(EmbeddedError::UnknownNode {
+                resource: r.id.clone(),
+                node: r.id.node.clone(),
+            });
+        }
+    }
 
     let local_root = config.local_root.clone().unwrap_or_else(|| data_dir.join("nodes").join(LOCAL_NODE));
     let node = LocalNode::open(&local_root).map_err(dir_err(local_root.clone()))?;
     let nodes = Nodes::default();
     nodes.insert(LOCAL_NODE, Arc::new(node));
     let kv = DirKv::open(data_dir.join("kv")).map_err(EmbeddedError::Kv)?;
-    let ctx = CallContext {
+    let base = CallContext {
         kv: Arc::new(kv),
         nodes: Arc::new(nodes),
         ..CallContext::new("embedded")
     };
+    let ctx = outbound::call_context(&base, &settings, &secrets).map_err(EmbeddedError::Settings)?;
 
     let version = Arc::new(Version::new(1, intent, plugins));
     let actions = match config.mode {

@@ -18,6 +18,7 @@ pub mod executor;
 pub mod intent;
 pub mod metrics;
 pub mod nodes;
+pub mod outbound;
 pub mod persistence;
 pub mod pinning;
 pub mod scheduler;

@@ -10,7 +10,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use orc_host::config::HostConfig;
 use orc_host::embedded::{self, EmbeddedConfig};
 use orc_host::executor::{Mode, Outcome};
+use orc_host::outbound::SecretSource;
 use orc_host::server::Server;
+use orc_host::store::{AddressRule, HttpSettings};
+
 
 #[derive(Parser)]
 #[command(
@@ -45,6 +48,23 @@ enum Command {
         /// Print the full report as JSON.
         #[arg(long)]
         json: bool,
+        /// Let plugins send HTTP requests to this origin (`https://api.example.com`,
+        /// `http://10.0.0.5:8080`); repeat for more. None: no outgoing HTTP.
+        #[arg(long = "allow-http", value_name = "ORIGIN")]
+        allow_http: Vec<String>,
+        /// Which addresses the allowed origins may resolve to: `public` (default),
+        /// `public_and_private`, or networks separated by commas (`127.0.0.1/32,10.0.0.0/8`), the
+        /// only way to reach loopback.
+        #[arg(long, value_name = "RULE", default_value = "public")]
+        http_addresses: String,
+        /// A secret plugins may send as the `Authorization` header, its value (e.g. `Bearer …`)
+        /// read from the environment variable VAR, so it never shows in the command line;
+        /// repeat for more.
+        #[arg(long = "secret", value_name = "NAME=VAR")]
+        secrets: Vec<String>,
+        /// Longest one plugin call may run, in seconds.
+        #[arg(long, env = "ORC_CALL_TIMEOUT_S", default_value_t = 30)]
+        call_timeout_s: u64,
     },
     /// Server mode: the REST API (`/api/v1`) over persistent environments, one scheduler each.
     /// Prints `listening on http://ADDR` first; stops gracefully on SIGINT or SIGTERM.
@@ -139,13 +159,33 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             dryrun,
             concurrency,
             json,
+            allow_http,
+            http_addresses,
+            secrets,
+            call_timeout_s,
         } => {
             let bytes = std::fs::read(&intent).with_context(|| format!("reading {}", intent.display()))?;
+            let addresses = match http_addresses.as_str() {
+                "public" | "public_and_private" => AddressRule::Named(http_addresses),
+                networks => AddressRule::Networks(networks.split(',').map(|n| n.trim().to_string()).collect()),
+            };
+            let secrets = secrets
+                .iter()
+                .map(|s| match s.split_once('=') {
+                    Some((name, var)) => Ok((name.to_string(), SecretSource::Env(var.to_string()))),
+                    None => Err(anyhow::anyhow!("--secret `{s}`: give NAME=VAR")),
+                })
+                .collect::<anyhow::Result<_>>()?;
             let config = EmbeddedConfig {
-                data_dir,
                 local_root: root,
-                mode: if dryrun { Mode::Dryrun } else { Mode::Deploy },
-                concurrency,
+                http: HttpSettings {
+                    allowed_origins: allow_http,
+                    addresses,
+                    secrets: Vec::new(),
+                },
+                secrets,
+                call_timeout_s,
+                ..EmbeddedConfig::new(data_dir, if dryrun { Mode::Dryrun } else { Mode::Deploy }, concurrency)
             };
             let bar = if std::io::stderr().is_terminal() && !json {
                 ProgressBar::new(0)

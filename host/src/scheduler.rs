@@ -197,6 +197,7 @@ enum Command {
     /// Replies once nothing runs and nothing is ready to run (timers aside).
     Settled(oneshot::Sender<Snapshot>),
     Settings(Settings),
+    Context(CallContext),
     /// `true`: start nothing new (actions in flight finish; wants and timers are kept).
     Halt(bool),
     /// Start nothing new, let what runs finish, record every event, reply, end.
@@ -250,6 +251,12 @@ impl Scheduler {
     /// New limits and intervals; they apply to what starts or is scheduled from now on.
     pub fn update_settings(&self, settings: Settings) {
         let _ = self.commands.send(Command::Settings(settings));
+    }
+
+    /// What plugin calls may reach (nodes, kv, HTTP, deadline) from now on: actions that start
+    /// after this use `ctx`; those in flight finish with the one they started with.
+    pub fn update_context(&self, ctx: CallContext) {
+        let _ = self.commands.send(Command::Context(ctx));
     }
 
     /// Halts (`true`) or resumes (`false`) the environment: while halted nothing new starts —
@@ -453,6 +460,7 @@ impl Loop {
             }
             Command::Settled(reply) => self.settled.push(reply),
             Command::Settings(settings) => self.apply_settings(settings),
+            Command::Context(ctx) => self.ctx = ctx,
             Command::Halt(halted) => self.halted = halted,
             Command::Stop(reply) => {
                 self.halted = true;

@@ -26,6 +26,7 @@ use crate::events::{Batch, EnvironmentSink, EventStream, Observer};
 use crate::intent::{Intent, IntentError, ResourceId};
 use crate::metrics::Metrics;
 use crate::nodes::{NodeRegistry, Refusal, SECRET_KEY_FILE, SecretError, SecretKey};
+use crate::outbound::{self, HostSecrets};
 use crate::persistence::{self, StoreSink};
 use crate::pinning::{self, PinError};
 use crate::scheduler::{Scheduler, Settings, Version};
@@ -96,6 +97,8 @@ pub enum StartError {
     Engine(#[from] EngineError),
     #[error("cannot load the host's secret key")]
     Secret(#[from] SecretError),
+    #[error("cannot read the host-held secrets")]
+    HostSecrets(#[from] outbound::SecretError),
     #[error("cannot listen on {addr}")]
     Bind {
         addr: SocketAddr,
@@ -109,9 +112,16 @@ struct Running {
     scheduler: Scheduler,
     /// Serialises submissions and releases, so the scheduler sees versions in the store's order.
     releases: Mutex<()>,
-    /// What the environment's plugins are called with (nodes, kv); dryruns use it too.
-    ctx: CallContext,
+    /// What the environment's plugins are called with (nodes, kv, HTTP, deadline); dryruns use
+    /// it too. Replaced when the settings change.
+    ctx: std::sync::RwLock<CallContext>,
     stream: EventStream,
+}
+
+impl Running {
+    fn ctx(&self) -> CallContext {
+        self.ctx.read().expect("call context").clone()
+    }
 }
 
 /// Every environment of the host, each with its scheduler.
@@ -122,6 +132,8 @@ pub struct Environments {
     kv: Arc<DbKv>,
     /// The SSH nodes, shared by the environments allowed to use them.
     nodes: NodeRegistry,
+    /// Secrets for plugins' outgoing HTTP, used by the environments whose settings name them.
+    secrets: HostSecrets,
     data_dir: PathBuf,
     defaults: EnvironmentSettings,
     running: Mutex<HashMap<EnvironmentId, Arc<Running>>>,
@@ -153,6 +165,7 @@ impl Environments {
             cache_dir: Some(data_dir.join("cache")),
             ..RuntimeConfig::default()
         })?;
+        let secrets = HostSecrets::load(&config.secrets)?;
         let kv = Arc::new(DbKv::open(&store).await?);
         let key_file = config.secret_key_file.clone().unwrap_or_else(|| data_dir.join(SECRET_KEY_FILE));
         let key = SecretKey::load_or_create(&key_file)?;
@@ -165,6 +178,7 @@ impl Environments {
         .await?;
         let environments = Environments {
             nodes,
+            secrets,
             store,
             registry,
             runtime,
@@ -203,7 +217,7 @@ impl Environments {
     pub async fn create(&self, name: &str, settings: Option<EnvironmentSettings>) -> Result<Environment, EnvError> {
         validate_name(name)?;
         let settings = settings.unwrap_or_else(|| self.defaults.clone());
-        settings.validate().map_err(EnvError::InvalidSettings)?;
+        self.check_settings(&settings)?;
         let env = self.store.create_environment(name, &settings).await?;
         self.running(&env).await?;
         Ok(env)
@@ -245,24 +259,34 @@ impl Environments {
         Ok(())
     }
 
-    /// Changes some settings: `patch` is an object of the fields to change (unknown fields are
-    /// refused by name). The scheduler applies them to what it starts or schedules next; turning
-    /// `auto_deploy` on does not release anything already submitted.
+    /// Changes some settings: `patch` is a JSON merge patch (RFC 7396) of the settings — only
+    /// the fields given change, nested objects (`http`) merge field by field, `null` resets a
+    /// field to its default, unknown fields are refused by name. The scheduler applies them to
+    /// what it starts or schedules next (a new HTTP policy or call timeout to the actions that
+    /// start after the change); turning `auto_deploy` on does not release anything already
+    /// submitted.
     pub async fn update_settings(&self, key: &str, patch: serde_json::Value) -> Result<Environment, EnvError> {
         let env = self.get(key).await?;
-        let serde_json::Value::Object(patch) = patch else {
+        if !patch.is_object() {
             return Err(EnvError::InvalidSettings("the settings must be a JSON object".into()));
-        };
-        let mut merged = serde_json::to_value(&env.settings).expect("settings serialise");
-        if let serde_json::Value::Object(fields) = &mut merged {
-            fields.extend(patch);
         }
+        let mut merged = serde_json::to_value(&env.settings).expect("settings serialise");
+        merge_patch(&mut merged, patch);
         let settings: EnvironmentSettings = serde_json::from_value(merged).map_err(|e| EnvError::InvalidSettings(e.to_string()))?;
-        settings.validate().map_err(EnvError::InvalidSettings)?;
+        self.check_settings(&settings)?;
         let running = self.running(&env).await?;
+        let ctx = outbound::call_context(&running.ctx(), &settings, &self.secrets).map_err(EnvError::InvalidSettings)?;
         let env = self.store.update_settings(&env.id, &settings).await?;
         running.scheduler.update_settings(scheduler_settings(&env.settings));
+        *running.ctx.write().expect("call context") = ctx.clone();
+        running.scheduler.update_context(ctx);
         Ok(env)
+    }
+
+    /// Settings the scheduler can run with, naming only secrets this host holds.
+    fn check_settings(&self, settings: &EnvironmentSettings) -> Result<(), EnvError> {
+        settings.validate().map_err(EnvError::InvalidSettings)?;
+        self.secrets.check(&settings.http).map_err(EnvError::InvalidSettings)
     }
 
     /// Halts (nothing new starts; actions in flight finish) or resumes the environment. Persisted:
@@ -280,8 +304,8 @@ impl Environments {
     pub async fn submit(&self, key: &str, intent_json: &[u8]) -> Result<(VersionInfo, bool), EnvError> {
         let env = self.get(key).await?;
         let intent = Intent::parse(intent_json)?;
-        self.check_nodes(&intent, &env)?;
         let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &Grants::all()).await?;
+        self.check_nodes(&intent, &pinned.plugins, &env)?;
         let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
         let running = self.running(&env).await?;
         let _turn = running.releases.lock().await;
@@ -364,7 +388,7 @@ impl Environments {
         let running = self.running(&env).await?;
         let loaded = self.load_version(&env.id, version).await?;
         let report = self.store.create_dryrun(&env.id, version).await?;
-        let (store, ctx, id) = (self.store.clone(), running.ctx.clone(), report.id);
+        let (store, ctx, id) = (self.store.clone(), running.ctx(), report.id);
         let concurrency = env.settings.env_concurrency as usize;
         tokio::spawn(async move {
             let reports = crate::scheduler::dryrun(&loaded, &ctx, concurrency).await;
@@ -422,8 +446,16 @@ impl Environments {
     /// Every resource's node must be `local` or a registered node the environment may use. A
     /// node not verified yet (or unreachable, or blocked) is accepted: its resources stay
     /// `unavailable` (or fail as denied) until it is usable, as with a node that goes down later.
-    fn check_nodes(&self, intent: &Intent, env: &Environment) -> Result<(), EnvError> {
-        for r in intent.resources.iter().filter(|r| r.id.node != LOCAL_NODE) {
+    /// A resource whose adaptor does not use nodes (`http-object`: the node part names an API)
+    /// is not checked.
+    fn check_nodes(&self, intent: &Intent, plugins: &[Arc<orc_runtime::Plugin>], env: &Environment) -> Result<(), EnvError> {
+        let on_nodes = intent
+            .resources
+            .iter()
+            .zip(plugins)
+            .filter(|(_, p)| p.manifest.capabilities.contains(&orc_manifest::Capability::Node))
+            .map(|(r, _)| r);
+        for r in on_nodes.filter(|r| r.id.node != LOCAL_NODE) {
             match self.nodes.check(&r.id.node, &env.id) {
                 Ok(()) => {}
                 Err(Refusal::Unknown) => {
@@ -453,11 +485,20 @@ impl Environments {
         let root = node_root(&self.data_dir, &env.name);
         let node = LocalNode::open(&root).map_err(|source| EnvError::NodeRoot { path: root, source })?;
         let nodes = self.nodes.directory(env.id, &env.name, Arc::new(node));
-        let ctx = CallContext {
+        let base = CallContext {
             kv: self.kv.clone(),
             nodes: Arc::new(nodes),
             ..CallContext::new(env.id.to_string())
         };
+        // Stored settings were valid when stored; what can still fail (a client that cannot be
+        // built) leaves the environment running without outgoing HTTP.
+        let ctx = outbound::call_context(&base, &env.settings, &self.secrets).unwrap_or_else(|e| {
+            tracing::error!(environment = %env.name, error = %e, "outgoing HTTP disabled");
+            CallContext {
+                deadline: Some(Duration::from_secs(env.settings.call_timeout_s.max(1))),
+                ..base
+            }
+        });
         let known = persistence::resume(&self.store, &env.id).await?;
         let interrupted = serde_json::json!({ "error": { "code": "interrupted", "message": "the host stopped before it finished" } });
         self.store.interrupt_unfinished(&env.id, &interrupted.to_string()).await?;
@@ -484,7 +525,7 @@ impl Environments {
         let r = Arc::new(Running {
             scheduler,
             releases: Mutex::new(()),
-            ctx,
+            ctx: std::sync::RwLock::new(ctx),
             stream,
         });
         running.insert(env.id, r.clone());
@@ -506,6 +547,26 @@ pub fn scheduler_settings(s: &EnvironmentSettings) -> Settings {
         retry_interval: retry,
         max_retry_interval: retry.max(Duration::from_secs(3600)),
         repair_interval: (s.repair_interval_s > 0).then(|| Duration::from_secs(s.repair_interval_s)),
+    }
+}
+
+/// JSON merge patch (RFC 7396): objects merge field by field, `null` removes a field (so that it
+/// takes its default), anything else replaces.
+fn merge_patch(target: &mut serde_json::Value, patch: serde_json::Value) {
+    let serde_json::Value::Object(fields) = patch else {
+        *target = patch;
+        return;
+    };
+    if !target.is_object() {
+        *target = serde_json::Value::Object(Default::default());
+    }
+    let object = target.as_object_mut().expect("an object");
+    for (key, value) in fields {
+        if value.is_null() {
+            object.remove(&key);
+        } else {
+            merge_patch(object.entry(key).or_insert(serde_json::Value::Null), value);
+        }
     }
 }
 

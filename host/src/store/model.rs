@@ -200,11 +200,12 @@ named_enum!(
     }
 );
 
-/// An environment's knobs for its scheduler.
+/// An environment's knobs: its scheduler's limits and intervals, and what its plugins' calls may
+/// use.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct EnvironmentSettings {
-    /// Self-healing: a resource not verified for this long is re-read and restored.
+    /// Self-healing: a resource not verified for this long is re-read and restored (0: off).
     pub repair_interval_s: u64,
     /// Failed resources are retried after this long (the scheduler adds backoff and jitter).
     pub retry_interval_s: u64,
@@ -214,21 +215,33 @@ pub struct EnvironmentSettings {
     pub env_concurrency: u32,
     /// Release every submitted version at once.
     pub auto_deploy: bool,
+    /// Longest one plugin call (a read, a diff, an apply) may run, in seconds: 1 to 86,400.
+    /// Long installs (a package from a slow mirror) need more than the default.
+    pub call_timeout_s: u64,
+    /// Outgoing HTTP of the environment's plugins; none by default.
+    pub http: HttpSettings,
 }
 
+/// Longest [`EnvironmentSettings::call_timeout_s`]: a day.
+pub const MAX_CALL_TIMEOUT_S: u64 = 86_400;
+
 impl EnvironmentSettings {
-    /// Refuses values the scheduler cannot run with, naming the field.
+    /// Refuses values the scheduler cannot run with, naming the field (and the entry).
     pub fn validate(&self) -> Result<(), String> {
         for (field, value) in [
             ("per_node_concurrency", u64::from(self.per_node_concurrency)),
             ("env_concurrency", u64::from(self.env_concurrency)),
             ("retry_interval_s", self.retry_interval_s),
+            ("call_timeout_s", self.call_timeout_s),
         ] {
             if value == 0 {
                 return Err(format!("`{field}` must be at least 1"));
             }
         }
-        Ok(())
+        if self.call_timeout_s > MAX_CALL_TIMEOUT_S {
+            return Err(format!("`call_timeout_s` must be at most {MAX_CALL_TIMEOUT_S} (a day)"));
+        }
+        self.http.parse().map(drop)
     }
 }
 
@@ -240,8 +253,120 @@ impl Default for EnvironmentSettings {
             per_node_concurrency: 16,
             env_concurrency: 256,
             auto_deploy: true,
+            call_timeout_s: 30,
+            http: HttpSettings::default(),
         }
     }
+}
+
+/// Where an environment's plugins may send HTTP requests, and with which host-held secrets. The
+/// host checks every request against it before connecting (origin), and every address the name
+/// resolves to (addresses); a secret is sent as the `Authorization` header by the host, so the
+/// plugin never holds its value.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Origins (`scheme://host[:port]`, http or https, no path) requests may go to; none: no
+    /// outgoing HTTP at all.
+    #[schema(example = json!(["https://api.example.com", "http://10.1.2.3:8080"]))]
+    pub allowed_origins: Vec<String>,
+    /// Which addresses those hosts may resolve to (or be): `"public"` (the default: globally
+    /// routable only), `"public_and_private"` (also RFC 1918 and unique-local; never loopback,
+    /// link-local or cloud metadata), or a list of networks (`["10.0.0.0/8", "127.0.0.1"]`):
+    /// only those, the one way to reach loopback or link-local services.
+    pub addresses: AddressRule,
+    /// Names of host-held secrets (the host configuration's `[secrets]`) this environment's
+    /// plugins may send as `Authorization`. Values are never stored here nor shown.
+    #[schema(example = json!(["billing-api"]))]
+    pub secrets: Vec<String>,
+}
+
+/// [`HttpSettings::addresses`]: a named rule or a list of networks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum AddressRule {
+    /// `public` or `public_and_private`.
+    Named(String),
+    /// CIDR networks (`10.0.0.0/8`) or single addresses.
+    Networks(Vec<String>),
+}
+
+impl Default for AddressRule {
+    fn default() -> Self {
+        AddressRule::Named("public".into())
+    }
+}
+
+/// [`HttpSettings`] checked and parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedHttp {
+    pub allowed: Vec<orc_runtime::capability::Origin>,
+    pub addresses: orc_runtime::capability::AddressPolicy,
+}
+
+impl HttpSettings {
+    /// Parses the origins and the address rule; the error names the setting and the entry.
+    pub fn parse(&self) -> Result<ParsedHttp, String> {
+        use orc_runtime::capability::{AddressPolicy, IpNet, Origin};
+        let allowed = self
+            .allowed_origins
+            .iter()
+            .map(|text| {
+                let entry = |why: String| format!("`http.allowed_origins`: {why}");
+                let rest = text.split_once("://").map(|(_, rest)| rest.trim_end_matches('/'));
+                if rest.is_some_and(|rest| rest.contains(['/', '?', '#', '@'])) {
+                    return Err(entry(format!(
+                        "`{text}` is not an origin: give `scheme://host[:port]`, without path, query or user"
+                    )));
+                }
+                Origin::parse(text).map_err(entry)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let addresses = match &self.addresses {
+            AddressRule::Named(name) if name == "public" => AddressPolicy::Public,
+            AddressRule::Named(name) if name == "public_and_private" => AddressPolicy::PublicAndPrivate,
+            AddressRule::Named(other) => {
+                return Err(format!(
+                    "`http.addresses`: `{}` is none of `public`, `public_and_private` or a list of networks",
+                    other.chars().take(100).collect::<String>()
+                ));
+            }
+            AddressRule::Networks(nets) if nets.is_empty() => {
+                return Err("`http.addresses`: an empty list of networks allows nothing; leave it out for `public`".into());
+            }
+            AddressRule::Networks(nets) => AddressPolicy::Networks(
+                nets.iter()
+                    .map(|text| {
+                        text.parse::<IpNet>()
+                            .or_else(|_| text.parse::<std::net::IpAddr>().map(IpNet::from))
+                            .map_err(|_| {
+                                format!(
+                                    "`http.addresses`: `{}` is not a network (`10.0.0.0/8`) or an address",
+                                    text.chars().take(100).collect::<String>()
+                                )
+                            })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        for name in &self.secrets {
+            if !valid_secret_name(name) {
+                return Err(format!(
+                    "`http.secrets`: `{}` is not a secret name (1 to 64 of `A-Z a-z 0-9 - _ .`)",
+                    name.chars().take(100).collect::<String>()
+                ));
+            }
+        }
+        Ok(ParsedHttp { allowed, addresses })
+    }
+}
+
+/// A host-held secret's name: 1 to 64 of `A-Z a-z 0-9 - _ .`.
+pub fn valid_secret_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 mod dropped;
+mod http_policy;
 mod lifecycle;
 #[path = "../support/paths.rs"]
 mod paths;
@@ -23,6 +24,7 @@ mod pg;
 use paths::encode;
 
 use dropped::*;
+use http_policy::*;
 use lifecycle::*;
 
 /// One `#[tokio::test]` per case and backend: `sqlite::<case>` and `postgres::<case>`, each
@@ -63,6 +65,8 @@ on_both_backends!(
     tokens_are_managed_and_guard_publishing,
     readiness_and_metrics_follow_the_deploy,
     resources_dropped_from_the_intent_are_no_longer_listed,
+    outgoing_http_follows_the_environment_policy_with_a_host_held_secret,
+    the_call_timeout_is_an_environment_setting,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");
@@ -124,14 +128,19 @@ impl Host {
     /// Starts on `data`; `token` is the admin token of an earlier start on the same data (a new
     /// one is created and shown only on the first start).
     async fn start_with(data: Data, max_body_bytes: usize, token: Option<String>) -> Host {
+        Host::start_configured(data, token, |config| config.max_body_bytes = max_body_bytes).await
+    }
+
+    /// [`Host::start_with`], the configuration changed by `configure` first.
+    async fn start_configured(data: Data, token: Option<String>, configure: impl FnOnce(&mut HostConfig)) -> Host {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let config = HostConfig {
+        let mut config = HostConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             data_dir: data.path().to_path_buf(),
             database: data.database.clone(),
-            max_body_bytes,
             ..HostConfig::default()
         };
+        configure(&mut config);
         let server = Server::start(&config).await.unwrap();
         data.assert_backend();
         let token = server
