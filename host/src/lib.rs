@@ -16,6 +16,7 @@ pub mod embedded;
 pub mod events;
 pub mod executor;
 pub mod intent;
+pub mod memory;
 pub mod metrics;
 pub mod nodes;
 pub mod outbound;

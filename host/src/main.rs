@@ -214,6 +214,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Serve(args) => {
             let config = args.config()?;
+            orc_host::memory::tune_for_server(orc_host::memory::SERVER_ARENAS, orc_host::memory::TRIM_EVERY);
             tokio::runtime::Runtime::new()?.block_on(serve(config))
         }
     }
