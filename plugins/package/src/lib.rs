@@ -19,8 +19,9 @@
 //! Runs everything through the `node` interface's `run`, non-interactively (`DEBIAN_FRONTEND=
 //! noninteractive`, existing configuration files kept). A package or version the sources do not
 //! have is looked up again after one `apt-get update`, then is an `invalid-input` error naming
-//! it. `apt-get` waits up to 5 minutes for the dpkg lock (another package resource on the same
-//! node, unattended upgrades); a lock still busy after that is `retryable`.
+//! it. Package resources on one node take turns (`flock` on `/run/lock/orc-apt.lock`, up to 5
+//! minutes), and `apt-get` waits up to 5 minutes for the dpkg lock (unattended upgrades, an
+//! operator); a lock still busy after that is `retryable`.
 
 use std::time::Duration;
 
@@ -30,9 +31,17 @@ use serde::{Deserialize, Serialize};
 
 /// How long one `apt-get` may run.
 const APT_TIMEOUT: Duration = Duration::from_secs(600);
-/// How long `apt-get` waits for the dpkg lock (held by another package resource on the same
-/// node, or by unattended upgrades) before giving up with a `retryable` error.
+/// How long `apt-get` waits for the dpkg lock (held by unattended upgrades or an operator)
+/// before giving up with a `retryable` error.
 const LOCK_TIMEOUT: &str = "DPkg::Lock::Timeout=300";
+/// Package resources on one node run `apt-get` one at a time, under this lock (`flock`, from
+/// util-linux, essential on Debian): `DPkg::Lock::Timeout` covers the dpkg lock but not the
+/// package lists' lock, which `apt-get update` and a concurrent install both take.
+const NODE_LOCK: &str = "/run/lock/orc-apt.lock";
+/// How long to wait for [`NODE_LOCK`], in seconds.
+const NODE_LOCK_WAIT_S: &str = "300";
+/// `flock`'s exit code when [`NODE_LOCK`] stayed taken for [`NODE_LOCK_WAIT_S`].
+const NODE_LOCK_BUSY: i32 = 75;
 
 pub struct Package;
 
@@ -118,12 +127,15 @@ impl Desired {
     }
 }
 
-/// `apt-get` with the non-interactive settings, the resource's options, then `args`.
+/// `apt-get` with the non-interactive settings, the resource's options, then `args`, under the
+/// node's [`NODE_LOCK`].
 fn apt_get(options: &[String], args: &[&str]) -> Command {
-    let mut command = Command::new("apt-get")
+    let busy = NODE_LOCK_BUSY.to_string();
+    let mut command = Command::new("flock")
         .env("DEBIAN_FRONTEND", "noninteractive")
         .env("LC_ALL", "C")
         .timeout(APT_TIMEOUT)
+        .args(["-E", busy.as_str(), "-w", NODE_LOCK_WAIT_S, NODE_LOCK, "apt-get"])
         .args([
             "-q",
             "-y",
@@ -161,6 +173,12 @@ fn run_apt(target: &Target, command: &Command) -> std::result::Result<Output, Ap
         || (all.contains("Version '") && all.contains("was not found"))
     {
         return Err(AptFailure::NotFound);
+    }
+    if output.exit_code == NODE_LOCK_BUSY {
+        return Err(AptFailure::Error(Error::retryable(format!(
+            "{}: another package action on node {} held {NODE_LOCK} for {NODE_LOCK_WAIT_S} s; try again",
+            target.id, target.node
+        ))));
     }
     let locked = ["Could not get lock", "Unable to acquire the dpkg frontend lock", "Unable to lock"];
     if locked.iter().any(|l| all.contains(l)) {
