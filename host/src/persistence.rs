@@ -134,19 +134,26 @@ fn split_id(id: &str) -> (String, String) {
     (ty.to_string(), node.to_string())
 }
 
-/// What a scheduler needs to resume an environment: resources left `deploying` by a crash are set
-/// back to `available`, and the last deployed hash of every resource is returned.
-pub async fn resume(store: &Store, environment: &EnvironmentId) -> Result<HashMap<String, Digest>, StoreError> {
+/// What a scheduler needs to resume an environment, read once.
+#[derive(Debug)]
+pub struct Resumed {
+    /// The last deployed hash of every resource that has one: the new scheduler's `known`.
+    pub known: HashMap<String, Digest>,
+    /// Every resource's state after the recovery (for whoever else starts from them, say metrics).
+    pub states: Vec<ResourceState>,
+}
+
+/// Resumes an environment: resources left `deploying` by a crash are set back to `available`,
+/// then the states are read once.
+pub async fn resume(store: &Store, environment: &EnvironmentId) -> Result<Resumed, StoreError> {
     let recovered = store.recover_deploying(environment).await?;
     if !recovered.is_empty() {
         tracing::warn!(%environment, count = recovered.len(), "resources left deploying by a previous run are available again");
     }
     let states = store.load_states(environment).await?;
-    Ok(states
-        .into_iter()
-        .filter_map(|s| {
-            let hash = s.deployed_hash?.parse().ok()?;
-            Some((s.resource_id, hash))
-        })
-        .collect())
+    let known = states
+        .iter()
+        .filter_map(|s| Some((s.resource_id.clone(), s.deployed_hash.as_deref()?.parse().ok()?)))
+        .collect();
+    Ok(Resumed { known, states })
 }

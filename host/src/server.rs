@@ -116,11 +116,26 @@ struct Running {
     /// it too. Replaced when the settings change.
     ctx: std::sync::RwLock<CallContext>,
     stream: EventStream,
+    /// The version last handed to the scheduler (which holds it too): a dryrun of it shares it
+    /// instead of loading a second copy (100,000 resources are tens of MiB).
+    released: std::sync::Mutex<Option<Arc<Version>>>,
 }
 
 impl Running {
     fn ctx(&self) -> CallContext {
         self.ctx.read().expect("call context").clone()
+    }
+
+    fn release(&self, version: Version) {
+        let version = Arc::new(version);
+        *self.released.lock().expect("released version") = Some(version.clone());
+        self.scheduler.release(version);
+    }
+
+    /// The released version if it is `number`.
+    fn released(&self, number: i64) -> Option<Arc<Version>> {
+        let released = self.released.lock().expect("released version");
+        released.as_ref().filter(|v| v.number as i64 == number).cloned()
     }
 }
 
@@ -332,7 +347,7 @@ impl Environments {
         let loaded = self.load_version(&env.id, info.version).await?;
         let info = self.store.release_version(&env.id, info.version).await?;
         self.metrics.released(&env.name, info.version);
-        running.scheduler.release(Arc::new(loaded));
+        running.release(loaded);
         Ok(info)
     }
 
@@ -386,7 +401,10 @@ impl Environments {
             None => return Err(EnvError::NoVersion(env.name)),
         };
         let running = self.running(&env).await?;
-        let loaded = self.load_version(&env.id, version).await?;
+        let loaded = match running.released(version) {
+            Some(shared) => shared,
+            None => Arc::new(self.load_version(&env.id, version).await?),
+        };
         let report = self.store.create_dryrun(&env.id, version).await?;
         let (store, ctx, id) = (self.store.clone(), running.ctx(), report.id);
         let concurrency = env.settings.env_concurrency as usize;
@@ -415,7 +433,7 @@ impl Environments {
         let loaded = self.load_version(&env.id, version).await?;
         let info = self.store.release_version(&env.id, version).await?;
         self.metrics.released(&env.name, info.version);
-        running.scheduler.release(Arc::new(loaded));
+        running.release(loaded);
         Ok(info)
     }
 
@@ -499,17 +517,16 @@ impl Environments {
                 ..base
             }
         });
-        let known = persistence::resume(&self.store, &env.id).await?;
+        let resumed = persistence::resume(&self.store, &env.id).await?;
         let interrupted = serde_json::json!({ "error": { "code": "interrupted", "message": "the host stopped before it finished" } });
         self.store.interrupt_unfinished(&env.id, &interrupted.to_string()).await?;
         let released = match env.released_version {
             Some(v) => Some(self.load_version(&env.id, v).await?),
             None => None,
         };
-        let states = self.store.load_states(&env.id).await?;
         self.metrics
-            .seed(&env.name, states.iter().map(|s| (s.resource_id.as_str(), s.status)));
-        drop(states);
+            .seed(&env.name, resumed.states.iter().map(|s| (s.resource_id.as_str(), s.status)));
+        let known = resumed.known;
         let mut observers = self.observers.clone();
         observers.push(Arc::new(self.metrics.environment(&env.name)));
         let stream = EventStream::default();
@@ -519,15 +536,16 @@ impl Environments {
             observers,
         ));
         let scheduler = Scheduler::spawn_halted(ctx.clone(), scheduler_settings(&env.settings), env.halted, sink, known);
-        if let Some(version) = released {
-            scheduler.release(Arc::new(version));
-        }
         let r = Arc::new(Running {
             scheduler,
             releases: Mutex::new(()),
             ctx: std::sync::RwLock::new(ctx),
             stream,
+            released: std::sync::Mutex::new(None),
         });
+        if let Some(version) = released {
+            r.release(version);
+        }
         running.insert(env.id, r.clone());
         Ok(r)
     }

@@ -336,7 +336,7 @@ fn a_deploy_interrupted_mid_flight_resumes_from_the_store() {
         .unwrap();
     second.block_on(async {
         let store = Store::open_sqlite(&db).await.unwrap();
-        let known = resume(&store, &env).await.unwrap();
+        let known = resume(&store, &env).await.unwrap().known;
         let states = store.load_states(&env).await.unwrap();
         assert!(
             states.iter().all(|s| s.status != Status::Deploying),
