@@ -114,7 +114,10 @@ pub struct SshOptions {
     /// SFTP file handles open at once. russh-sftp decodes handles as UTF-8 lossily, so OpenSSH
     /// handle numbers of 128 and above get corrupted: stay under that.
     pub max_open_files: usize,
-    /// How long one SFTP request may take.
+    /// How long one SFTP request may take. Keep it, plus one reconnect (`connect_timeout`), under
+    /// the runtime's deadline for a plugin call (30 s by default): a node that goes silent (its
+    /// link down, connections neither answered nor reset) must fail the call as `Unavailable`
+    /// (the resource waits as `unavailable`), not let the call time out (`failed`).
     pub sftp_timeout: Duration,
 }
 
@@ -127,7 +130,7 @@ impl Default for SshOptions {
             keepalive_max: 3,
             max_commands: 8,
             max_open_files: 100,
-            sftp_timeout: Duration::from_secs(30),
+            sftp_timeout: Duration::from_secs(10),
         }
     }
 }
