@@ -842,11 +842,33 @@ async fn sleep_until(due: Option<Instant>) {
 /// Dryrun of a whole version: every resource read and diffed through its adaptor, nothing
 /// enforced, `concurrency` at once; reports in intent order.
 pub async fn dryrun(version: &Version, ctx: &CallContext, concurrency: usize) -> Vec<ActionReport> {
+    dryrun_limited(version, ctx, concurrency, concurrency).await
+}
+
+/// [`dryrun`] with at most `per_node` actions at once on any one node, as a deploy has: reads
+/// of a whole environment on one node's single SSH connection only queue up there otherwise.
+pub async fn dryrun_limited(version: &Version, ctx: &CallContext, concurrency: usize, per_node: usize) -> Vec<ActionReport> {
     use futures::StreamExt;
+    let mut nodes: HashMap<&str, Arc<tokio::sync::Semaphore>> = HashMap::new();
+    let limits: Vec<Arc<tokio::sync::Semaphore>> = version
+        .intent
+        .resources
+        .iter()
+        .map(|r| {
+            nodes
+                .entry(r.id.node.as_str())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(per_node.max(1))))
+                .clone()
+        })
+        .collect();
     futures::stream::iter(0..version.intent.resources.len())
         .map(|i| {
             let (plugin, ctx, spec) = (version.plugins[i].clone(), ctx.clone(), version.intent.resources[i].clone());
-            tokio::spawn(async move { executor::execute(&plugin, &ctx, &spec, Mode::Dryrun).await })
+            let limit = limits[i].clone();
+            tokio::spawn(async move {
+                let _turn = limit.acquire_owned().await.expect("the node's limit is never closed");
+                executor::execute(&plugin, &ctx, &spec, Mode::Dryrun).await
+            })
         })
         .buffered(concurrency.max(1))
         .map(|joined| joined.expect("resource actions do not panic"))

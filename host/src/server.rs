@@ -413,9 +413,9 @@ impl Environments {
         };
         let report = self.store.create_dryrun(&env.id, version).await?;
         let (store, ctx, id) = (self.store.clone(), running.ctx(), report.id);
-        let concurrency = env.settings.env_concurrency as usize;
+        let (concurrency, per_node) = (env.settings.env_concurrency as usize, env.settings.per_node_concurrency as usize);
         tokio::spawn(async move {
-            let reports = crate::scheduler::dryrun(&loaded, &ctx, concurrency).await;
+            let reports = crate::scheduler::dryrun_limited(&loaded, &ctx, concurrency, per_node).await;
             let result = DryrunResult::from_reports(version, &reports);
             let json = serde_json::to_string(&result).expect("a dryrun report serialises");
             if let Err(e) = store.complete_dryrun(&env.id, &id, DryrunStatus::Done, &json).await {

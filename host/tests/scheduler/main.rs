@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use orc_host::intent::Intent;
-use orc_host::scheduler::{BoxFuture, Event, Scheduler, Settings, Sink, Snapshot, Status, Trigger, Version};
+use orc_host::scheduler::{self, BoxFuture, Event, Scheduler, Settings, Sink, Snapshot, Status, Trigger, Version};
 use orc_manifest::{Digest, PluginKind};
 use orc_plugin_artifacts::Artifact;
-use orc_runtime::capability::{LocalNode, MemoryKv, Nodes};
+use orc_runtime::capability::node::{CommandOutput, FileStat, NodeCommand, Ownership};
+use orc_runtime::capability::{LocalNode, MemoryKv, NodeBackend, NodeError, NodeErrorKind, Nodes};
 use orc_runtime::{CallContext, Grants, Runtime, RuntimeConfig};
 use serde_json::json;
 
@@ -497,4 +498,90 @@ async fn self_healing_switched_on_later_covers_what_is_already_deployed() {
         off,
         "no repair after self-healing was switched off"
     );
+}
+
+/// A node whose commands take 30 ms and which records how many ran at once; every other call
+/// is refused.
+#[derive(Default)]
+struct CountingNode {
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+impl CountingNode {
+    fn refuse<T>() -> Result<T, NodeError> {
+        Err(NodeError::new(NodeErrorKind::Denied, "only commands run on this test node"))
+    }
+}
+
+impl NodeBackend for CountingNode {
+    fn run(&self, _command: NodeCommand) -> BoxFuture<'_, Result<CommandOutput, NodeError>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        Box::pin(async move {
+            let now = self.now.fetch_add(1, SeqCst) + 1;
+            self.most.fetch_max(now, SeqCst);
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            self.now.fetch_sub(1, SeqCst);
+            Ok(CommandOutput {
+                exit_code: 0,
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+            })
+        })
+    }
+    fn read_file<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<Vec<u8>>, NodeError>> {
+        Box::pin(async { Self::refuse() })
+    }
+    fn write_file<'a>(&'a self, _: &'a str, _: Vec<u8>, _: Option<u32>) -> BoxFuture<'a, Result<(), NodeError>> {
+        Box::pin(async { Self::refuse() })
+    }
+    fn stat<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<FileStat>, NodeError>> {
+        Box::pin(async { Self::refuse() })
+    }
+    fn create_dir<'a>(&'a self, _: &'a str, _: Option<u32>, _: bool) -> BoxFuture<'a, Result<(), NodeError>> {
+        Box::pin(async { Self::refuse() })
+    }
+    fn set_mode<'a>(&'a self, _: &'a str, _: u32) -> BoxFuture<'a, Result<(), NodeError>> {
+        Box::pin(async { Self::refuse() })
+    }
+    fn remove<'a>(&'a self, _: &'a str, _: bool) -> BoxFuture<'a, Result<bool, NodeError>> {
+        Box::pin(async { Self::refuse() })
+    }
+    fn read_link<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<String>, NodeError>> {
+        Box::pin(async { Self::refuse() })
+    }
+    fn create_symlink<'a>(&'a self, _: &'a str, _: &'a str) -> BoxFuture<'a, Result<(), NodeError>> {
+        Box::pin(async { Self::refuse() })
+    }
+    fn owner<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<Ownership>, NodeError>> {
+        Box::pin(async { Self::refuse() })
+    }
+    fn set_owner<'a>(&'a self, _: &'a str, _: Option<&'a str>, _: Option<&'a str>) -> BoxFuture<'a, Result<(), NodeError>> {
+        Box::pin(async { Self::refuse() })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dryrun_keeps_to_the_per_node_limit() {
+    let h = Harness::new();
+    // The misbehave fixture's `node` mode runs a command on node `local` while it reads.
+    let reader = |key: &str| json!({ "id": format!("misbehave[local,{key}]"), "adaptor": "misbehave@0.1.0", "attributes": { "behave": "node", "during": "read" } });
+    let version = h.version(1, json!((0..8).map(|i| reader(&format!("r{i}"))).collect::<Vec<_>>()));
+    for (per_node, expected) in [(2, 2), (8, 8)] {
+        let node = Arc::new(CountingNode::default());
+        let nodes = Nodes::default();
+        nodes.insert("local", node.clone());
+        let ctx = CallContext {
+            nodes: Arc::new(nodes),
+            ..h.ctx.clone()
+        };
+        let reports = scheduler::dryrun_limited(&version, &ctx, 8, per_node).await;
+        assert_eq!(reports.len(), 8);
+        assert!(reports.iter().all(|r| r.error.is_none()), "{reports:?}");
+        let most = node.most.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            most, expected,
+            "at most {per_node} reads on the node at once, and as many as allowed"
+        );
+    }
 }
