@@ -14,7 +14,6 @@ use orc_host::outbound::SecretSource;
 use orc_host::server::Server;
 use orc_host::store::{AddressRule, HttpSettings};
 
-
 #[derive(Parser)]
 #[command(
     name = "orc-host",

@@ -4,8 +4,8 @@
 mod cache;
 mod file_adaptor;
 mod fixtures;
-mod node_adaptors;
 mod http;
+mod node_adaptors;
 
 use std::sync::Arc;
 
