@@ -1,7 +1,7 @@
-//! The first-party adaptors `file` (with owner and group), `symlink`, `command` and `process`
-//! deployed through the scheduler to a real node over SSH (an OpenSSH sshd the test starts, as
-//! root): first deploy, an idempotent second pass, drift made by hand that a dryrun reports
-//! without touching, drift repaired by self-healing, and purge.
+//! The first-party adaptors `file` (with owner and group), `directory`, `symlink`, `command` and
+//! `process` deployed through the scheduler to a real node over SSH (an OpenSSH sshd the test
+//! starts, as root): first deploy, an idempotent second pass, drift made by hand that a dryrun
+//! reports without touching, drift repaired by self-healing, and purge.
 
 #[path = "../../ssh/tests/support/sshd.rs"]
 mod sshd;
@@ -440,4 +440,47 @@ async fn process_starts_restarts_on_change_heals_and_stops() {
     assert!(!alive(fourth));
     let left: Vec<_> = std::fs::read_dir(&state_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn directory_with_parents_mode_and_purge() {
+    let h = Harness::start("directory").await;
+    let (top, leaf) = (h.path("srv"), h.path("srv/app/data"));
+    let (top_id, leaf_id) = (format!("directory[{NODE},{top}]"), format!("directory[{NODE},{leaf}]"));
+    let resources = json!([
+        { "id": top_id, "adaptor": "directory@0.1.0", "attributes": { "mode": "0755" } },
+        { "id": leaf_id, "adaptor": "directory@0.1.0", "attributes": { "mode": "0750" }, "requires": [top_id] },
+    ]);
+    let v1 = h.version(1, resources.clone());
+    h.deploy(v1.clone(), Status::Deployed).await;
+    let mode = |p: &str| std::fs::metadata(p).map(|m| (m.is_dir(), m.mode() & 0o7777)).ok();
+    assert_eq!(mode(&leaf), Some((true, 0o750)), "created with its missing parent");
+    assert_eq!(mode(&top), Some((true, 0o755)));
+    h.assert_idempotent().await;
+
+    // Drift: the mode changed by hand. A dryrun names it and changes nothing.
+    let fields = h
+        .drift_and_dryrun(&v1, &leaf_id, || {
+            std::fs::set_permissions(&leaf, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap()
+        })
+        .await;
+    assert_eq!(fields, ["mode"]);
+    assert_eq!(mode(&leaf), Some((true, 0o700)));
+    h.heal("the directory's mode", || mode(&leaf) == Some((true, 0o750))).await;
+
+    // Drift: the directory removed by hand; self-healing makes it again.
+    let fields = h.drift_and_dryrun(&v1, &leaf_id, || std::fs::remove_dir(&leaf).unwrap()).await;
+    assert!(!fields.is_empty(), "a missing directory is a change");
+    h.heal("the removed directory", || mode(&leaf) == Some((true, 0o750))).await;
+
+    // Purge: the leaf goes first (dependents first), then the top with what is left in it.
+    std::fs::write(format!("{leaf}/keep"), "x").unwrap();
+    let purge = json!([
+        { "id": top_id, "adaptor": "directory@0.1.0", "attributes": { "purge_recursive": true }, "purged": true },
+        { "id": leaf_id, "adaptor": "directory@0.1.0", "attributes": { "purge_recursive": true }, "requires": [top_id], "purged": true },
+    ]);
+    h.deploy(h.version(2, purge), Status::Deployed).await;
+    assert!(!Path::new(&top).exists(), "purged with its content");
+    assert!(h.failures().is_empty(), "{:#?}", h.failures());
+    drop(h.sshd);
 }
