@@ -154,6 +154,20 @@ impl Sftp {
         }
     }
 
+    /// `path`'s parent directory and last component; the parent must exist and be a directory
+    /// (where a temporary file is made before it is renamed over `path`).
+    async fn existing_parent<'p>(&self, path: &'p str) -> Result<(&'p str, &'p str), NodeError> {
+        let (parent, name) = split(path);
+        match self.lstat(parent).await? {
+            Some(s) if s.kind == FileKind::Directory => Ok((parent, name)),
+            Some(_) => Err(NodeError::new(NodeErrorKind::InvalidInput, format!("{parent} is not a directory"))),
+            None => Err(NodeError::new(
+                NodeErrorKind::InvalidInput,
+                format!("parent directory {parent} does not exist"),
+            )),
+        }
+    }
+
     /// Atomic replace: a temporary file in the same directory, created exclusively, written in
     /// pipelined chunks, chmod, fsync, closed, then `posix-rename` over the target.
     pub async fn write_file(&self, path: &str, content: &[u8], mode: Option<u32>) -> Result<(), NodeError> {
@@ -161,19 +175,7 @@ impl Sftp {
         if existing.as_ref().is_some_and(|s| s.kind == FileKind::Directory) {
             return Err(NodeError::new(NodeErrorKind::InvalidInput, format!("{path} is a directory")));
         }
-        let (parent, name) = split(path);
-        match self.lstat(parent).await? {
-            Some(s) if s.kind == FileKind::Directory => {}
-            Some(_) => {
-                return Err(NodeError::new(NodeErrorKind::InvalidInput, format!("{parent} is not a directory")));
-            }
-            None => {
-                return Err(NodeError::new(
-                    NodeErrorKind::InvalidInput,
-                    format!("parent directory {parent} does not exist"),
-                ));
-            }
-        }
+        let (parent, name) = self.existing_parent(path).await?;
         if !self.posix_rename {
             return Err(NodeError::new(
                 NodeErrorKind::Failed,
@@ -351,19 +353,7 @@ impl Sftp {
                 format!("{path} exists and is a {}, not a symlink", s.kind.as_str()),
             ));
         }
-        let (parent, name) = split(path);
-        match self.lstat(parent).await? {
-            Some(s) if s.kind == FileKind::Directory => {}
-            Some(_) => {
-                return Err(NodeError::new(NodeErrorKind::InvalidInput, format!("{parent} is not a directory")));
-            }
-            None => {
-                return Err(NodeError::new(
-                    NodeErrorKind::InvalidInput,
-                    format!("parent directory {parent} does not exist"),
-                ));
-            }
-        }
+        let (parent, name) = self.existing_parent(path).await?;
         let tmp = format!(
             "{}/.{name}.orc-tmp-{}-{}",
             parent.trim_end_matches('/'),
