@@ -206,7 +206,8 @@ mod tests {
     #[test]
     fn each_broken_constraint_is_named() {
         let t = template();
-        let cases: Vec<(Vec<(&str, Vec<&str>)>, &str)> = vec![
+        type Case<'a> = (Vec<(&'a str, Vec<&'a str>)>, &'a str);
+        let cases: Vec<Case> = vec![
             (vec![("n1", vec!["db"]), ("n2", vec!["web", "agent"])], "size"),
             (
                 vec![("n1", vec!["db"]), ("n2", vec!["web", "agent"]), ("n9", vec!["web", "agent"])],
