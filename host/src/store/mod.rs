@@ -1,7 +1,8 @@
 //! The persistence layer of orc-host: environments, intent versions, resource states, the action
 //! log, dryrun reports, admin tokens, SSH nodes (their credentials sealed, in a table of their
-//! own) and the plugin key/value store, on SQLite (the embedded default: one file in the data
-//! directory) or PostgreSQL (production, scale-out), with the same behaviour on both.
+//! own), cluster templates (versioned) and the clusters made from them, and the plugin key/value
+//! store, on SQLite (the embedded default: one file in the data directory) or PostgreSQL
+//! (production, scale-out), with the same behaviour on both.
 //!
 //! # Two backends, one enum
 //! [`Store`] holds `Db::Sqlite(SqlitePool)` or `Db::Postgres(PgPool)` rather than sqlx's
@@ -62,6 +63,7 @@ macro_rules! on_pool {
 }
 
 mod actions;
+mod clusters;
 mod dryruns;
 mod environments;
 mod error;
@@ -73,6 +75,7 @@ mod operations;
 mod states;
 mod tokens;
 
+pub use clusters::{ClusterRecord, TemplateRecord};
 pub use error::StoreError;
 pub use kv::DbKv;
 pub use model::*;
@@ -282,11 +285,13 @@ const SQLITE_MIGRATIONS: Embedded = &[
     (1, "init", include_str!("../../migrations/sqlite/0001_init.sql")),
     (2, "operations", include_str!("../../migrations/sqlite/0002_operations.sql")),
     (3, "nodes", include_str!("../../migrations/sqlite/0003_nodes.sql")),
+    (4, "clusters", include_str!("../../migrations/sqlite/0004_clusters.sql")),
 ];
 const POSTGRES_MIGRATIONS: Embedded = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
     (2, "operations", include_str!("../../migrations/postgres/0002_operations.sql")),
     (3, "nodes", include_str!("../../migrations/postgres/0003_nodes.sql")),
+    (4, "clusters", include_str!("../../migrations/postgres/0004_clusters.sql")),
 ];
 
 fn migrator(embedded: Embedded) -> Migrator {

@@ -3,49 +3,61 @@
 //! `support/pg.rs`). `batch_timings_10k` prints how long the 10,000-row batches take (`--nocapture`).
 
 mod cases;
+mod clusters;
 mod harness;
 #[path = "../support/pg.rs"]
 mod pg;
 
-/// One `#[tokio::test]` per case and backend: `sqlite::<case>` and `postgres::<case>`.
+/// One `#[tokio::test]` per case and backend: `sqlite::<case>` and `postgres::<case>`, for the
+/// cases of each module listed (`module: [case, …]`).
 macro_rules! on_both_backends {
-    ($($case:ident),* $(,)?) => {
+    ($($module:ident: [$($case:ident),* $(,)?]),* $(,)?) => {
         mod sqlite {
-            $(
+            $($(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() -> anyhow::Result<()> {
                     let db = crate::harness::sqlite().await?;
-                    crate::cases::$case(&db).await
+                    crate::$module::$case(&db).await
                 }
-            )*
+            )*)*
         }
         mod postgres {
-            $(
+            $($(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() -> anyhow::Result<()> {
                     let db = crate::harness::postgres().await?;
-                    crate::cases::$case(&db).await
+                    crate::$module::$case(&db).await
                 }
-            )*
+            )*)*
         }
     };
 }
 
 on_both_backends!(
-    environments_crud,
-    concurrent_submits_get_distinct_consecutive_versions,
-    versions_release_and_rollback,
-    states_batch_upsert_filters_and_pagination,
-    status_transitions_in_batch,
-    recovery_of_deploying,
-    progress_batches_are_atomic_and_keep_times,
-    actions_batch_and_query_order,
-    dryrun_lifecycle,
-    operations_lifecycle_and_interruption,
-    admin_tokens,
-    db_kv_keeps_scopes_apart,
-    db_kv_batches_answer_each_call_in_order,
-    deleting_an_environment_removes_its_data,
-    migrations_are_idempotent_on_reconnect,
-    batch_timings_10k,
+    cases: [
+        environments_crud,
+        concurrent_submits_get_distinct_consecutive_versions,
+        versions_release_and_rollback,
+        states_batch_upsert_filters_and_pagination,
+        status_transitions_in_batch,
+        recovery_of_deploying,
+        progress_batches_are_atomic_and_keep_times,
+        actions_batch_and_query_order,
+        dryrun_lifecycle,
+        operations_lifecycle_and_interruption,
+        admin_tokens,
+        db_kv_keeps_scopes_apart,
+        db_kv_batches_answer_each_call_in_order,
+        deleting_an_environment_removes_its_data,
+        migrations_are_idempotent_on_reconnect,
+        batch_timings_10k,
+    ],
+    clusters: [
+        template_versions_per_name_and_environment,
+        concurrent_template_inserts_get_distinct_versions,
+        template_in_use_cannot_be_deleted,
+        clusters_crud,
+        expired_cluster_leases,
+        deleting_an_environment_removes_its_clusters,
+    ],
 );
