@@ -270,7 +270,7 @@ impl AdaptorInstance {
         )
         .await;
         let changes = s.finish(out)?;
-        changes.into_iter().map(|c| change_from_wit(s, c)).collect()
+        changes.into_iter().map(|c| change_from_wit(s, "diff", c)).collect()
     }
 
     /// Enforces the desired state; returns the plugin's messages.
@@ -309,11 +309,16 @@ impl AdaptorInstance {
     }
 }
 
-fn change_from_wit(s: &Session, c: wit_types::Change) -> Result<Change, CallError> {
+/// A change a plugin returned from `function` (`diff`, `check`), its values parsed as JSON.
+fn change_from_wit(s: &Session, function: &str, c: wit_types::Change) -> Result<Change, CallError> {
     let parse = |v: Option<String>, which: &str| -> Result<Option<serde_json::Value>, CallError> {
         v.map(|t| {
-            serde_json::from_str(&t)
-                .map_err(|e| s.invalid_output(format!("`diff` returned invalid JSON for the {which} value of `{}`: {e}", c.field)))
+            serde_json::from_str(&t).map_err(|e| {
+                s.invalid_output(format!(
+                    "`{function}` returned invalid JSON for the {which} value of `{}`: {e}",
+                    c.field
+                ))
+            })
         })
         .transpose()
     };
@@ -378,6 +383,21 @@ pub struct AutomatorInstance {
 }
 
 impl AutomatorInstance {
+    /// Whether the task's action holds on the node now: empty when it does, else what `perform`
+    /// would change. Values that are not JSON are `invalid_output`.
+    pub async fn check(&mut self, task: &Task) -> Result<Vec<Change>, CallError> {
+        self.session.begin()?;
+        let s = &mut self.session;
+        let out = tokio::time::timeout(
+            s.limit(),
+            self.bindings.orc_plugin_service_automator().call_check(&mut s.store, task),
+        )
+        .await;
+        let changes = s.finish(out)?;
+        changes.into_iter().map(|c| change_from_wit(s, "check", c)).collect()
+    }
+
+    /// Carries the task's action out; returns the plugin's messages and output.
     pub async fn perform(&mut self, task: &Task) -> Result<Outcome, CallError> {
         self.session.begin()?;
         let s = &mut self.session;

@@ -31,7 +31,8 @@ fn cargo_toml(kind: PluginKind, name: &str, sdk: &Path) -> String {
     let (capabilities, resource_types) = match kind {
         PluginKind::Adaptor => (r#"["node"]"#, format!("[{name:?}]")),
         PluginKind::Solver => ("[]", "[]".to_string()),
-        PluginKind::Automator => (r#"["node"]"#, "[]".to_string()),
+        // `kv`: the SDK's default `check` remembers performed tasks there.
+        PluginKind::Automator => (r#"["node", "kv"]"#, "[]".to_string()),
     };
     let sdk = sdk.display().to_string();
     format!(
@@ -182,6 +183,9 @@ pub struct Config {{
     scripts: BTreeMap<String, String>,
 }}
 
+// `check` is the SDK's default: the task holds once `perform` succeeded with the same
+// configuration and layout (a record in the plugin's kv). Implement `check` to look at the node
+// instead, e.g. run a status command, and report what differs.
 impl Automator for {ty} {{
     type Config = Config;
 

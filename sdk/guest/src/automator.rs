@@ -1,4 +1,12 @@
-//! Automators: perform one action for one service on one node.
+//! Automators: check and perform one action for one service on one node.
+//!
+//! The host calls [`Automator::check`] first (on deploy, repair and dryrun) and
+//! [`Automator::perform`] only when the check returns changes. An automator that cannot observe
+//! an action's effect on the node keeps the default `check`: the SDK remembers each successful
+//! `perform` in the plugin's `kv` ([`performed`]) and reports a change until the same inputs have
+//! been performed.
+
+pub mod performed;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -8,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::solver::Placement;
-use crate::{Error, Result, json};
+use crate::{Change, Error, Result, json};
 
 /// The service action to perform.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -55,6 +63,9 @@ pub struct Task<C> {
     pub config: C,
     /// The cluster's layout, for services that need their peers.
     pub layout: Vec<Placement>,
+    /// `sha256:<hex>` of the task's inputs — action, configuration and layout, as canonical
+    /// JSON ([`performed::inputs_digest`]): what the default [`Automator::check`] compares.
+    pub inputs_digest: String,
 }
 
 impl<C> Task<C> {
@@ -94,10 +105,39 @@ impl Outcome {
 }
 
 /// A service automator.
+///
+/// Both calls get the task with its configuration decoded afresh, on a fresh instance: nothing
+/// survives in memory from `check` to `perform`.
 pub trait Automator {
     /// The service's configuration, decoded from the host's JSON.
     type Config: DeserializeOwned;
 
+    /// Whether the SDK keeps performed records in the plugin's `kv` (see [`performed`]): after
+    /// every successful `perform` it records the task's [`Task::inputs_digest`], and the default
+    /// [`Automator::check`] compares against it. The plugin must then request capability `kv`
+    /// (the host refuses to load a plugin that imports `kv` without requesting it).
+    ///
+    /// Set it to `false` in an automator that implements `check` for every action by looking at
+    /// the node itself: the SDK then never touches `kv`, and the plugin needs no `kv` capability.
+    const PERFORMED_RECORDS: bool = true;
+
+    /// Whether the task's action holds on the node now: an empty list when it does, otherwise the
+    /// differences (`field`, current, desired) that [`Automator::perform`] would remove. Must not
+    /// change the node.
+    ///
+    /// The default reads the performed record ([`performed::check`]): no change when the same
+    /// inputs were performed last, else one change `performed` (recorded digest or none →
+    /// [`Task::inputs_digest`]).
+    fn check(task: &Task<Self::Config>) -> Result<Vec<Change>> {
+        if Self::PERFORMED_RECORDS {
+            performed::check(task)
+        } else {
+            Err(performed::no_records(task))
+        }
+    }
+
+    /// Carries the action out; returns messages for the action log and output values. Must be
+    /// idempotent: the host performs again after a failure, and whenever `check` reports changes.
     fn perform(task: Task<Self::Config>) -> Result<Outcome>;
 }
 
@@ -125,34 +165,72 @@ pub fn decode_layout(layout: &str) -> Result<Vec<Placement>> {
     }
 }
 
+/// Decodes a task as the host sends it: the configuration into `C`, the layout, and the digest
+/// of the inputs. Errors are `invalid-input` naming the service (and the field).
+pub fn decode_task<C: DeserializeOwned>(
+    cluster: String,
+    service: String,
+    node: String,
+    action: Action,
+    config: &str,
+    layout: &str,
+) -> Result<Task<C>> {
+    let decoded = decode_config::<C>(&cluster, &service, config)?;
+    let layout = decode_layout(layout)?;
+    let inputs_digest = performed::inputs_digest(action, config, &layout)?;
+    Ok(Task {
+        cluster,
+        service,
+        node,
+        action,
+        config: decoded,
+        layout,
+        inputs_digest,
+    })
+}
+
 #[cfg(feature = "automator")]
 mod export {
-    use super::{Action, Automator, Task, decode_config, decode_layout};
+    use super::{Action, Automator, Task, decode_task, performed};
     use crate::bindings::automator::exports::orc::plugin::service_automator as wit;
     use crate::bindings::types;
 
+    fn decode<A: Automator>(task: wit::Task) -> crate::Result<Task<A::Config>> {
+        let action = match task.action {
+            wit::Action::Bootstrap => Action::Bootstrap,
+            wit::Action::Install => Action::Install,
+            wit::Action::Configure => Action::Configure,
+            wit::Action::Initialize => Action::Initialize,
+            wit::Action::Start => Action::Start,
+            wit::Action::Stop => Action::Stop,
+            wit::Action::Remove => Action::Remove,
+        };
+        decode_task(task.cluster, task.service, task.node, action, &task.config, &task.layout)
+    }
+
     impl<A: Automator> wit::Guest for A {
+        fn check(task: wit::Task) -> Result<Vec<types::Change>, types::Error> {
+            crate::panic::install_hook();
+            let task = decode::<A>(task)?;
+            let changes = A::check(&task)?;
+            Ok(changes
+                .into_iter()
+                .map(|c| types::Change {
+                    field: c.field,
+                    current: c.current.map(|v| v.to_string()),
+                    desired: c.desired.map(|v| v.to_string()),
+                })
+                .collect())
+        }
+
         fn perform(task: wit::Task) -> Result<wit::Outcome, types::Error> {
             crate::panic::install_hook();
-            let config = decode_config::<A::Config>(&task.cluster, &task.service, &task.config)?;
-            let layout = decode_layout(&task.layout)?;
-            let action = match task.action {
-                wit::Action::Bootstrap => Action::Bootstrap,
-                wit::Action::Install => Action::Install,
-                wit::Action::Configure => Action::Configure,
-                wit::Action::Initialize => Action::Initialize,
-                wit::Action::Start => Action::Start,
-                wit::Action::Stop => Action::Stop,
-                wit::Action::Remove => Action::Remove,
-            };
-            let outcome = A::perform(Task {
-                cluster: task.cluster,
-                service: task.service,
-                node: task.node,
-                action,
-                config,
-                layout,
-            })?;
+            let task = decode::<A>(task)?;
+            let record = A::PERFORMED_RECORDS.then(|| performed::Performed::of(&task));
+            let outcome = A::perform(task)?;
+            if let Some(record) = record {
+                record.remember(&mut performed::HostKv)?;
+            }
             Ok(wit::Outcome {
                 messages: outcome.messages,
                 output: serde_json::Value::Object(outcome.output).to_string(),
@@ -178,6 +256,7 @@ mod tests {
             action: Action::Start,
             config: (),
             layout: by_node,
+            inputs_digest: String::new(),
         };
         assert_eq!(task.nodes_running("db"), vec!["n1"]);
         assert!(decode_layout("3").unwrap_err().message().starts_with("invalid layout"));
