@@ -18,6 +18,7 @@ const PLUGINS: &[(&str, &str, bool)] = &[
     ("PROCESS", "plugins/process", false),
     ("PACKAGE", "plugins/package", false),
     ("HTTP_OBJECT", "plugins/http-object", false),
+    ("LAYOUT_SOLVER", "plugins/layout-solver", false),
     ("MISBEHAVE", "plugins/fixtures/misbehave", true),
     ("WRONG_WORLD", "plugins/fixtures/wrong-world", true),
 ];
