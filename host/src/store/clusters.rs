@@ -42,6 +42,8 @@ const INSERT_TEMPLATE_ATTEMPTS: usize = 100;
 
 type TemplateRow = (String, i64, String, i64);
 type ClusterRow = (String, String, i64, String, String, Option<i64>, i64, i64);
+/// The environment's id, then a [`ClusterRow`].
+type ExpiredRow = (String, String, String, i64, String, String, Option<i64>, i64, i64);
 
 macro_rules! template_columns {
     () => {
@@ -344,7 +346,7 @@ impl Store {
     /// The clusters, of every environment, whose lease ended before `now`, soonest ended first.
     /// The one query that crosses environments: the lease reaper serves them all.
     pub async fn expired_clusters(&self, now: Millis) -> Result<Vec<(EnvironmentId, ClusterRecord)>> {
-        let rows: Vec<(String, String, String, i64, String, String, Option<i64>, i64, i64)> = on_pool!(self, pool => {
+        let rows: Vec<ExpiredRow> = on_pool!(self, pool => {
             sqlx::query_as(concat!(
                 "SELECT environment_id, ", cluster_columns!(), " FROM clusters \
                  WHERE lease_expires_at IS NOT NULL AND lease_expires_at < $1 ORDER BY lease_expires_at, environment_id, name"
