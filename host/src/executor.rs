@@ -1,10 +1,16 @@
 //! Executors: run one action (deploy or dryrun) for one resource through its adaptor — read,
 //! diff, then apply or delete — in a fresh plugin instance, and report exactly what happened.
 //! Deploy, repair, retry and dryrun all go through [`execute`]; dryrun stops before enforcing.
+//!
+//! A cluster task (resource type `task`, handled by an automator plugin) runs the same way
+//! with the automator's `check` in place of read + diff and `perform` in place of apply; a
+//! purged `start` task performs `stop`, a purged `install` task performs `remove`, and the other
+//! purged steps have nothing to undo.
 
 use std::time::{Duration, Instant};
 
-use orc_runtime::wit::{Level, Target};
+use orc_manifest::PluginKind;
+use orc_runtime::wit::{Action, Level, Target, Task};
 use orc_runtime::{CallContext, CallError, Change, Plugin, PluginErrorKind};
 use serde::Serialize;
 use tracing::Instrument;
@@ -145,6 +151,9 @@ async fn run(
     mode: Mode,
     report: &mut ActionReport,
 ) -> Result<Outcome, CallError> {
+    if plugin.manifest.kind == PluginKind::Automator {
+        return run_task(plugin, ctx, spec, mode, report).await;
+    }
     let mut instance = plugin.adaptor(ctx).await?;
     let result = async {
         let current = instance.read(target).await?;
@@ -180,6 +189,76 @@ async fn run(
             .map(|l| format!("[{}] {}", level_name(l.level), l.message)),
     );
     result
+}
+
+/// A cluster task through its automator: `check`, then (deploying, with changes) `perform`.
+async fn run_task(
+    plugin: &Plugin,
+    ctx: &CallContext,
+    spec: &ResourceSpec,
+    mode: Mode,
+    report: &mut ActionReport,
+) -> Result<Outcome, CallError> {
+    let Some(task) = task_of(spec) else {
+        return Err(CallError::Host {
+            plugin: plugin.manifest.reference(),
+            message: format!("`{}` is not a cluster task (attributes cluster, service, action, config)", spec.id),
+        });
+    };
+    let Some(task) = task else { return Ok(Outcome::Unchanged) };
+    let mut instance = plugin.automator(ctx).await?;
+    let result = async {
+        let changes = instance.check(&task).await?;
+        if changes.is_empty() {
+            return Ok(Outcome::Unchanged);
+        }
+        report.changes = changes;
+        if mode == Mode::Dryrun {
+            return Ok(Outcome::WouldChange);
+        }
+        let outcome = instance.perform(&task).await?;
+        report.messages = outcome.messages;
+        if outcome.output != "{}" && !outcome.output.is_empty() {
+            report.messages.push(format!("output: {}", outcome.output));
+        }
+        Ok(Outcome::Changed)
+    }
+    .await;
+    report.messages.extend(
+        instance
+            .take_logs()
+            .into_iter()
+            .map(|l| format!("[{}] {}", level_name(l.level), l.message)),
+    );
+    result
+}
+
+/// The automator's task for a task resource: `None` when the attributes are not a task's;
+/// `Some(None)` when a purged step has nothing to undo.
+fn task_of(spec: &ResourceSpec) -> Option<Option<Task>> {
+    let attributes = spec.attributes.to_value();
+    let text = |key: &str| attributes.get(key).and_then(|v| v.as_str()).map(str::to_string);
+    let (cluster, service, step) = (text("cluster")?, text("service")?, text("action")?);
+    let action = match (step.as_str(), spec.purged) {
+        ("bootstrap", false) => Action::Bootstrap,
+        ("install", false) => Action::Install,
+        ("configure", false) => Action::Configure,
+        ("initialize", false) => Action::Initialize,
+        ("start", false) => Action::Start,
+        ("start", true) => Action::Stop,
+        ("install", true) => Action::Remove,
+        ("bootstrap" | "configure" | "initialize", true) => return Some(None),
+        _ => return None,
+    };
+    let json = |key: &str| attributes.get(key).map_or_else(|| "{}".to_string(), |v| v.to_string());
+    Some(Some(Task {
+        cluster,
+        service,
+        node: spec.id.node.clone(),
+        action,
+        config: json("config"),
+        layout: json("layout"),
+    }))
 }
 
 fn level_name(level: Level) -> &'static str {

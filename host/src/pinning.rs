@@ -75,8 +75,14 @@ pub async fn load_adaptors(intent: &Intent, registry: &Store, runtime: &Runtime,
                 },
                 other => PinError::Registry(other),
             })?;
+            // Cluster tasks run through automators; everything else through adaptors.
+            let kind = if r.id.resource_type == crate::clusters::planner::TASK_TYPE {
+                PluginKind::Automator
+            } else {
+                PluginKind::Adaptor
+            };
             let plugin = runtime
-                .load(&digest, PluginKind::Adaptor, registry, grants)
+                .load(&digest, kind, registry, grants)
                 .await
                 .map_err(|source| PinError::Load {
                     resource: r.id.clone(),

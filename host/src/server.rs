@@ -62,6 +62,8 @@ pub enum EnvError {
     },
     #[error("invalid settings: {0}")]
     InvalidSettings(String),
+    #[error("resource `{0}`: the type `task` is reserved for the tasks of clusters (see /api/v1/environments/{{env}}/clusters)")]
+    ReservedType(ResourceId),
     #[error("environment `{0}` has no intent version yet")]
     NoVersion(String),
     #[error(transparent)]
@@ -108,25 +110,30 @@ pub enum StartError {
 }
 
 /// One environment's running parts.
-struct Running {
-    scheduler: Scheduler,
+pub(crate) struct Running {
+    pub(crate) scheduler: Scheduler,
     /// Serialises submissions and releases, so the scheduler sees versions in the store's order.
-    releases: Mutex<()>,
+    pub(crate) releases: Mutex<()>,
     /// What the environment's plugins are called with (nodes, kv, HTTP, deadline); dryruns use
     /// it too. Replaced when the settings change.
     ctx: std::sync::RwLock<CallContext>,
-    stream: EventStream,
+    pub(crate) stream: EventStream,
     /// The version last handed to the scheduler (which holds it too): a dryrun of it shares it
     /// instead of loading a second copy (100,000 resources are tens of MiB).
     released: std::sync::Mutex<Option<Arc<Version>>>,
 }
 
 impl Running {
-    fn ctx(&self) -> CallContext {
+    pub(crate) fn ctx(&self) -> CallContext {
         self.ctx.read().expect("call context").clone()
     }
 
-    fn release(&self, version: Version) {
+    /// The version last released.
+    pub(crate) fn released_version(&self) -> Option<Arc<Version>> {
+        self.released.lock().expect("released version").clone()
+    }
+
+    pub(crate) fn release(&self, version: Version) {
         let version = Arc::new(version);
         *self.released.lock().expect("released version") = Some(version.clone());
         self.scheduler.release(version);
@@ -141,12 +148,12 @@ impl Running {
 
 /// Every environment of the host, each with its scheduler.
 pub struct Environments {
-    store: Store,
-    registry: orc_registry::Store,
-    runtime: Runtime,
+    pub(crate) store: Store,
+    pub(crate) registry: orc_registry::Store,
+    pub(crate) runtime: Runtime,
     kv: Arc<DbKv>,
     /// The SSH nodes, shared by the environments allowed to use them.
-    nodes: NodeRegistry,
+    pub(crate) nodes: NodeRegistry,
     /// Secrets for plugins' outgoing HTTP, used by the environments whose settings name them.
     secrets: HostSecrets,
     data_dir: PathBuf,
@@ -154,7 +161,9 @@ pub struct Environments {
     running: Mutex<HashMap<EnvironmentId, Arc<Running>>>,
     /// Looks at every environment's events after persistence.
     observers: Vec<Arc<dyn Observer>>,
-    metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Set when the host shuts down: cluster watchers and the lease sweeper stop.
+    pub(crate) stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl Environments {
@@ -209,6 +218,7 @@ impl Environments {
             running: Mutex::new(HashMap::new()),
             observers: Vec::new(),
             metrics: Arc::new(Metrics::new()),
+            stopping: tokio::sync::watch::channel(false).0,
         };
         for env in environments.store.list_environments().await? {
             // One environment that cannot resume (say, a plugin gone from the registry) must
@@ -321,40 +331,68 @@ impl Environments {
     }
 
     /// Validates `intent_json`, pins its adaptors to digests, stores it as the next version (the
-    /// pinned document) and, with `auto_deploy`, releases it.
+    /// pinned document, with every cluster's current tasks added) and, with `auto_deploy`,
+    /// releases it. Resources of the reserved type `task` are refused.
     pub async fn submit(&self, key: &str, intent_json: &[u8]) -> Result<(VersionInfo, bool), EnvError> {
         let env = self.get(key).await?;
-        let intent = Intent::parse(intent_json)?;
+        let submitted = Intent::parse(intent_json)?;
+        if let Some(task) = submitted
+            .resources
+            .iter()
+            .find(|r| r.id.resource_type == crate::clusters::planner::TASK_TYPE)
+        {
+            return Err(EnvError::ReservedType(task.id.clone()));
+        }
+        let running = self.running(&env).await?;
+        let _turn = running.releases.lock().await;
+        let intent = self.with_cluster_tasks(&env, submitted.resources).await?;
         let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &Grants::all()).await?;
         self.check_nodes(&intent, &pinned.plugins, &env)?;
         let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
-        let running = self.running(&env).await?;
-        let _turn = running.releases.lock().await;
         let info = self.store.submit_version(&env.id, &document).await?;
         if !env.settings.auto_deploy {
             return Ok((info, false));
         }
         let info = self.store.release_version(&env.id, info.version).await?;
         self.metrics.released(&env.name, info.version);
-        running
-            .scheduler
-            .release(Arc::new(Version::new(info.version as u64, intent, pinned.plugins)));
+        running.release(Version::new(info.version as u64, intent, pinned.plugins));
         Ok((info, true))
     }
 
-    /// Rolls back to an earlier version: its (pinned) document becomes a new version, which is
-    /// released at once. History stays linear: the new version records what is deployed now.
+    /// `resources` without cluster tasks, plus every cluster's current tasks: clusters keep
+    /// their resource sets across an operator's versions.
+    async fn with_cluster_tasks(&self, env: &Environment, resources: Vec<crate::intent::ResourceSpec>) -> Result<Intent, EnvError> {
+        let tasks = self.cluster_tasks(env).await?;
+        let mut resources: Vec<_> = resources
+            .into_iter()
+            .filter(|r| r.id.resource_type != crate::clusters::planner::TASK_TYPE)
+            .collect();
+        resources.extend(tasks);
+        Ok(Intent::validate(crate::intent::IntentDocument { resources })?)
+    }
+
+    /// Stores `intent` (already holding the clusters' current tasks) as a new version and
+    /// releases it.
+    async fn submit_and_release(&self, env: &Environment, running: &Running, intent: Intent) -> Result<VersionInfo, EnvError> {
+        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &Grants::all()).await?;
+        let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
+        let info = self.store.submit_version(&env.id, &document).await?;
+        let info = self.store.release_version(&env.id, info.version).await?;
+        self.metrics.released(&env.name, info.version);
+        running.release(Version::new(info.version as u64, intent, pinned.plugins));
+        Ok(info)
+    }
+
+    /// Rolls back to an earlier version: its (pinned) document, with the clusters' current
+    /// tasks, becomes a new version, which is released at once. History stays linear: the new
+    /// version records what is deployed now.
     pub async fn rollback(&self, key: &str, to: i64) -> Result<VersionInfo, EnvError> {
         let env = self.get(key).await?;
         let running = self.running(&env).await?;
         let _turn = running.releases.lock().await;
-        let document = self.store.get_version(&env.id, to).await?.document;
-        let info = self.store.submit_version(&env.id, &document).await?;
-        let loaded = self.load_version(&env.id, info.version).await?;
-        let info = self.store.release_version(&env.id, info.version).await?;
-        self.metrics.released(&env.name, info.version);
-        running.release(loaded);
-        Ok(info)
+        let stored = Intent::parse(self.store.get_version(&env.id, to).await?.document.as_bytes())?;
+        let intent = self.with_cluster_tasks(&env, stored.resources).await?;
+        self.submit_and_release(&env, &running, intent).await
     }
 
     /// What changed from version `from` to version `to`.
@@ -431,11 +469,18 @@ impl Environments {
         Ok(self.running(&env).await?.stream.subscribe())
     }
 
-    /// Releases a stored version (also an older one: a rollback).
+    /// Releases a stored version (also an older one: a rollback). A version whose cluster tasks
+    /// are not the clusters' current ones is released as a new version that carries them.
     pub async fn release(&self, key: &str, version: i64) -> Result<VersionInfo, EnvError> {
         let env = self.get(key).await?;
         let running = self.running(&env).await?;
         let _turn = running.releases.lock().await;
+        let stored = Intent::parse(self.store.get_version(&env.id, version).await?.document.as_bytes())?;
+        let composed = self.with_cluster_tasks(&env, stored.resources.clone()).await?;
+        if composed.resources != stored.resources {
+            // Its cluster tasks are not the clusters' current ones: a new version carries them.
+            return self.submit_and_release(&env, &running, composed).await;
+        }
         let loaded = self.load_version(&env.id, version).await?;
         let info = self.store.release_version(&env.id, version).await?;
         self.metrics.released(&env.name, info.version);
@@ -447,6 +492,7 @@ impl Environments {
     /// be recorded. What is still running then is abandoned safely (a restart sets what was left
     /// `deploying` back to `available` and runs it again). Then the database is closed.
     pub async fn shutdown(&self, grace: Duration) {
+        self.stopping.send_replace(true);
         let running: Vec<Arc<Running>> = self.running.lock().await.drain().map(|(_, r)| r).collect();
         let stops = futures::future::join_all(running.iter().map(|r| r.scheduler.stop()));
         if tokio::time::timeout(grace, stops).await.is_err() {
@@ -472,7 +518,7 @@ impl Environments {
     /// `unavailable` (or fail as denied) until it is usable, as with a node that goes down later.
     /// A resource whose adaptor does not use nodes (`http-object`: the node part names an API)
     /// is not checked.
-    fn check_nodes(&self, intent: &Intent, plugins: &[Arc<orc_runtime::Plugin>], env: &Environment) -> Result<(), EnvError> {
+    pub(crate) fn check_nodes(&self, intent: &Intent, plugins: &[Arc<orc_runtime::Plugin>], env: &Environment) -> Result<(), EnvError> {
         let on_nodes = intent
             .resources
             .iter()
@@ -501,7 +547,7 @@ impl Environments {
     }
 
     /// The environment's scheduler, started (and resumed from the store) on first use.
-    async fn running(&self, env: &Environment) -> Result<Arc<Running>, EnvError> {
+    pub(crate) async fn running(&self, env: &Environment) -> Result<Arc<Running>, EnvError> {
         let mut running = self.running.lock().await;
         if let Some(r) = running.get(&env.id) {
             return Ok(r.clone());
@@ -576,7 +622,7 @@ pub fn scheduler_settings(s: &EnvironmentSettings) -> Settings {
 
 /// JSON merge patch (RFC 7396): objects merge field by field, `null` removes a field (so that it
 /// takes its default), anything else replaces.
-fn merge_patch(target: &mut serde_json::Value, patch: serde_json::Value) {
+pub(crate) fn merge_patch(target: &mut serde_json::Value, patch: serde_json::Value) {
     let serde_json::Value::Object(fields) = patch else {
         *target = patch;
         return;
@@ -640,6 +686,7 @@ impl Server {
     /// Opens everything and binds `config.listen`; nothing is served until [`Server::run`].
     pub async fn start(config: &HostConfig) -> Result<Server, StartError> {
         let environments = Arc::new(Environments::open(config).await?);
+        environments.resume_clusters().await;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| StartError::Bind {

@@ -120,6 +120,7 @@ impl From<EnvError> for ApiError {
             EnvError::UnknownNode { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_node", e.to_string()),
             EnvError::NodeNotAllowed { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "node_not_allowed", e.to_string()),
             EnvError::InvalidSettings(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_settings", e.to_string()),
+            EnvError::ReservedType(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "reserved_resource_type", e.to_string()),
             EnvError::NoVersion(_) => ApiError::new(StatusCode::CONFLICT, "no_version", e.to_string()),
             EnvError::Intent(e) => e.into(),
             EnvError::Pin(e) => (*e).into(),

@@ -1,5 +1,5 @@
 //! The REST API under `/api/v1`: environments, intent versions, resources, actions (deploy,
-//! repair, dryrun), the action log, events, SSH nodes, health, readiness and the OpenAPI
+//! repair, dryrun), the action log, events, SSH nodes, cluster templates and clusters, health, readiness and the OpenAPI
 //! document generated from these handlers (`/api/v1/openapi.json`). Handlers are thin: they
 //! decode the request, call [`Environments`] (writes) or the store (reads) and encode the
 //! answer. Every refusal is an [`ApiError`]: JSON `{code, message}` with a stable code.
@@ -8,6 +8,7 @@
 //! `store`.
 
 mod actions;
+mod clusters;
 mod environments;
 mod error;
 mod events;
@@ -55,6 +56,7 @@ type Result<T, E = ApiError> = std::result::Result<T, E>;
         (name = "resources", description = "Resource states and the action log"),
         (name = "actions", description = "Deploy, repair and dryrun, answered 202 with an id to fetch"),
         (name = "events", description = "Server-sent events of state changes and action outcomes"),
+        (name = "clusters", description = "Cluster templates and clusters: create, amend, reconfigure, stop/start/restart services, delete"),
         (name = "nodes", description = "SSH nodes: register, verify, label, share or keep private, accept a changed host key"),
         (name = "host", description = "Health, readiness and admin tokens"),
     )
@@ -83,6 +85,7 @@ fn protected() -> OpenApiRouter<AppState> {
         .merge(events::routes())
         .merge(tokens::routes())
         .merge(nodes::routes())
+        .merge(clusters::routes())
 }
 
 /// The OpenAPI document of `/api/v1` (paths relative to it; `servers` says where it lives).

@@ -1,0 +1,926 @@
+//! Template and cluster operations on [`Environments`]: what the REST API calls.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use orc_cluster::{Layout, NodeInfo, Template, check_layout};
+use orc_manifest::{Digest, PluginKind};
+use orc_runtime::Grants;
+use orc_runtime::wit;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::planner::{self, PlanInput, Step, TASK_TYPE};
+use super::{ClusterDoc, ClusterError, ClusterFailure, ClusterStatus, OperationKind, validate_name};
+use crate::intent::{Intent, IntentDocument, PluginRef, ResourceSpec};
+use crate::pinning;
+use crate::scheduler::Version;
+use crate::server::{EnvError, Environments, merge_patch};
+use crate::store::{
+    ClusterRecord, Environment, Millis, ResourceState, ResourceStatus, StateFilter, StoreError, TemplateRecord, VersionInfo, now_ms,
+};
+
+/// The solver a template gets when it names none.
+pub const DEFAULT_SOLVER: &str = "layout-solver";
+/// How many times a task may fail before its operation fails (a create is rolled back).
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+
+/// `POST …/clusters`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRequest {
+    pub name: String,
+    /// The template's name.
+    pub template: String,
+    /// A version of the template; the latest when absent.
+    #[serde(default)]
+    pub template_version: Option<i64>,
+    /// Number of nodes; the template's default when absent.
+    #[serde(default)]
+    pub size: Option<u32>,
+    /// The services to run; the template's default when absent.
+    #[serde(default)]
+    pub services: Option<Vec<String>>,
+    /// Per service, changes to the template's configuration (a JSON merge patch).
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub config: BTreeMap<String, Value>,
+    /// The nodes the cluster may use; every node the environment may use when empty.
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    /// The cluster is deleted this many seconds after creation unless its lease is extended.
+    #[serde(default)]
+    pub lease_s: Option<u64>,
+    /// A task failing this many times fails the create, which is rolled back (default 3).
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+    /// Only show the layout and the plan; create nothing.
+    #[serde(default)]
+    pub preview: bool,
+}
+
+/// `POST …/clusters/{name}/amend`.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AmendRequest {
+    /// The new number of nodes.
+    #[serde(default)]
+    pub size: Option<u32>,
+    /// Services of the template to add.
+    #[serde(default)]
+    pub add_services: Vec<String>,
+    /// Replaces the nodes the cluster may use.
+    #[serde(default)]
+    pub nodes: Option<Vec<String>>,
+    #[serde(default)]
+    pub preview: bool,
+}
+
+/// `POST …/clusters/{name}/reconfigure`.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReconfigureRequest {
+    /// Per service, a JSON merge patch of the cluster's configuration overrides.
+    #[schema(value_type = Object)]
+    pub config: BTreeMap<String, Value>,
+    #[serde(default)]
+    pub preview: bool,
+}
+
+/// `POST …/clusters/{name}/services/{service}/{action}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceAction {
+    Stop,
+    Start,
+    Restart,
+}
+
+/// One task of a cluster, with its state.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct TaskView {
+    pub id: String,
+    pub node: String,
+    pub service: String,
+    pub step: String,
+    /// Being undone (`start` → stop, `install` → remove).
+    pub purged: bool,
+    /// The resource's status; `pending` before the scheduler has taken the plan in, `done` when
+    /// the state deployed is this plan's.
+    pub status: String,
+    pub attempts: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// A cluster as the API shows it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ClusterView {
+    pub name: String,
+    pub template: String,
+    pub template_version: i64,
+    pub status: ClusterStatus,
+    pub operation: OperationKind,
+    pub size: u32,
+    pub services: Vec<String>,
+    /// Node → the services it runs.
+    #[schema(value_type = Object)]
+    pub layout: Layout,
+    pub stopped: BTreeSet<String>,
+    /// Each service's effective configuration.
+    #[schema(value_type = Object)]
+    pub config: BTreeMap<String, Value>,
+    /// Tasks by state: `done`, `pending`, and the resource statuses.
+    pub progress: BTreeMap<String, usize>,
+    pub tasks: Vec<TaskView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<ClusterFailure>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_expires_at: Option<Millis>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// What an operation would do, without doing it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct PlanPreview {
+    #[schema(value_type = Object)]
+    pub layout: Layout,
+    /// Tasks to run or undo (unchanged tasks are left out).
+    pub tasks: Vec<PreviewTask>,
+    pub unchanged: usize,
+}
+
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct PreviewTask {
+    pub id: String,
+    /// `add`, `change` or `remove`.
+    pub change: &'static str,
+    pub requires: Vec<String>,
+}
+
+/// An operation's answer: the cluster, or only a preview.
+#[derive(Debug)]
+pub enum Outcome {
+    Started(Box<ClusterView>),
+    Preview(PlanPreview),
+}
+
+/// A cluster's tasks and their states, as the watcher and the view see them.
+pub(crate) struct Progress {
+    /// Every task's state is this plan's, deployed.
+    pub done: bool,
+    /// A task that failed `max_attempts` times in this plan.
+    pub failed: Option<ClusterFailure>,
+    pub tasks: Vec<TaskView>,
+}
+
+impl Environments {
+    // --- templates ---
+
+    /// Validates `body` as a template, pins its solver and automators (each must be a plugin of
+    /// that kind in the registry) and stores it as the next version of `name`.
+    pub async fn submit_template(&self, key: &str, name: &str, body: Value) -> Result<TemplateRecord, ClusterError> {
+        let env = self.get(key).await?;
+        validate_name("template", name)?;
+        let mut template = Template::from_json(body)?;
+        let solver = template.solver.clone().unwrap_or_else(|| DEFAULT_SOLVER.to_string());
+        template.solver = Some(self.pin_plugin(name, &solver, PluginKind::Solver).await?.to_string());
+        for service in template.services.values_mut() {
+            service.automator = self.pin_plugin(name, &service.automator, PluginKind::Automator).await?.to_string();
+        }
+        let document = serde_json::to_string(&template).expect("a template serialises");
+        Ok(self.store.insert_template(&env.id, name, &document).await?)
+    }
+
+    async fn pin_plugin(&self, template: &str, reference: &str, kind: PluginKind) -> Result<Digest, ClusterError> {
+        let parsed: PluginRef = reference
+            .parse()
+            .map_err(|e: crate::intent::IntentError| ClusterError::PluginRejected {
+                template: template.to_string(),
+                reference: reference.to_string(),
+                message: e.to_string(),
+            })?;
+        let digest = pinning::resolve(&self.registry, &parsed).map_err(|_| ClusterError::UnknownPlugin {
+            template: template.to_string(),
+            reference: reference.to_string(),
+        })?;
+        self.runtime
+            .load(&digest, kind, &self.registry, &Grants::all())
+            .await
+            .map_err(|e| ClusterError::PluginRejected {
+                template: template.to_string(),
+                reference: reference.to_string(),
+                message: e.to_string(),
+            })?;
+        Ok(digest)
+    }
+
+    pub async fn templates(&self, key: &str) -> Result<Vec<TemplateRecord>, ClusterError> {
+        let env = self.get(key).await?;
+        Ok(self.store.list_templates(&env.id).await?)
+    }
+
+    pub async fn template(&self, key: &str, name: &str, version: Option<i64>) -> Result<TemplateRecord, ClusterError> {
+        let env = self.get(key).await?;
+        self.template_of(&env, name, version).await
+    }
+
+    async fn template_of(&self, env: &Environment, name: &str, version: Option<i64>) -> Result<TemplateRecord, ClusterError> {
+        match self.store.get_template(&env.id, name, version).await {
+            Err(StoreError::NotFound { .. }) => Err(ClusterError::UnknownTemplate(match version {
+                Some(v) => format!("{name}` version `{v}"),
+                None => name.to_string(),
+            })),
+            other => Ok(other?),
+        }
+    }
+
+    pub async fn template_versions(&self, key: &str, name: &str) -> Result<Vec<TemplateRecord>, ClusterError> {
+        let env = self.get(key).await?;
+        match self.store.list_template_versions(&env.id, name).await {
+            Ok(versions) if !versions.is_empty() => Ok(versions),
+            Ok(_) | Err(StoreError::NotFound { .. }) => Err(ClusterError::UnknownTemplate(name.to_string())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn delete_template(&self, key: &str, name: &str) -> Result<(), ClusterError> {
+        let env = self.get(key).await?;
+        match self.store.delete_template(&env.id, name).await {
+            Err(StoreError::NotFound { .. }) => Err(ClusterError::UnknownTemplate(name.to_string())),
+            Err(StoreError::Conflict { what }) => Err(ClusterError::TemplateInUse(what)),
+            other => Ok(other?),
+        }
+    }
+
+    // --- clusters ---
+
+    /// Solves, plans and releases a new cluster (or only previews it). The cluster is
+    /// `creating` until every task is done.
+    pub async fn create_cluster(self: &Arc<Self>, key: &str, req: CreateRequest) -> Result<Outcome, ClusterError> {
+        let env = self.get(key).await?;
+        validate_name("cluster", &req.name)?;
+        if self.store.find_cluster(&env.id, &req.name).await?.is_some() {
+            return Err(ClusterError::Exists(req.name));
+        }
+        let record = self.template_of(&env, &req.template, req.template_version).await?;
+        let template = stored_template(&record)?;
+        let services = req.services.clone().unwrap_or_else(|| template.default_services());
+        let selected = template.select(&services)?;
+        let size = req
+            .size
+            .or(template.defaults.size)
+            .ok_or_else(|| ClusterError::Invalid("size: neither the request nor the template's defaults give one".into()))?;
+        if size == 0 {
+            return Err(ClusterError::Invalid("size: a cluster has at least one node".into()));
+        }
+        check_overrides(&selected, &req.config)?;
+        if req.max_attempts == Some(0) {
+            return Err(ClusterError::Invalid("max_attempts: at least 1".into()));
+        }
+        let mut doc = ClusterDoc {
+            services,
+            size,
+            config: req.config.clone(),
+            nodes: req.nodes.clone(),
+            layout: Layout::default(),
+            stopped: BTreeSet::new(),
+            tasks: Vec::new(),
+            operation: OperationKind::Create,
+            generation: 1,
+            restart: None,
+            max_attempts: req.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
+            failure: None,
+            started_at: now_ms(),
+        };
+        doc.layout = self.solve(&env, &selected, size, &doc.nodes, &Layout::default()).await?;
+        let tasks = plan_for(&req.name, &selected, &doc, &[], true)?;
+        if req.preview {
+            return Ok(Outcome::Preview(preview(&doc.layout, &[], &tasks)));
+        }
+        doc.tasks = tasks;
+        let now = now_ms();
+        let record = ClusterRecord {
+            name: req.name.clone(),
+            template: record.name.clone(),
+            template_version: record.version,
+            status: ClusterStatus::Creating.as_str().to_string(),
+            document: serde_json::to_string(&doc).expect("a cluster serialises"),
+            lease_expires_at: req.lease_s.map(|s| now + (s.min(10 * 365 * 86_400) as i64) * 1000),
+            created_at: now,
+            updated_at: now,
+        };
+        match self.store.insert_cluster(&env.id, &record).await {
+            Err(StoreError::Conflict { .. }) => return Err(ClusterError::Exists(req.name)),
+            other => other?,
+        }
+        if let Err(e) = self.release_cluster_tasks(&env, &req.name, &doc.tasks).await {
+            // Nothing was released: the cluster never existed.
+            let _ = self.store.delete_cluster(&env.id, &req.name).await;
+            return Err(e);
+        }
+        tracing::info!(environment = %env.name, cluster = %req.name, tasks = doc.tasks.len(), "cluster creating");
+        self.spawn_watcher(env.id, req.name.clone(), doc.generation);
+        Ok(Outcome::Started(Box::new(self.view(&env, &record, &doc).await?)))
+    }
+
+    pub async fn clusters(&self, key: &str) -> Result<Vec<ClusterView>, ClusterError> {
+        let env = self.get(key).await?;
+        let mut views = Vec::new();
+        for record in self.store.list_clusters(&env.id).await? {
+            let doc = stored_doc(&record)?;
+            views.push(self.view(&env, &record, &doc).await?);
+        }
+        Ok(views)
+    }
+
+    pub async fn cluster(&self, key: &str, name: &str) -> Result<ClusterView, ClusterError> {
+        let env = self.get(key).await?;
+        let record = self.cluster_record(&env, name).await?;
+        let doc = stored_doc(&record)?;
+        self.view(&env, &record, &doc).await
+    }
+
+    /// Changes the size, adds services or changes the nodes it may use: solved again from the
+    /// current layout (changing it as little as the solver can), planned, released.
+    pub async fn amend_cluster(self: &Arc<Self>, key: &str, name: &str, req: AmendRequest) -> Result<Outcome, ClusterError> {
+        let env = self.get(key).await?;
+        let record = self.cluster_record(&env, name).await?;
+        let mut doc = stored_doc(&record)?;
+        ensure_idle(name, &record)?;
+        let template = stored_template(&self.template_of(&env, &record.template, Some(record.template_version)).await?)?;
+        for s in &req.add_services {
+            if doc.services.contains(s) {
+                return Err(ClusterError::Invalid(format!("add_services: the cluster already runs `{s}`")));
+            }
+            doc.services.push(s.clone());
+        }
+        let selected = template.select(&doc.services)?;
+        if let Some(size) = req.size {
+            if size == 0 {
+                return Err(ClusterError::Invalid("size: a cluster has at least one node".into()));
+            }
+            doc.size = size;
+        }
+        if let Some(nodes) = req.nodes {
+            doc.nodes = nodes;
+        }
+        let layout = self.solve(&env, &selected, doc.size, &doc.nodes, &doc.layout).await?;
+        let previous = std::mem::take(&mut doc.tasks);
+        let old_layout = std::mem::replace(&mut doc.layout, layout);
+        let tasks = plan_for(name, &selected, &doc, &previous, true)?;
+        if req.preview {
+            return Ok(Outcome::Preview(preview(&doc.layout, &previous, &tasks)));
+        }
+        tracing::info!(cluster = %name, from = ?old_layout, to = ?doc.layout, "cluster amended");
+        doc.tasks = tasks;
+        self.begin_operation(&env, record, doc, OperationKind::Amend, ClusterStatus::Amending)
+            .await
+    }
+
+    /// Changes services' configuration (merge patches of the cluster's overrides).
+    pub async fn reconfigure_cluster(self: &Arc<Self>, key: &str, name: &str, req: ReconfigureRequest) -> Result<Outcome, ClusterError> {
+        let env = self.get(key).await?;
+        let record = self.cluster_record(&env, name).await?;
+        let mut doc = stored_doc(&record)?;
+        ensure_idle(name, &record)?;
+        let template = stored_template(&self.template_of(&env, &record.template, Some(record.template_version)).await?)?;
+        let selected = template.select(&doc.services)?;
+        check_overrides(&selected, &req.config)?;
+        for (service, patch) in req.config {
+            let entry = doc.config.entry(service).or_insert_with(|| Value::Object(Default::default()));
+            merge_patch(entry, patch);
+        }
+        let previous = std::mem::take(&mut doc.tasks);
+        let tasks = plan_for(name, &selected, &doc, &previous, true)?;
+        if req.preview {
+            return Ok(Outcome::Preview(preview(&doc.layout, &previous, &tasks)));
+        }
+        doc.tasks = tasks;
+        self.begin_operation(&env, record, doc, OperationKind::Reconfigure, ClusterStatus::Reconfiguring)
+            .await
+    }
+
+    /// Stops, starts or restarts one service on every node that runs it (in dependency order:
+    /// a stop goes through the automators' `stop`, dependents first).
+    pub async fn service_action(
+        self: &Arc<Self>,
+        key: &str,
+        name: &str,
+        service: &str,
+        action: ServiceAction,
+    ) -> Result<ClusterView, ClusterError> {
+        let env = self.get(key).await?;
+        let record = self.cluster_record(&env, name).await?;
+        let mut doc = stored_doc(&record)?;
+        ensure_idle(name, &record)?;
+        if !doc.services.iter().any(|s| s == service) {
+            return Err(ClusterError::UnknownService(service.to_string()));
+        }
+        let (kind, status) = match action {
+            ServiceAction::Stop => {
+                doc.stopped.insert(service.to_string());
+                (OperationKind::Stop, ClusterStatus::Stopping)
+            }
+            ServiceAction::Start => {
+                doc.stopped.remove(service);
+                (OperationKind::Start, ClusterStatus::Starting)
+            }
+            ServiceAction::Restart => {
+                doc.stopped.insert(service.to_string());
+                doc.restart = Some((service.to_string(), false));
+                (OperationKind::Restart, ClusterStatus::Restarting)
+            }
+        };
+        let template = stored_template(&self.template_of(&env, &record.template, Some(record.template_version)).await?)?;
+        let selected = template.select(&doc.services)?;
+        let previous = std::mem::take(&mut doc.tasks);
+        doc.tasks = plan_for(name, &selected, &doc, &previous, true)?;
+        match self.begin_operation(&env, record, doc, kind, status).await? {
+            Outcome::Started(view) => Ok(*view),
+            Outcome::Preview(_) => unreachable!("not a preview"),
+        }
+    }
+
+    /// Runs a failed cluster's operation again: a rolled-back create is planned again on the
+    /// same layout (never more nodes than asked); other failures retry their failed tasks now.
+    pub async fn retry_cluster(self: &Arc<Self>, key: &str, name: &str) -> Result<ClusterView, ClusterError> {
+        let env = self.get(key).await?;
+        let record = self.cluster_record(&env, name).await?;
+        let mut doc = stored_doc(&record)?;
+        if ClusterStatus::parse(&record.status) != Some(ClusterStatus::Failed) {
+            return Err(ClusterError::Invalid(format!("cluster `{name}` has not failed: nothing to retry")));
+        }
+        let template = stored_template(&self.template_of(&env, &record.template, Some(record.template_version)).await?)?;
+        let selected = template.select(&doc.services)?;
+        let (kind, status) = if doc.operation == OperationKind::Rollback {
+            (OperationKind::Create, ClusterStatus::Creating)
+        } else {
+            (doc.operation, busy_status(doc.operation))
+        };
+        let previous = std::mem::take(&mut doc.tasks);
+        doc.tasks = plan_for(name, &selected, &doc, &previous, true)?;
+        self.running(&env).await?.scheduler.deploy_failed();
+        match self.begin_operation(&env, record, doc, kind, status).await? {
+            Outcome::Started(view) => Ok(*view),
+            Outcome::Preview(_) => unreachable!("not a preview"),
+        }
+    }
+
+    /// Extends (or sets) the cluster's lease: it is deleted `lease_s` seconds from now.
+    pub async fn extend_lease(&self, key: &str, name: &str, lease_s: u64) -> Result<ClusterView, ClusterError> {
+        let env = self.get(key).await?;
+        let mut record = self.cluster_record(&env, name).await?;
+        record.lease_expires_at = Some(now_ms() + (lease_s.min(10 * 365 * 86_400) as i64) * 1000);
+        let record = self.store.update_cluster(&env.id, &record).await?;
+        let doc = stored_doc(&record)?;
+        self.view(&env, &record, &doc).await
+    }
+
+    /// Deletes the cluster: every task is undone (services stopped, then removed, in reverse
+    /// dependency order); the cluster disappears when that is done. Allowed in any state.
+    pub async fn delete_cluster(self: &Arc<Self>, key: &str, name: &str) -> Result<ClusterView, ClusterError> {
+        let env = self.get(key).await?;
+        let record = self.cluster_record(&env, name).await?;
+        self.undo_cluster(&env, record, OperationKind::Delete, None).await
+    }
+
+    /// Purges every task of the cluster (delete, or the rollback of a failed create).
+    pub(crate) async fn undo_cluster(
+        self: &Arc<Self>,
+        env: &Environment,
+        record: ClusterRecord,
+        kind: OperationKind,
+        failure: Option<ClusterFailure>,
+    ) -> Result<ClusterView, ClusterError> {
+        let mut doc = stored_doc(&record)?;
+        let template = stored_template(&self.template_of(env, &record.template, Some(record.template_version)).await?)?;
+        let selected = template.select(&doc.services)?;
+        let previous = std::mem::take(&mut doc.tasks);
+        let keep = std::mem::take(&mut doc.layout);
+        doc.tasks = plan_for(&record.name, &selected, &doc, &previous, true)?;
+        // A rollback keeps the layout it undid, so that a retry creates the same cluster.
+        if kind == OperationKind::Rollback {
+            doc.layout = keep;
+        }
+        doc.failure = failure.or(doc.failure);
+        let status = if kind == OperationKind::Rollback {
+            ClusterStatus::RollingBack
+        } else {
+            ClusterStatus::Deleting
+        };
+        match self.begin_operation(env, record, doc, kind, status).await? {
+            Outcome::Started(view) => Ok(*view),
+            Outcome::Preview(_) => unreachable!("not a preview"),
+        }
+    }
+
+    /// Stores the cluster's new plan under a new generation, releases it and watches it.
+    async fn begin_operation(
+        self: &Arc<Self>,
+        env: &Environment,
+        mut record: ClusterRecord,
+        mut doc: ClusterDoc,
+        kind: OperationKind,
+        status: ClusterStatus,
+    ) -> Result<Outcome, ClusterError> {
+        doc.operation = kind;
+        doc.generation += 1;
+        doc.started_at = now_ms();
+        if kind != OperationKind::Rollback {
+            doc.failure = None;
+        }
+        record.status = status.as_str().to_string();
+        record.document = serde_json::to_string(&doc).expect("a cluster serialises");
+        self.release_cluster_tasks(env, &record.name, &doc.tasks).await?;
+        let record = self.store.update_cluster(&env.id, &record).await?;
+        tracing::info!(environment = %env.name, cluster = %record.name, operation = ?kind, tasks = doc.tasks.len(), "cluster operation");
+        self.spawn_watcher(env.id, record.name.clone(), doc.generation);
+        Ok(Outcome::Started(Box::new(self.view(env, &record, &doc).await?)))
+    }
+
+    pub(crate) async fn cluster_record(&self, env: &Environment, name: &str) -> Result<ClusterRecord, ClusterError> {
+        self.store
+            .find_cluster(&env.id, name)
+            .await?
+            .ok_or_else(|| ClusterError::UnknownCluster(name.chars().take(100).collect()))
+    }
+
+    /// The nodes a cluster of `env` may be laid out on (verified, public or private to `env`),
+    /// restricted to `allowed` when it names any.
+    async fn cluster_nodes(&self, env: &Environment, allowed: &[String]) -> Result<Vec<NodeInfo>, ClusterError> {
+        let all = self
+            .nodes
+            .list()
+            .await
+            .map_err(|e| ClusterError::Invalid(format!("cannot list nodes: {e}")))?;
+        for a in allowed {
+            match all.iter().find(|n| &n.name == a) {
+                None => return Err(ClusterError::Invalid(format!("nodes: `{a}` is not a registered node"))),
+                Some(n) if n.environment.is_some_and(|e| e != env.id) => {
+                    return Err(ClusterError::Invalid(format!("nodes: `{a}` is private to another environment")));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(all
+            .into_iter()
+            .filter(|n| n.status.is_verified() && n.environment.is_none_or(|e| e == env.id))
+            .filter(|n| allowed.is_empty() || allowed.contains(&n.name))
+            .map(|n| NodeInfo {
+                name: n.name,
+                labels: n.labels,
+                facts: n.facts.unwrap_or_else(|| Value::Object(Default::default())),
+            })
+            .collect())
+    }
+
+    /// Asks the template's solver for a layout and checks it.
+    async fn solve(
+        &self,
+        env: &Environment,
+        template: &Template,
+        size: u32,
+        allowed: &[String],
+        existing: &Layout,
+    ) -> Result<Layout, ClusterError> {
+        let nodes = self.cluster_nodes(env, allowed).await?;
+        let reference = template.solver.clone().unwrap_or_default();
+        let digest: Digest = reference
+            .parse()
+            .map_err(|_| ClusterError::Invalid(format!("the stored template's solver `{reference}` is not pinned")))?;
+        let failed = |message: String| ClusterError::SolverFailed {
+            solver: reference.clone(),
+            message,
+        };
+        let plugin = self
+            .runtime
+            .load(&digest, PluginKind::Solver, &self.registry, &Grants::all())
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let request = wit::LayoutRequest {
+            template: serde_json::to_string(template).expect("a template serialises"),
+            size,
+            nodes: nodes
+                .iter()
+                .map(|n| wit::NodeInfo {
+                    name: n.name.clone(),
+                    labels: n.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                    facts: n.facts.to_string(),
+                })
+                .collect(),
+            existing: existing
+                .0
+                .iter()
+                .map(|(node, services)| wit::Placement {
+                    node: node.clone(),
+                    services: services.iter().cloned().collect(),
+                })
+                .collect(),
+        };
+        let ctx = self.running(env).await?.ctx();
+        let mut instance = plugin.solver(&ctx).await.map_err(|e| failed(e.to_string()))?;
+        let answer = instance.solve(&request).await.map_err(|e| failed(e.to_string()))?;
+        let placements = match answer {
+            Ok(p) => p,
+            Err(wit::SolveError::NoValidLayout(no)) => {
+                return Err(ClusterError::NoValidLayout {
+                    constraint: no.constraint,
+                    message: no.message,
+                });
+            }
+            Err(wit::SolveError::Failed(e)) => return Err(failed(e.message)),
+        };
+        let layout: Layout = placements.into_iter().map(|p| (p.node, p.services)).collect();
+        check_layout(template, size, &nodes, &layout).map_err(|violation| ClusterError::InvalidLayout {
+            solver: reference.clone(),
+            violation,
+        })?;
+        Ok(layout)
+    }
+
+    /// Releases a new version: the released version's resources with `cluster`'s tasks replaced
+    /// by `tasks`.
+    pub(crate) async fn release_cluster_tasks(
+        &self,
+        env: &Environment,
+        cluster: &str,
+        tasks: &[ResourceSpec],
+    ) -> Result<VersionInfo, ClusterError> {
+        let running = self.running(env).await?;
+        let _turn = running.releases.lock().await;
+        let mut resources: Vec<ResourceSpec> = match running.released_version() {
+            Some(v) => v
+                .intent
+                .resources
+                .iter()
+                .filter(|r| !planner::is_task_of(&r.id, cluster))
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        resources.extend(tasks.iter().cloned());
+        let intent = Intent::validate(IntentDocument { resources })?;
+        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &Grants::all()).await?;
+        self.check_nodes(&intent, &pinned.plugins, env)?;
+        let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
+        let info = self.store.submit_version(&env.id, &document).await?;
+        let info = self.store.release_version(&env.id, info.version).await?;
+        self.metrics.released(&env.name, info.version);
+        running.release(Version::new(info.version as u64, intent, pinned.plugins));
+        Ok(info)
+    }
+
+    /// Every cluster's current tasks in `env`: what an operator's new version keeps.
+    pub(crate) async fn cluster_tasks(&self, env: &Environment) -> Result<Vec<ResourceSpec>, EnvError> {
+        let mut tasks = Vec::new();
+        for record in self.store.list_clusters(&env.id).await? {
+            match serde_json::from_str::<ClusterDoc>(&record.document) {
+                Ok(doc) => tasks.extend(doc.tasks),
+                Err(e) => {
+                    return Err(EnvError::Store(StoreError::Corrupt {
+                        what: format!("cluster `{}`: {e}", record.name),
+                    }));
+                }
+            }
+        }
+        Ok(tasks)
+    }
+
+    /// The states of a cluster's tasks, by resource id.
+    async fn task_states(&self, env: &Environment, cluster: &str) -> Result<HashMap<String, ResourceState>, ClusterError> {
+        let mut states = HashMap::new();
+        let mut after = None;
+        loop {
+            let page = self
+                .store
+                .list_states(
+                    &env.id,
+                    &StateFilter {
+                        resource_type: Some(TASK_TYPE.to_string()),
+                        text: Some(format!(",{cluster}/")),
+                        after,
+                        limit: crate::store::MAX_PAGE,
+                        ..StateFilter::default()
+                    },
+                )
+                .await?;
+            for s in page.items {
+                states.insert(s.resource_id.clone(), s);
+            }
+            match page.next_after {
+                Some(next) => after = Some(next),
+                None => return Ok(states),
+            }
+        }
+    }
+
+    /// How far the cluster's plan is.
+    pub(crate) async fn progress(&self, env: &Environment, name: &str, doc: &ClusterDoc) -> Result<Progress, ClusterError> {
+        let states = self.task_states(env, name).await?;
+        let mut done = true;
+        let mut failed = None;
+        let mut tasks = Vec::with_capacity(doc.tasks.len());
+        for t in &doc.tasks {
+            let PluginRef::Digest(digest) = &t.adaptor else {
+                return Err(ClusterError::Invalid(format!("task `{}` is not pinned", t.id)));
+            };
+            let expected = crate::scheduler::desired_hash(t, digest).to_string();
+            let state = states.get(&t.id.to_string());
+            let (service, step) = planner::parse_task_key(&t.id.key)
+                .map(|(_, s, step)| (s.to_string(), step.as_str()))
+                .unwrap_or_default();
+            let mut view = TaskView {
+                id: t.id.to_string(),
+                node: t.id.node.clone(),
+                service,
+                step: step.to_string(),
+                purged: t.purged,
+                status: "pending".into(),
+                attempts: 0,
+                last_error: None,
+            };
+            match state {
+                Some(s) if s.desired_hash == expected => {
+                    let finished = s.status == ResourceStatus::Deployed && s.deployed_hash.as_deref() == Some(expected.as_str());
+                    view.status = if finished { "done".into() } else { s.status.as_str().to_string() };
+                    view.attempts = s.attempts;
+                    view.last_error = s.last_error.as_ref().map(|e| format!("{}: {}", e.code, e.message));
+                    done &= finished;
+                    if s.status == ResourceStatus::Failed && s.attempts >= i64::from(doc.max_attempts) && failed.is_none() {
+                        failed = Some(ClusterFailure {
+                            task: Some(t.id.to_string()),
+                            code: s.last_error.as_ref().map_or("failed".into(), |e| e.code.clone()),
+                            message: s.last_error.as_ref().map_or_else(String::new, |e| e.message.clone()),
+                        });
+                    }
+                }
+                _ => done = false,
+            }
+            tasks.push(view);
+        }
+        Ok(Progress { done, failed, tasks })
+    }
+
+    async fn view(&self, env: &Environment, record: &ClusterRecord, doc: &ClusterDoc) -> Result<ClusterView, ClusterError> {
+        let progress = self.progress(env, &record.name, doc).await?;
+        let mut counts = BTreeMap::new();
+        for t in &progress.tasks {
+            *counts.entry(t.status.clone()).or_insert(0) += 1;
+        }
+        let config = match self.template_of(env, &record.template, Some(record.template_version)).await {
+            Ok(t) => effective_config(&stored_template(&t)?, doc),
+            Err(_) => BTreeMap::new(),
+        };
+        Ok(ClusterView {
+            name: record.name.clone(),
+            template: record.template.clone(),
+            template_version: record.template_version,
+            status: ClusterStatus::parse(&record.status).unwrap_or(ClusterStatus::Failed),
+            operation: doc.operation,
+            size: doc.size,
+            services: doc.services.clone(),
+            layout: doc.layout.clone(),
+            stopped: doc.stopped.clone(),
+            config,
+            progress: counts,
+            tasks: progress.tasks,
+            failure: doc.failure.clone(),
+            lease_expires_at: record.lease_expires_at,
+            created_at: record.created_at,
+            updated_at: record.updated_at,
+        })
+    }
+}
+
+/// The status a cluster has while `kind` runs.
+pub(crate) fn busy_status(kind: OperationKind) -> ClusterStatus {
+    match kind {
+        OperationKind::Create => ClusterStatus::Creating,
+        OperationKind::Amend => ClusterStatus::Amending,
+        OperationKind::Reconfigure => ClusterStatus::Reconfiguring,
+        OperationKind::Stop => ClusterStatus::Stopping,
+        OperationKind::Start => ClusterStatus::Starting,
+        OperationKind::Restart => ClusterStatus::Restarting,
+        OperationKind::Rollback => ClusterStatus::RollingBack,
+        OperationKind::Delete => ClusterStatus::Deleting,
+    }
+}
+
+fn ensure_idle(name: &str, record: &ClusterRecord) -> Result<(), ClusterError> {
+    match ClusterStatus::parse(&record.status) {
+        Some(s) if s.busy() => Err(ClusterError::Busy {
+            name: name.to_string(),
+            status: s.as_str(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+pub(crate) fn stored_template(record: &TemplateRecord) -> Result<Template, ClusterError> {
+    serde_json::from_str(&record.document).map_err(|e| {
+        ClusterError::Env(EnvError::Store(StoreError::Corrupt {
+            what: format!("template `{}` version {}: {e}", record.name, record.version),
+        }))
+    })
+}
+
+pub(crate) fn stored_doc(record: &ClusterRecord) -> Result<ClusterDoc, ClusterError> {
+    serde_json::from_str(&record.document).map_err(|e| {
+        ClusterError::Env(EnvError::Store(StoreError::Corrupt {
+            what: format!("cluster `{}`: {e}", record.name),
+        }))
+    })
+}
+
+/// Overrides must name the cluster's services and be objects.
+fn check_overrides(template: &Template, config: &BTreeMap<String, Value>) -> Result<(), ClusterError> {
+    for (service, patch) in config {
+        if !template.services.contains_key(service) {
+            return Err(ClusterError::Invalid(format!(
+                "config: `{service}` is not one of the cluster's services"
+            )));
+        }
+        if !patch.is_object() {
+            return Err(ClusterError::Invalid(format!("config.{service}: must be a JSON object")));
+        }
+    }
+    Ok(())
+}
+
+/// Each service's configuration: the template's with the cluster's overrides merged in.
+fn effective_config(template: &Template, doc: &ClusterDoc) -> BTreeMap<String, Value> {
+    template
+        .services
+        .iter()
+        .filter(|(name, _)| doc.services.contains(name))
+        .map(|(name, s)| {
+            let mut config = s.config.clone();
+            if let Some(patch) = doc.config.get(name) {
+                merge_patch(&mut config, patch.clone());
+            }
+            (name.clone(), config)
+        })
+        .collect()
+}
+
+/// The cluster's tasks for its layout, stopped services and configuration.
+pub(crate) fn plan_for(
+    name: &str,
+    template: &Template,
+    doc: &ClusterDoc,
+    previous: &[ResourceSpec],
+    keep_removals: bool,
+) -> Result<Vec<ResourceSpec>, ClusterError> {
+    let config = effective_config(template, doc);
+    planner::plan(&PlanInput {
+        cluster: name,
+        template,
+        config: &config,
+        layout: &doc.layout,
+        stopped: &doc.stopped,
+        previous,
+        keep_removals,
+    })
+    .map_err(|e| ClusterError::Invalid(e.to_string()))
+}
+
+/// What `tasks` changes from `previous`.
+fn preview(layout: &Layout, previous: &[ResourceSpec], tasks: &[ResourceSpec]) -> PlanPreview {
+    let before: HashMap<String, &ResourceSpec> = previous.iter().map(|t| (t.id.to_string(), t)).collect();
+    let mut out = Vec::new();
+    let mut unchanged = 0;
+    for t in tasks {
+        let change = match before.get(&t.id.to_string()) {
+            _ if t.purged && !before.get(&t.id.to_string()).is_some_and(|b| b.purged) => "remove",
+            None => "add",
+            Some(b) if b.attributes != t.attributes || b.purged != t.purged => "change",
+            Some(_) => {
+                unchanged += 1;
+                continue;
+            }
+        };
+        out.push(PreviewTask {
+            id: t.id.to_string(),
+            change,
+            requires: t.requires.iter().map(ToString::to_string).collect(),
+        });
+    }
+    PlanPreview {
+        layout: layout.clone(),
+        tasks: out,
+        unchanged,
+    }
+}
+
+/// Whether `tasks` still holds removals (purged tasks of (node, service) pairs the layout no
+/// longer has) that can be dropped once done.
+pub(crate) fn has_removals(doc: &ClusterDoc) -> bool {
+    doc.tasks.iter().any(|t| {
+        t.purged
+            && planner::parse_task_key(&t.id.key).is_none_or(|(_, service, step)| {
+                step != Step::Start || !doc.layout.services_on(&t.id.node).is_some_and(|s| s.contains(service))
+            })
+    })
+}

@@ -1,0 +1,233 @@
+//! The cluster watcher: one task per cluster operation that follows the environment's events
+//! and moves the cluster on when its tasks are done or have failed (see the module doc of
+//! [`super`]). Also the lease sweeper and the restart of watchers with the host.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use super::ops::{has_removals, plan_for, stored_doc, stored_template};
+use super::{ClusterError, ClusterStatus, OperationKind};
+use crate::server::{Environments, error_chain};
+use crate::store::{ClusterRecord, Environment, EnvironmentId, StoreError, now_ms};
+
+/// How often a watcher looks again without an event (events wake it sooner).
+const TICK: Duration = Duration::from_secs(2);
+/// How often expired leases are looked for.
+const LEASE_SWEEP: Duration = Duration::from_secs(5);
+
+/// What a watcher does next.
+enum Next {
+    Wait,
+    Done,
+}
+
+impl Environments {
+    /// Follows `cluster`'s operation `generation` until it is over.
+    pub(crate) fn spawn_watcher(self: &Arc<Self>, env: EnvironmentId, cluster: String, generation: u64) {
+        let this = self.clone();
+        let span = tracing::info_span!("cluster_watch", cluster = %cluster, generation);
+        tokio::spawn(async move { this.watch(env, cluster, generation).await }.instrument(span));
+    }
+
+    async fn watch(self: Arc<Self>, env_id: EnvironmentId, cluster: String, generation: u64) {
+        let mut stopping = self.stopping.subscribe();
+        loop {
+            if *stopping.borrow() {
+                return;
+            }
+            let env = match self.store.get_environment(&env_id).await {
+                Ok(env) => env,
+                Err(StoreError::NotFound { .. }) => return,
+                Err(e) => {
+                    tracing::warn!(error = %error_chain(&e), "cannot read the environment");
+                    tokio::time::sleep(TICK).await;
+                    continue;
+                }
+            };
+            let mut events = match self.running(&env).await {
+                Ok(r) => r.stream.subscribe(),
+                Err(e) => {
+                    tracing::warn!(error = %error_chain(&e), "environment not running");
+                    tokio::time::sleep(TICK).await;
+                    continue;
+                }
+            };
+            match self.step(&env, &cluster, generation).await {
+                Ok(Next::Done) => return,
+                Ok(Next::Wait) => {}
+                Err(e) => tracing::warn!(error = %error_chain(&e), "cluster step failed; trying again"),
+            }
+            tokio::select! {
+                _ = events.recv() => {
+                    // Let the rest of a burst of events arrive.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                _ = tokio::time::sleep(TICK) => {}
+                _ = stopping.changed() => return,
+            }
+        }
+    }
+
+    /// Looks at the cluster once and moves it on.
+    async fn step(self: &Arc<Self>, env: &Environment, name: &str, generation: u64) -> Result<Next, ClusterError> {
+        let Some(mut record) = self.store.find_cluster(&env.id, name).await? else {
+            return Ok(Next::Done);
+        };
+        let mut doc = stored_doc(&record)?;
+        if doc.generation != generation {
+            return Ok(Next::Done);
+        }
+        let Some(status) = ClusterStatus::parse(&record.status) else {
+            return Ok(Next::Done);
+        };
+        let progress = self.progress(env, name, &doc).await?;
+        let template = stored_template(
+            &self
+                .store
+                .get_template(&env.id, &record.template, Some(record.template_version))
+                .await?,
+        )?;
+        let selected = template.select(&doc.services)?;
+        match status {
+            ClusterStatus::Active => Ok(Next::Done),
+            ClusterStatus::Failed => {
+                if doc.operation == OperationKind::Rollback {
+                    return Ok(Next::Done);
+                }
+                if progress.done {
+                    // Retries healed it.
+                    self.settle(env, &mut record, &mut doc, &selected, ClusterStatus::Active).await?;
+                    return Ok(Next::Done);
+                }
+                Ok(Next::Wait)
+            }
+            ClusterStatus::RollingBack | ClusterStatus::Deleting if progress.done => {
+                doc.tasks.clear();
+                self.release_cluster_tasks(env, name, &[]).await?;
+                if status == ClusterStatus::Deleting {
+                    self.store.delete_cluster(&env.id, name).await?;
+                    tracing::info!(environment = %env.name, cluster = %name, "cluster deleted");
+                } else {
+                    record.status = ClusterStatus::Failed.as_str().to_string();
+                    record.document = serde_json::to_string(&doc).expect("a cluster serialises");
+                    self.store.update_cluster(&env.id, &record).await?;
+                    tracing::warn!(environment = %env.name, cluster = %name, failure = ?doc.failure, "cluster create rolled back");
+                }
+                Ok(Next::Done)
+            }
+            ClusterStatus::RollingBack | ClusterStatus::Deleting => Ok(Next::Wait),
+            _ if progress.done => {
+                if let Some((service, false)) = doc.restart.clone() {
+                    // The stop half of a restart is done: start it again.
+                    doc.stopped.remove(&service);
+                    doc.restart = Some((service, true));
+                    let previous = std::mem::take(&mut doc.tasks);
+                    doc.tasks = plan_for(name, &selected, &doc, &previous, true)?;
+                    self.release_cluster_tasks(env, name, &doc.tasks).await?;
+                    record.document = serde_json::to_string(&doc).expect("a cluster serialises");
+                    self.store.update_cluster(&env.id, &record).await?;
+                    return Ok(Next::Wait);
+                }
+                doc.restart = None;
+                self.settle(env, &mut record, &mut doc, &selected, ClusterStatus::Active).await?;
+                tracing::info!(environment = %env.name, cluster = %name, operation = ?doc.operation, "cluster operation done");
+                Ok(Next::Done)
+            }
+            ClusterStatus::Creating if progress.failed.is_some() => {
+                let failure = progress.failed;
+                tracing::warn!(environment = %env.name, cluster = %name, failure = ?failure, "cluster create failed; rolling back");
+                self.undo_cluster(env, record, OperationKind::Rollback, failure).await?;
+                Ok(Next::Done)
+            }
+            _ if progress.failed.is_some() => {
+                if doc.failure.is_none() {
+                    tracing::warn!(environment = %env.name, cluster = %name, failure = ?progress.failed, "cluster operation failed");
+                    doc.failure = progress.failed;
+                    record.status = ClusterStatus::Failed.as_str().to_string();
+                    record.document = serde_json::to_string(&doc).expect("a cluster serialises");
+                    self.store.update_cluster(&env.id, &record).await?;
+                }
+                Ok(Next::Wait)
+            }
+            _ => Ok(Next::Wait),
+        }
+    }
+
+    /// Ends an operation: drops the removed tasks that are done from the plan, then stores
+    /// `status`.
+    async fn settle(
+        &self,
+        env: &Environment,
+        record: &mut ClusterRecord,
+        doc: &mut super::ClusterDoc,
+        selected: &orc_cluster::Template,
+        status: ClusterStatus,
+    ) -> Result<(), ClusterError> {
+        if has_removals(doc) {
+            doc.tasks = plan_for(&record.name, selected, doc, &[], false)?;
+            self.release_cluster_tasks(env, &record.name, &doc.tasks).await?;
+        }
+        doc.failure = None;
+        record.status = status.as_str().to_string();
+        record.document = serde_json::to_string(&doc).expect("a cluster serialises");
+        *record = self.store.update_cluster(&env.id, record).await?;
+        Ok(())
+    }
+
+    /// Restarts the watchers of clusters with an operation under way (or failed, to notice a
+    /// retry that heals them), and the lease sweeper. Called once the host is up.
+    pub async fn resume_clusters(self: &Arc<Self>) {
+        match self.store.list_environments().await {
+            Ok(envs) => {
+                for env in envs {
+                    match self.store.list_clusters(&env.id).await {
+                        Ok(clusters) => {
+                            for c in clusters {
+                                let watched = ClusterStatus::parse(&c.status).is_some_and(|s| s != ClusterStatus::Active);
+                                if let (true, Ok(doc)) = (watched, stored_doc(&c)) {
+                                    self.spawn_watcher(env.id, c.name.clone(), doc.generation);
+                                }
+                            }
+                        }
+                        Err(e) => tracing::error!(environment = %env.name, error = %error_chain(&e), "cannot list clusters"),
+                    }
+                }
+            }
+            Err(e) => tracing::error!(error = %error_chain(&e), "cannot list environments for their clusters"),
+        }
+        let this = self.clone();
+        tokio::spawn(async move { this.sweep_leases().await });
+    }
+
+    /// Deletes clusters whose lease has ended.
+    async fn sweep_leases(self: Arc<Self>) {
+        let mut stopping = self.stopping.subscribe();
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(LEASE_SWEEP) => {}
+                _ = stopping.changed() => return,
+            }
+            let expired = match self.store.expired_clusters(now_ms()).await {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::warn!(error = %error_chain(&e), "cannot look for expired cluster leases");
+                    continue;
+                }
+            };
+            for (env_id, record) in expired {
+                if ClusterStatus::parse(&record.status) == Some(ClusterStatus::Deleting) {
+                    continue;
+                }
+                let Ok(env) = self.store.get_environment(&env_id).await else {
+                    continue;
+                };
+                tracing::info!(environment = %env.name, cluster = %record.name, "cluster lease expired: deleting");
+                if let Err(e) = self.undo_cluster(&env, record, OperationKind::Delete, None).await {
+                    tracing::warn!(environment = %env.name, error = %error_chain(&e), "cannot delete an expired cluster");
+                }
+            }
+        }
+    }
+}
