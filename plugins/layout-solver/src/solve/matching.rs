@@ -58,14 +58,14 @@ impl Matching {
     }
 
     /// Matches node `x` to one of `allowed`, moving earlier nodes to other units of theirs if
-    /// need be. Prefers a free unit of `prefer`, then the free unit with the most room. Returns
-    /// false (and changes nothing) when no augmenting path exists.
-    pub fn add(&mut self, x: usize, allowed: Units, prefer: Units) -> bool {
+    /// need be. Prefers a free unit of `prefer[0]`, then of `prefer[1]`, …, then the free unit
+    /// with the most room. Returns false (and changes nothing) when no augmenting path exists.
+    pub fn add(&mut self, x: usize, allowed: Units, prefer: &[Units]) -> bool {
         let free: Units = bits(allowed)
             .filter(|&u| self.load[u] < self.cap[u])
             .fold(0, |acc, u| acc | unit(u));
         if free != 0 {
-            let pick = if free & prefer != 0 { free & prefer } else { free };
+            let pick = prefer.iter().map(|&p| free & p).find(|&p| p != 0).unwrap_or(free);
             let u = bits(pick)
                 .max_by_key(|&u| (self.cap[u] - self.load[u], std::cmp::Reverse(u)))
                 .unwrap_or(0);
@@ -141,7 +141,7 @@ impl Matching {
             if allowed == 0 || failed.contains(&allowed) {
                 continue;
             }
-            if !self.add(n, allowed, 0) {
+            if !self.add(n, allowed, &[]) {
                 failed.push(allowed);
             }
         }

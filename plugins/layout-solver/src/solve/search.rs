@@ -194,7 +194,7 @@ impl<'a> Search<'a> {
                 while top.next < top.configs.len() {
                     let c = top.configs[top.next];
                     top.next += 1;
-                    if self.matching.add(top.node, c, self.prefer[top.node]) {
+                    if self.matching.add(top.node, c, &[self.prefer[top.node]]) {
                         self.config[top.node] = c;
                         for u in bits(c) {
                             self.allowed[u] += 1;
