@@ -212,6 +212,21 @@ async fn a_shell_cluster_is_created_amended_reconfigured_and_deleted() {
             assert_eq!(running.trim(), format!("hello {db}"));
         }
     }
+    // A dryrun checks every task and changes nothing; drift made by hand is seen by a dryrun
+    // and healed by a repair, like any resource.
+    let dryrun = host.run_to_completion(&format!("/environments/{ENV}/dryrun"), None).await;
+    assert_eq!(
+        dryrun["report"]["summary"],
+        json!({"no_change": 30, "would_change": 0, "unchecked": 0}),
+        "{dryrun:#}"
+    );
+    std::fs::remove_file(root.join(&db).join("db.running")).unwrap();
+    let dryrun = host.run_to_completion(&format!("/environments/{ENV}/dryrun"), None).await;
+    assert_eq!(dryrun["report"]["summary"]["would_change"], 1, "{dryrun:#}");
+    assert!(!root.join(&db).join("db.running").exists(), "a dryrun changed something");
+    host.run_to_completion(&format!("/environments/{ENV}/repair"), None).await;
+    assert!(root.join(&db).join("db.running").exists(), "repair did not restart db");
+
     // The tasks are resources of the environment, with their action log.
     let (_, resources) = host.get(&format!("/environments/{ENV}/resources?type=task&limit=1000")).await;
     assert_eq!(resources["items"].as_array().unwrap().len(), 30, "{resources}");
@@ -268,6 +283,9 @@ async fn a_shell_cluster_is_created_amended_reconfigured_and_deleted() {
         )
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{c}");
+    // The host restarts in the middle: the operation carries on.
+    let (dir, database, token) = host.restart_later().await;
+    let host = Host::start_on(dir, database, Some(token)).await;
     let c = wait_cluster(&host, "shop", "active").await;
     assert_eq!(c["config"]["web"]["greeting"], "bonjour", "{c:#}");
     for node in amended.keys().filter(|n| **n != db) {
@@ -571,6 +589,11 @@ async fn bad_templates_and_requests_are_refused_by_name() {
             "{path}: {e}"
         );
     }
+    // A lease ends: the cluster is deleted.
+    let (s, c) = create(json!({"name": "short", "template": "stack", "size": 2, "lease_s": 1})).await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{c}");
+    assert!(c["lease_expires_at"].is_i64(), "{c}");
+    wait_gone(&host, "short").await;
     // A second version of a template; the first stays readable.
     submit_template(&host, "stack", &stack(root.path())).await;
     let (_, versions) = host.get(&format!("/environments/{ENV}/templates/stack/versions")).await;

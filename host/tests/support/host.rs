@@ -125,6 +125,27 @@ impl Host {
         }
     }
 
+    /// POSTs an action answered 202 with a `Location` (dryrun, deploy, repair) and polls it
+    /// until it is no longer `running`.
+    pub async fn run_to_completion(&self, path: &str, body: Option<Value>) -> Value {
+        let resp = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .body(body.map(|b| b.to_string()).unwrap_or_default())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::ACCEPTED, "{path}");
+        let location = resp.headers()["location"].to_str().unwrap().to_string();
+        let location = location.strip_prefix("/api/v1").expect("a location under /api/v1").to_string();
+        self.wait_for(&location, "finished", Duration::from_secs(120), |status, body| {
+            assert_eq!(status, StatusCode::OK, "{body}");
+            body["status"] != "running"
+        })
+        .await
+    }
+
     /// Polls the node until its status is `status`.
     pub async fn wait_node_status(&self, name: &str, status: &str) -> Value {
         self.wait_for(&format!("/nodes/{name}"), status, Duration::from_secs(60), |_, n| {
