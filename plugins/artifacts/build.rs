@@ -19,6 +19,8 @@ const PLUGINS: &[(&str, &str, bool)] = &[
     ("PACKAGE", "plugins/package", false),
     ("HTTP_OBJECT", "plugins/http-object", false),
     ("LAYOUT_SOLVER", "plugins/layout-solver", false),
+    ("SHELL", "plugins/shell", false),
+    ("REDIS", "plugins/redis", false),
     ("MISBEHAVE", "plugins/fixtures/misbehave", true),
     ("WRONG_WORLD", "plugins/fixtures/wrong-world", true),
 ];
