@@ -252,11 +252,25 @@ async fn each_impossible_request_names_its_constraint() {
     let t = template(json!({"services": {"db": {"count": {"max": 2}}}}));
     let (c, m) = s.solve(&t, 3, &plain(3), &Layout::default()).await.refusal();
     assert_eq!(c, "services.db.count", "{m}");
-    // Found only by the search: three services pairwise apart cannot fit on two nodes.
+    // Three services kept pairwise apart by three groups cannot fit on two nodes.
     let t = template(json!({"services": {"a": {}, "b": {}, "c": {}},
         "constraints": {"apart": [["a", "b"], ["b", "c"], ["a", "c"]]}}));
     let (c, m) = s.solve(&t, 2, &plain(2), &Layout::default()).await.refusal();
     assert_eq!(c, "constraints.apart[0]", "{m}");
+    assert!(
+        m.contains("constraints.apart[1] and constraints.apart[2]") && m.contains("need 3 nodes"),
+        "{m}"
+    );
+    // Found only by the search: one node cannot meet both services' needs, two would.
+    let t = template(json!({"services": {
+        "db": {"needs": {"labels": {"disk": "ssd"}}}, "api": {"needs": {"facts": {"cpus": {"min": 4}}}}}}));
+    let nodes = vec![
+        node("n1", &[("disk", "ssd")], json!({"cpus": 2})),
+        node("n2", &[], json!({"cpus": 8})),
+    ];
+    let (c, m) = s.solve(&t, 1, &nodes, &Layout::default()).await.refusal();
+    assert_eq!(c, "size", "{m}");
+    assert!(m.contains("at least 2 nodes"), "{m}");
 }
 
 #[tokio::test]

@@ -255,3 +255,65 @@ fn every_layout_is_valid_and_stable() {
     let solved = solved.get();
     assert!(solved > 30, "{solved} of 150 solved");
 }
+
+#[test]
+fn an_existing_layout_is_kept_while_valid_and_never_blocks_a_layout() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let solver = Solver::load();
+    let kept = Cell::new(0);
+    // The existing layout: arbitrary (bits of `masks` are services, 0 leaves the node out), or
+    // the solver's own answer with a service dropped here and there (often still valid, not full).
+    let strategy = (spec(3..=4, 1..=4), prop::collection::vec(0u32..16, 4), any::<bool>());
+    runner(200)
+        .run(&strategy, |(spec, masks, thin)| {
+            let (t, size, nodes) = (spec.template(), spec.size(), spec.nodes());
+            let pick = |m: u32| -> BTreeSet<String> { (0..spec.services.len()).filter(|b| m & (1 << b) != 0).map(Spec::name).collect() };
+            let existing: Layout = match rt.block_on(solver.solve(&t, size, &nodes, &Layout::default())) {
+                Answer::Layout(l) if thin => {
+                    l.0.iter()
+                        .zip(&masks)
+                        .map(|((n, services), &m)| {
+                            // At most one service dropped per node (`m` names it when below the count).
+                            let left: BTreeSet<String> = services.iter().filter(|s| **s != Spec::name(m as usize)).cloned().collect();
+                            (n.clone(), if left.is_empty() { services.clone() } else { left })
+                        })
+                        .collect()
+                }
+                _ => nodes
+                    .iter()
+                    .zip(&masks)
+                    .filter(|(_, m)| **m != 0)
+                    .map(|(n, &m)| (n.name.clone(), pick(m)))
+                    .collect(),
+            };
+            let valid = check_layout(&t, size, &nodes, &existing).is_ok();
+            match rt.block_on(solver.solve(&t, size, &nodes, &existing)) {
+                Answer::Layout(l) => {
+                    if valid {
+                        kept.set(kept.get() + 1);
+                        for (n, services) in &existing.0 {
+                            let now = l.services_on(n);
+                            prop_assert!(now.is_some_and(|now| services.is_subset(now)), "{}: {:?} -> {:?}", n, services, now);
+                        }
+                    }
+                }
+                Answer::NoLayout { constraint, message } => {
+                    prop_assert!(
+                        !valid,
+                        "refused ({}: {}) although the existing layout is valid",
+                        constraint,
+                        message
+                    );
+                    prop_assert!(
+                        exists(&t, size, &nodes).is_none(),
+                        "refused ({}: {}) although a layout exists",
+                        constraint,
+                        message
+                    );
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+    assert!(kept.get() > 20, "only {} valid existing layouts", kept.get());
+}

@@ -24,7 +24,7 @@ mod search;
 
 use orc_cluster::{Layout, NodeInfo, Template, check_layout};
 
-use self::problem::{Problem, Units, bits};
+use self::problem::{Problem, Units, bits, nodes};
 use self::search::{Search, Stop};
 
 /// Search steps allowed for one request (each a decision or a step back). Valid layouts of
@@ -70,7 +70,8 @@ pub fn solve(template: &Template, size: u32, nodes: &[NodeInfo], existing: &Layo
         Err(Stop::Exhausted) => return Err(diagnose(&p)),
         Err(Stop::GaveUp { steps }) => {
             return Err(Failure::Failed(format!(
-                "the search for a layout of {size} nodes among {} gave up after {steps} steps without finding one or proving there is none",
+                "the search for a layout of {} among {} gave up after {steps} steps without finding one or proving there is none",
+                problem::nodes(size as usize),
                 nodes.len()
             )));
         }
@@ -91,7 +92,8 @@ pub fn solve(template: &Template, size: u32, nodes: &[NodeInfo], existing: &Layo
 }
 
 /// Names the constraint of an infeasible problem: the first whose relaxation alone makes a
-/// layout exist.
+/// layout exist — an `apart` group, then the size (a larger cluster would do), then a
+/// service's `min`, then its `max` — else the size.
 fn diagnose(p: &Problem) -> Failure {
     let size = p.size;
     let feasible = |q: &Problem| {
@@ -100,23 +102,31 @@ fn diagnose(p: &Problem) -> Failure {
     };
     for (k, &(gi, group)) in p.apart.iter().enumerate() {
         let mut q = p.clone();
-        q.apart.remove(k);
-        q.conflicts = vec![0; q.units.len()];
-        for &(_, set) in &q.apart {
-            for u in bits(set) {
-                q.conflicts[u] |= set & !problem::unit(u);
-            }
-        }
+        let mut apart = p.apart.clone();
+        apart.remove(k);
+        q.set_apart(apart);
         if feasible(&q) {
             let names: Vec<String> = bits(group).map(|u| p.describe(u)).collect();
             return Failure::no_layout(
                 format!("constraints.apart[{gi}]"),
                 format!(
-                    "no layout of {size} nodes keeps {} on separate nodes while meeting every other constraint",
+                    "no layout of {} keeps {} on separate nodes while meeting every other constraint",
+                    nodes(size),
                     names.join(", ")
                 ),
             );
         }
+    }
+    let usable = p.nodes.iter().filter(|n| n.eligible != 0).count();
+    if let Some(larger) = (size + 1..=usable.min(size + p.units.len())).find(|&s| feasible(&p.with_size(s))) {
+        return Failure::no_layout(
+            "size",
+            format!(
+                "no layout of {} meets the services' needs, counts and apart groups together; they call for at least {}",
+                nodes(size),
+                nodes(larger)
+            ),
+        );
     }
     for (u, info) in p.units.iter().enumerate() {
         if info.min == 0 {
@@ -128,8 +138,10 @@ fn diagnose(p: &Problem) -> Failure {
             return Failure::no_layout(
                 format!("services.{}.count", info.min_service),
                 format!(
-                    "no layout of {size} nodes runs `{}` on at least {} nodes while meeting every other constraint",
-                    info.min_service, info.min
+                    "no layout of {} runs `{}` on at least {} while meeting every other constraint",
+                    nodes(size),
+                    info.min_service,
+                    nodes(info.min)
                 ),
             );
         }
@@ -144,8 +156,10 @@ fn diagnose(p: &Problem) -> Failure {
             return Failure::no_layout(
                 format!("services.{}.count", info.cap_service),
                 format!(
-                    "no layout of {size} nodes runs `{}` on at most {} nodes while every node hosts a service and every other constraint is met",
-                    info.cap_service, info.cap
+                    "no layout of {} runs `{}` on at most {} while every node hosts a service and every other constraint is met",
+                    nodes(size),
+                    info.cap_service,
+                    nodes(info.cap)
                 ),
             );
         }
@@ -153,7 +167,8 @@ fn diagnose(p: &Problem) -> Failure {
     Failure::no_layout(
         "size",
         format!(
-            "no layout of {size} nodes among the {} available meets every constraint",
+            "no layout of {} among the {} available meets every constraint",
+            nodes(size),
             p.nodes.len()
         ),
     )

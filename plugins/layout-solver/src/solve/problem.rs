@@ -28,6 +28,11 @@ pub(crate) fn bits(mut set: Units) -> impl Iterator<Item = usize> {
     })
 }
 
+/// "1 node", "3 nodes".
+pub(crate) fn nodes(n: usize) -> String {
+    if n == 1 { "1 node".into() } else { format!("{n} nodes") }
+}
+
 /// The unit `i` alone.
 pub(crate) fn unit(i: usize) -> Units {
     1 << i
@@ -42,6 +47,8 @@ pub(crate) struct Unit {
     pub min: usize,
     /// On at most this many nodes (the smallest `count.max`, at most the cluster size).
     pub cap: usize,
+    /// The smallest `count.max` of its services, if any sets one.
+    pub max: Option<usize>,
     /// The service whose `count.min` sets `min`, for messages and constraint names.
     pub min_service: String,
     /// The service whose `count.max` sets `cap`.
@@ -51,6 +58,17 @@ pub(crate) struct Unit {
     /// The first `together` group that joins two of its services.
     pub together: Option<usize>,
 }
+
+/// Units no two of which may share a node.
+#[derive(Debug, Clone)]
+pub(crate) struct Clique {
+    pub units: Units,
+    /// The `apart` groups (positions in the template) inside it, in order: the first names it.
+    pub groups: Vec<usize>,
+}
+
+/// At most this many cliques are used (each is only a bound; a template with more is odd).
+const MAX_CLIQUES: usize = 256;
 
 /// A node as the search sees it.
 #[derive(Debug, Clone)]
@@ -69,6 +87,10 @@ pub(crate) struct Problem {
     pub conflicts: Vec<Units>,
     /// The `apart` groups that join two or more units: (position in the template, units).
     pub apart: Vec<(usize, Units)>,
+    /// The maximal sets of pairwise conflicting units: each needs its units' `min`s on distinct
+    /// nodes. Every `apart` group is in one, and groups that conflict in a ring (a-b, b-c, c-a)
+    /// make larger ones.
+    pub cliques: Vec<Clique>,
     /// The nodes, ordered by name.
     pub nodes: Vec<Node>,
     /// Which unit each service belongs to.
@@ -113,6 +135,7 @@ impl Problem {
                     services: Vec::new(),
                     min: 0,
                     cap: size,
+                    max: None,
                     min_service: (*name).clone(),
                     cap_service: (*name).clone(),
                     unmet: None,
@@ -128,9 +151,11 @@ impl Problem {
                 unit.min = min;
                 unit.min_service = (*name).clone();
             }
-            let cap = count.max(size as u32) as usize;
-            if cap < unit.cap {
-                unit.cap = cap;
+            if let Some(max) = count.max.map(|m| m as usize)
+                && unit.max.is_none_or(|m| max < m)
+            {
+                unit.max = Some(max);
+                unit.cap = max.min(size);
                 unit.cap_service = (*name).clone();
             }
             let service = &template.services[*name];
@@ -152,18 +177,14 @@ impl Problem {
             )));
         }
 
-        let mut conflicts = vec![0; units.len()];
-        let mut apart = Vec::new();
-        for (gi, group) in template.constraints.apart.iter().enumerate() {
-            let set: Units = group.iter().filter_map(|s| unit_of.get(s)).fold(0, |acc, &u| acc | unit(u));
-            if set.count_ones() < 2 {
-                continue;
-            }
-            for u in bits(set) {
-                conflicts[u] |= set & !unit(u);
-            }
-            apart.push((gi, set));
-        }
+        let apart: Vec<(usize, Units)> = template
+            .constraints
+            .apart
+            .iter()
+            .enumerate()
+            .map(|(gi, group)| (gi, group.iter().filter_map(|s| unit_of.get(s)).fold(0, |acc, &u| acc | unit(u))))
+            .filter(|(_, set)| set.count_ones() >= 2)
+            .collect();
 
         let mut seen = BTreeMap::new();
         for n in nodes {
@@ -187,14 +208,76 @@ impl Problem {
             })
             .collect();
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(Problem {
+        let mut p = Problem {
             size,
+            conflicts: vec![0; units.len()],
             units,
-            conflicts,
-            apart,
+            apart: Vec::new(),
+            cliques: Vec::new(),
             nodes,
             unit_of,
-        })
+        };
+        p.set_apart(apart);
+        Ok(p)
+    }
+
+    /// Sets the `apart` groups, and with them the conflicts and cliques.
+    pub fn set_apart(&mut self, apart: Vec<(usize, Units)>) {
+        self.conflicts = vec![0; self.units.len()];
+        for &(_, set) in &apart {
+            for u in bits(set) {
+                self.conflicts[u] |= set & !unit(u);
+            }
+        }
+        let mut found = Vec::new();
+        let involved = self
+            .conflicts
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c != 0)
+            .fold(0, |acc, (u, _)| acc | unit(u));
+        self.cliques_from(0, involved, 0, &mut found);
+        let mut cliques: Vec<Clique> = found
+            .into_iter()
+            .map(|units| Clique {
+                units,
+                groups: apart.iter().filter(|(_, g)| g & !units == 0).map(|(gi, _)| *gi).collect(),
+            })
+            .collect();
+        cliques.sort_by(|a, b| (a.groups.first(), a.units).cmp(&(b.groups.first(), b.units)));
+        self.apart = apart;
+        self.cliques = cliques;
+    }
+
+    /// Maximal cliques of the conflict graph (Bron–Kerbosch with pivoting), at most
+    /// [`MAX_CLIQUES`].
+    fn cliques_from(&self, r: Units, mut p: Units, mut x: Units, out: &mut Vec<Units>) {
+        if out.len() >= MAX_CLIQUES {
+            return;
+        }
+        if p == 0 {
+            if x == 0 && r.count_ones() >= 2 {
+                out.push(r);
+            }
+            return;
+        }
+        let pivot = bits(p | x).max_by_key(|&u| (self.conflicts[u] & p).count_ones()).unwrap_or(0);
+        for v in bits(p & !self.conflicts[pivot]) {
+            let nv = self.conflicts[v];
+            self.cliques_from(r | unit(v), p & nv, x & nv, out);
+            p &= !unit(v);
+            x |= unit(v);
+        }
+    }
+
+    /// The same problem for a cluster of `size` nodes.
+    pub fn with_size(&self, size: usize) -> Problem {
+        let mut q = self.clone();
+        for u in &mut q.units {
+            u.cap = u.max.map_or(size, |m| m.min(size));
+        }
+        q.size = size;
+        q
     }
 
     /// The unit's services, for messages: `` `a` `` or `` `a`, `b` ``.
@@ -250,7 +333,8 @@ impl Problem {
             return Err(Failure::no_layout(
                 "size",
                 format!(
-                    "the cluster asks for {size} nodes, {} {} available",
+                    "the cluster asks for {}, {} {} available",
+                    nodes(size),
                     self.nodes.len(),
                     if self.nodes.len() == 1 { "is" } else { "are" }
                 ),
@@ -291,13 +375,22 @@ impl Problem {
             return Err(Failure::no_layout(
                 "size",
                 format!(
-                    "the cluster asks for {size} nodes, only {usable} of the {} nodes meet the needs of any of its services",
+                    "the cluster asks for {}, only {usable} of the {} nodes meet the needs of any of its services",
+                    nodes(size),
                     self.nodes.len()
                 ),
             ));
         }
-        for &(gi, group) in &self.apart {
+        for clique in &self.cliques {
+            let group = clique.units;
+            let gi = clique.groups.first().copied().unwrap_or(0);
             let demand: usize = bits(group).map(|u| self.units[u].min).sum();
+            let its = if clique.groups.len() > 1 {
+                let others: Vec<String> = clique.groups[1..].iter().map(|g| format!("constraints.apart[{g}]")).collect();
+                format!("its services and those of {}", others.join(" and "))
+            } else {
+                "its services".to_string()
+            };
             let described = || {
                 bits(group)
                     .filter(|&u| self.units[u].min > 0)
@@ -309,7 +402,7 @@ impl Problem {
                 return Err(Failure::no_layout(
                     format!("constraints.apart[{gi}]"),
                     format!(
-                        "its services never share a node and need {demand} nodes ({}), the cluster has {size}",
+                        "{its} pairwise never share a node and need {demand} nodes ({}), the cluster has {size}",
                         described()
                     ),
                 ));
@@ -321,7 +414,7 @@ impl Problem {
                 return Err(Failure::no_layout(
                     format!("constraints.apart[{gi}]"),
                     format!(
-                        "its services never share a node and need {demand} distinct nodes ({}), but only {placed} of the nodes can host them that way",
+                        "{its} pairwise never share a node and need {demand} distinct nodes ({}), but only {placed} of the nodes can host them that way",
                         described()
                     ),
                 ));

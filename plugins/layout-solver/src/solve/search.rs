@@ -12,7 +12,8 @@
 //! every decision:
 //! - enough undecided nodes remain to reach the size;
 //! - each unit can still reach its `min` with the nodes left (at most the free slots);
-//! - each `apart` group's units still short of their `min` fit on the free slots, one per node.
+//! - the units of each clique of `apart` conflicts still short of their `min` fit, one per
+//!   node, on the free slots and on the undecided nodes that can host them.
 //!
 //! The matching is kept up to date as nodes are taken (an augmenting path per node), so a node
 //! that would leave some chosen node without a unit is refused at once.
@@ -164,17 +165,15 @@ impl<'a> Search<'a> {
         let mut steps: u64 = 0;
         let mut descend = true;
         loop {
-            if descend {
-                if self.feasible() {
-                    if self.matching.members().len() == self.p.size {
-                        return Ok(Found {
-                            config: self.config,
-                            matching: self.matching,
-                        });
-                    }
-                    if let Some(frame) = self.select() {
-                        stack.push(frame);
-                    }
+            if descend && self.feasible() {
+                if self.matching.members().len() == self.p.size {
+                    return Ok(Found {
+                        config: self.config,
+                        matching: self.matching,
+                    });
+                }
+                if let Some(frame) = self.select() {
+                    stack.push(frame);
                 }
             }
             // Advance the top frame: next configuration, else leave the node out, else pop.
@@ -259,13 +258,30 @@ impl<'a> Search<'a> {
                 return false;
             }
         }
-        for &(_, group) in &self.p.apart {
-            let short: usize = bits(group).map(|u| self.p.units[u].min.saturating_sub(self.allowed[u])).sum();
-            if short > slots {
+        for clique in &self.p.cliques {
+            let short: usize = bits(clique.units)
+                .map(|u| self.p.units[u].min.saturating_sub(self.allowed[u]))
+                .sum();
+            if short > slots || (short > 0 && short > self.undecided_for(clique.units)) {
                 return false;
             }
         }
         true
+    }
+
+    /// How many undecided nodes are eligible for any of `units`.
+    fn undecided_for(&self, units: Units) -> usize {
+        let kept = self.kept[self.kept_next..]
+            .iter()
+            .filter(|&&n| self.p.nodes[n].eligible & units != 0)
+            .count();
+        let grouped: usize = self
+            .groups
+            .iter()
+            .filter(|g| g.eligible & units != 0)
+            .map(|g| g.nodes.len() - g.head)
+            .sum();
+        kept + grouped
     }
 
     /// Units still short of their `min`, and units still below their cap.

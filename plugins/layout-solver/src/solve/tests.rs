@@ -156,6 +156,52 @@ fn tiny_instances_agree_with_brute_force() {
     assert!(solved > 500 && refused > 500, "{solved} solved, {refused} refused");
 }
 
+/// A random layout over `nodes` (valid or not).
+fn random_layout(r: &mut Rng, t: &Template, nodes: &[NodeInfo]) -> Layout {
+    let services: Vec<&String> = t.services.keys().collect();
+    let mut layout = Layout::default();
+    for n in nodes {
+        if r.chance(60) {
+            let s = services.iter().filter(|_| r.chance(50)).map(|s| s.to_string()).collect();
+            layout.0.insert(n.name.clone(), s);
+        }
+    }
+    layout
+}
+
+#[test]
+fn any_existing_layout_still_gets_a_valid_answer_and_a_valid_one_is_kept() {
+    let mut r = Rng(0x5eed);
+    let mut kept = 0;
+    for case in 0..2000 {
+        let services = 1 + r.below(4) as usize;
+        let t = random_template(&mut r, services);
+        let n = 1 + r.below(4) as usize;
+        let nodes = random_nodes(&mut r, n);
+        let size = 1 + r.below(n as u64) as u32;
+        let existing = random_layout(&mut r, &t, &nodes);
+        let valid = check_layout(&t, size, &nodes, &existing).is_ok();
+        match solve(&t, size, &nodes, &existing) {
+            Ok(layout) => {
+                check_layout(&t, size, &nodes, &layout).unwrap_or_else(|v| panic!("case {case}: {v}"));
+                if valid {
+                    kept += 1;
+                    for (node, services) in &existing.0 {
+                        let now = layout.services_on(node).unwrap_or_else(|| panic!("case {case}: {node} dropped"));
+                        assert!(services.is_subset(now), "case {case}: {node}: {services:?} -> {now:?}");
+                    }
+                }
+            }
+            Err(Failure::NoLayout { .. }) => {
+                assert!(!valid, "case {case}: the existing layout is valid");
+                assert!(brute_force(&t, size, &nodes).is_none(), "case {case}: a layout exists");
+            }
+            Err(e) => panic!("case {case}: {e:?}"),
+        }
+    }
+    assert!(kept > 50, "only {kept} valid existing layouts");
+}
+
 #[test]
 fn larger_instances_are_valid_and_stable() {
     let mut r = Rng(42);
