@@ -138,6 +138,10 @@ impl Host {
         .await
     }
 
+    pub async fn delete(&self, path: &str) -> Result<(StatusCode, Value)> {
+        self.send(self.http.delete(format!("{}{path}", self.base))).await
+    }
+
     /// Publishes a plugin to the server's registry (`/registry`, the token is needed to write).
     pub async fn publish(&self, bytes: &'static [u8]) -> Result<Value> {
         let (status, body) = self

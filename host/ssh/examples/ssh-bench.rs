@@ -1,6 +1,8 @@
 //! Throughput of one SSH connection to a local OpenSSH sshd (started here, as root, like the
 //! tests): `write_file` + `stat` of 1,000 small files, sequentially and concurrently, and commands.
-//! `cargo run --release -p orc-ssh --example ssh-bench`
+//! `cargo run --release -p orc-ssh --example ssh-bench` (`ORC_BENCH_USER=root` logs in as root
+//! instead of the test user: then each command also pays for root's login shell, e.g. a
+//! `.bashrc` that bash reads under sshd)
 
 #[path = "../tests/support/sshd.rs"]
 mod sshd;
@@ -28,7 +30,7 @@ async fn main() -> anyhow::Result<()> {
     let target = SshTarget {
         address: "127.0.0.1".into(),
         port: sshd.port,
-        user: sshd::TEST_USER.into(),
+        user: std::env::var("ORC_BENCH_USER").unwrap_or_else(|_| sshd::TEST_USER.into()),
         credential: Credential::PrivateKey {
             pem: sshd.client_key.clone(),
             passphrase: None,
