@@ -16,9 +16,7 @@ use crate::intent::{Intent, IntentDocument, PluginRef, ResourceSpec};
 use crate::pinning;
 use crate::scheduler::Version;
 use crate::server::{EnvError, Environments, merge_patch};
-use crate::store::{
-    ClusterRecord, Environment, Millis, ResourceState, ResourceStatus, StateFilter, StoreError, TemplateRecord, VersionInfo, now_ms,
-};
+use crate::store::{ClusterRecord, Environment, Millis, ResourceState, ResourceStatus, StateFilter, StoreError, TemplateRecord, now_ms};
 
 /// The solver a template gets when it names none.
 pub const DEFAULT_SOLVER: &str = "layout-solver";
@@ -157,6 +155,15 @@ pub struct PreviewTask {
     /// `add`, `change` or `remove`.
     pub change: &'static str,
     pub requires: Vec<String>,
+}
+
+/// What [`Environments::release_cluster_tasks`] does to the cluster's row once the tasks are
+/// released.
+#[derive(Debug)]
+pub(crate) enum RowChange<'a> {
+    Keep,
+    Update(&'a ClusterRecord),
+    Delete,
 }
 
 /// An operation's answer: the cluster, or only a preview.
@@ -315,7 +322,7 @@ impl Environments {
             Err(StoreError::Conflict { .. }) => return Err(ClusterError::Exists(req.name)),
             other => other?,
         }
-        if let Err(e) = self.release_cluster_tasks(&env, &req.name, &doc.tasks).await {
+        if let Err(e) = self.release_cluster_tasks(&env, &req.name, &doc.tasks, RowChange::Keep).await {
             // Nothing was released: the cluster never existed.
             let _ = self.store.delete_cluster(&env.id, &req.name).await;
             return Err(e);
@@ -533,8 +540,10 @@ impl Environments {
         }
         record.status = status.as_str().to_string();
         record.document = serde_json::to_string(&doc).expect("a cluster serialises");
-        self.release_cluster_tasks(env, &record.name, &doc.tasks).await?;
-        let record = self.store.update_cluster(&env.id, &record).await?;
+        let record = self
+            .release_cluster_tasks(env, &record.name, &doc.tasks, RowChange::Update(&record))
+            .await?
+            .expect("an updated row");
         tracing::info!(environment = %env.name, cluster = %record.name, operation = ?kind, tasks = doc.tasks.len(), "cluster operation");
         self.spawn_watcher(env.id, record.name.clone(), doc.generation);
         Ok(Outcome::Started(Box::new(self.view(env, &record, &doc).await?)))
@@ -641,13 +650,15 @@ impl Environments {
     }
 
     /// Releases a new version: the released version's resources with `cluster`'s tasks replaced
-    /// by `tasks`.
+    /// by `tasks`; then, still holding the environment's release lock, makes `row` (the row an
+    /// operator's version reads the cluster's tasks from) agree. Returns the stored row.
     pub(crate) async fn release_cluster_tasks(
         &self,
         env: &Environment,
         cluster: &str,
         tasks: &[ResourceSpec],
-    ) -> Result<VersionInfo, ClusterError> {
+        row: RowChange<'_>,
+    ) -> Result<Option<ClusterRecord>, ClusterError> {
         let running = self.running(env).await?;
         let _turn = running.releases.lock().await;
         let mut resources: Vec<ResourceSpec> = match running.released_version() {
@@ -669,7 +680,15 @@ impl Environments {
         let info = self.store.release_version(&env.id, info.version).await?;
         self.metrics.released(&env.name, info.version);
         running.release(Version::new(info.version as u64, intent, pinned.plugins));
-        Ok(info)
+        tracing::debug!(environment = %env.name, cluster, version = info.version, "cluster tasks released");
+        Ok(match row {
+            RowChange::Keep => None,
+            RowChange::Update(record) => Some(self.store.update_cluster(&env.id, record).await?),
+            RowChange::Delete => {
+                self.store.delete_cluster(&env.id, cluster).await?;
+                None
+            }
+        })
     }
 
     /// Every cluster's current tasks in `env`: what an operator's new version keeps.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use super::ops::{has_removals, plan_for, stored_doc, stored_template};
+use super::ops::{RowChange, has_removals, plan_for, stored_doc, stored_template};
 use super::{ClusterError, ClusterStatus, OperationKind};
 use crate::server::{Environments, error_chain};
 use crate::store::{ClusterRecord, Environment, EnvironmentId, StoreError, now_ms};
@@ -105,14 +105,13 @@ impl Environments {
             }
             ClusterStatus::RollingBack | ClusterStatus::Deleting if progress.done => {
                 doc.tasks.clear();
-                self.release_cluster_tasks(env, name, &[]).await?;
                 if status == ClusterStatus::Deleting {
-                    self.store.delete_cluster(&env.id, name).await?;
+                    self.release_cluster_tasks(env, name, &[], RowChange::Delete).await?;
                     tracing::info!(environment = %env.name, cluster = %name, "cluster deleted");
                 } else {
                     record.status = ClusterStatus::Failed.as_str().to_string();
                     record.document = serde_json::to_string(&doc).expect("a cluster serialises");
-                    self.store.update_cluster(&env.id, &record).await?;
+                    self.release_cluster_tasks(env, name, &[], RowChange::Update(&record)).await?;
                     tracing::warn!(environment = %env.name, cluster = %name, failure = ?doc.failure, "cluster create rolled back");
                 }
                 Ok(Next::Done)
@@ -125,9 +124,9 @@ impl Environments {
                     doc.restart = Some((service, true));
                     let previous = std::mem::take(&mut doc.tasks);
                     doc.tasks = plan_for(name, &selected, &doc, &previous, true)?;
-                    self.release_cluster_tasks(env, name, &doc.tasks).await?;
                     record.document = serde_json::to_string(&doc).expect("a cluster serialises");
-                    self.store.update_cluster(&env.id, &record).await?;
+                    self.release_cluster_tasks(env, name, &doc.tasks, RowChange::Update(&record))
+                        .await?;
                     return Ok(Next::Wait);
                 }
                 doc.restart = None;
@@ -165,14 +164,21 @@ impl Environments {
         selected: &orc_cluster::Template,
         status: ClusterStatus,
     ) -> Result<(), ClusterError> {
-        if has_removals(doc) {
+        let removals = has_removals(doc);
+        if removals {
             doc.tasks = plan_for(&record.name, selected, doc, &[], false)?;
-            self.release_cluster_tasks(env, &record.name, &doc.tasks).await?;
         }
         doc.failure = None;
         record.status = status.as_str().to_string();
         record.document = serde_json::to_string(&doc).expect("a cluster serialises");
-        *record = self.store.update_cluster(&env.id, record).await?;
+        *record = if removals {
+            let name = record.name.clone();
+            self.release_cluster_tasks(env, &name, &doc.tasks, RowChange::Update(record))
+                .await?
+                .expect("an updated row")
+        } else {
+            self.store.update_cluster(&env.id, record).await?
+        };
         Ok(())
     }
 
