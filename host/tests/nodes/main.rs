@@ -7,13 +7,12 @@
 
 use std::time::{Duration, Instant};
 
-use orc_host::config::HostConfig;
-use orc_host::server::Server;
 use orc_host::store::Backend;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 
+#[path = "../support/host.rs"]
+mod host;
 #[path = "../support/paths.rs"]
 mod paths;
 #[path = "../support/pg.rs"]
@@ -21,102 +20,20 @@ mod pg;
 #[path = "../../ssh/tests/support/sshd.rs"]
 mod sshd;
 
+use host::Host;
 use paths::encode;
 use sshd::{Sshd, TEST_PASSWORD, TEST_USER};
 
-/// A running server, an HTTP client for it, and where it keeps its data.
-struct Host {
-    base: String,
-    token: String,
-    client: reqwest::Client,
-    dir: tempfile::TempDir,
-    database: Option<String>,
-    stop: oneshot::Sender<()>,
-    served: tokio::task::JoinHandle<std::io::Result<()>>,
+/// What these tests add to the shared harness.
+trait NodeHost {
+    async fn register(&self, body: Value) -> Value;
+    async fn wait_node(&self, name: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value;
+    async fn wait_status(&self, name: &str, status: &str) -> Value;
+    async fn wait_resource(&self, env: &str, id: &str, status: &str) -> Value;
+    async fn submit(&self, env: &str, resources: Value) -> (StatusCode, Value);
 }
 
-impl Host {
-    async fn start(backend: Backend) -> Host {
-        let database = match backend {
-            Backend::Sqlite => None,
-            Backend::Postgres => Some(pg::fresh_database().await.unwrap()),
-        };
-        Host::start_on(tempfile::tempdir().unwrap(), database, None).await
-    }
-
-    /// Starts on a data directory and database; `token`: the admin token of an earlier start on
-    /// them (only a first start creates one).
-    async fn start_on(dir: tempfile::TempDir, database: Option<String>, token: Option<String>) -> Host {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let config = HostConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            data_dir: dir.path().to_path_buf(),
-            database: database.clone(),
-            node_reverify_interval_s: 1,
-            ..HostConfig::default()
-        };
-        let server = Server::start(&config).await.unwrap();
-        let token = server.initial_token().map(str::to_string).or(token).expect("a token");
-        let addr = server.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let served = tokio::spawn(server.run(async {
-            let _ = stopped.await;
-        }));
-        Host {
-            base: format!("http://{addr}/api/v1"),
-            token,
-            client: reqwest::Client::new(),
-            dir,
-            database,
-            stop,
-            served,
-        }
-    }
-
-    async fn stop(self) {
-        self.restart_later().await;
-    }
-
-    /// Stops, keeping what a restart on the same data needs.
-    async fn restart_later(self) -> (tempfile::TempDir, Option<String>, String) {
-        let _ = self.stop.send(());
-        self.served.await.unwrap().unwrap();
-        (self.dir, self.database, self.token)
-    }
-
-    /// Every answer's raw text goes through here, so a test can check none ever held a secret.
-    async fn send(&self, method: Method, path: &str, body: Option<&Value>) -> (StatusCode, Value, String) {
-        let mut req = self.client.request(method, format!("{}{path}", self.base)).bearer_auth(&self.token);
-        if let Some(body) = body {
-            req = req.json(body);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        let value = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text}"))
-        };
-        (status, value, text)
-    }
-
-    async fn get(&self, path: &str) -> (StatusCode, Value) {
-        let (s, v, _) = self.send(Method::GET, path, None).await;
-        (s, v)
-    }
-
-    async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
-        let (s, v, _) = self.send(Method::POST, path, Some(body)).await;
-        (s, v)
-    }
-
-    async fn create_environment(&self, name: &str, retry_interval_s: u64) {
-        let body = json!({ "name": name, "settings": { "retry_interval_s": retry_interval_s, "repair_interval_s": 0 } });
-        let (status, env) = self.post("/environments", &body).await;
-        assert_eq!(status, StatusCode::CREATED, "{env}");
-    }
-
+impl NodeHost for Host {
     async fn register(&self, body: Value) -> Value {
         let (status, node) = self.post("/nodes", &body).await;
         assert_eq!(status, StatusCode::CREATED, "{node}");
