@@ -52,7 +52,7 @@ impl Matching {
         self.load[u]
     }
 
-    /// See [`Matching::failure`].
+    /// The units reachable from the last node that could not be matched (a Hall witness).
     pub fn last_failure(&self) -> Units {
         self.failure
     }

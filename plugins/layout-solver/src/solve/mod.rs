@@ -68,6 +68,12 @@ pub fn solve(template: &Template, size: u32, nodes: &[NodeInfo], existing: &Layo
     let found = match Search::new(&p, &kept.prefer, kept.kept.clone(), &kept.dropped, BUDGET).run() {
         Ok(found) => found,
         Err(Stop::Exhausted) => return Err(diagnose(&p)),
+        Err(Stop::Incomplete) => {
+            return Err(Failure::Failed(format!(
+                "the template's apart groups allow more than {} combinations of services on one node; the search tried that many and found no layout, which proves nothing",
+                problem::MAX_CONFIGS
+            )));
+        }
         Err(Stop::GaveUp { steps }) => {
             return Err(Failure::Failed(format!(
                 "the search for a layout of {} among {} gave up after {steps} steps without finding one or proving there is none",

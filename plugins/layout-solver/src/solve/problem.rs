@@ -67,6 +67,10 @@ pub(crate) struct Clique {
     pub groups: Vec<usize>,
 }
 
+/// At most this many configurations are considered per set of eligible units (15 disjoint
+/// `apart` pairs make 2^15); past it the search is no longer complete, and says so.
+pub(crate) const MAX_CONFIGS: usize = 4096;
+
 /// At most this many cliques are used (each is only a bound; a template with more is odd).
 const MAX_CLIQUES: usize = 256;
 
@@ -288,7 +292,9 @@ impl Problem {
 
     /// The largest sets of units a node with `eligible` may host together: every maximal set
     /// with no two units in one `apart` group (Bron–Kerbosch with pivoting, over the
-    /// "compatible" relation), in increasing mask order. Never empty when `eligible` is not.
+    /// "compatible" relation), in increasing mask order, at most [`MAX_CONFIGS`] of them (a
+    /// longer list is cut, and the caller told by its length). Never empty when `eligible` is
+    /// not.
     pub fn maximal_configs(&self, eligible: Units) -> Vec<Units> {
         let mut out = Vec::new();
         if eligible != 0 {
@@ -303,13 +309,17 @@ impl Problem {
     }
 
     fn bron_kerbosch(&self, r: Units, mut p: Units, mut x: Units, within: Units, out: &mut Vec<Units>) {
+        if out.len() >= MAX_CONFIGS {
+            return;
+        }
         if p == 0 {
             if x == 0 {
                 out.push(r);
             }
             return;
         }
-        // Units compatible with every other candidate are in every maximal set: take them at once.
+        // Branch only on the pivot and the candidates it conflicts with: every maximal set holds
+        // one of them (Tomita's pivoting).
         let pivot = bits(p | x)
             .max_by_key(|&u| (self.compatible(u, within) & p).count_ones())
             .unwrap_or(0);

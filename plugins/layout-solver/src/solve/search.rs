@@ -34,7 +34,7 @@
 use std::collections::BTreeMap;
 
 use super::matching::Matching;
-use super::problem::{Problem, Units, bits, unit};
+use super::problem::{MAX_CONFIGS, Problem, Units, bits, unit};
 
 /// Why the search found no layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +43,9 @@ pub(crate) enum Stop {
     Exhausted,
     /// The step budget ran out first.
     GaveUp { steps: u64 },
+    /// Every possibility considered was tried, but some nodes had more configurations than
+    /// [`MAX_CONFIGS`] and not all were considered.
+    Incomplete,
 }
 
 /// The nodes chosen, each with its configuration, and the matching that proves every one can
@@ -101,6 +104,8 @@ pub(crate) struct Search<'a> {
     avail: Vec<usize>,
     avail_total: usize,
     budget: u64,
+    /// Some configurations were left out: an exhausted search then proves nothing.
+    inconclusive: bool,
 }
 
 impl<'a> Search<'a> {
@@ -143,6 +148,8 @@ impl<'a> Search<'a> {
         for eligible in kept.iter().map(|&n| p.nodes[n].eligible).chain(groups.iter().map(|g| g.eligible)) {
             configs.entry(eligible).or_insert_with(|| p.maximal_configs(eligible));
         }
+        // Configurations left out make a failed search inconclusive.
+        let inconclusive = configs.values().any(|c| c.len() >= MAX_CONFIGS);
         Search {
             p,
             prefer,
@@ -156,6 +163,7 @@ impl<'a> Search<'a> {
             avail,
             avail_total,
             budget,
+            inconclusive,
         }
     }
 
@@ -182,7 +190,7 @@ impl<'a> Search<'a> {
                 return Err(Stop::GaveUp { steps: self.budget });
             }
             let Some(top) = stack.last_mut() else {
-                return Err(Stop::Exhausted);
+                return Err(if self.inconclusive { Stop::Incomplete } else { Stop::Exhausted });
             };
             if top.applied {
                 top.applied = false;
