@@ -11,15 +11,17 @@ mod network;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use orc_host::config::HostConfig;
-use orc_host::server::Server;
-use reqwest::{Method, StatusCode};
+use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 
+#[path = "../support/host.rs"]
+mod host;
+#[path = "../support/pg.rs"]
+mod pg;
 #[path = "../../ssh/tests/support/sshd.rs"]
 mod sshd;
 
+use host::Host;
 use network::Network;
 use sshd::{Sshd, TEST_USER};
 
@@ -27,82 +29,16 @@ use sshd::{Sshd, TEST_USER};
 const NODES: usize = 3;
 const FILES: usize = 5;
 
-struct Host {
-    base: String,
-    token: String,
-    client: reqwest::Client,
-    _dir: tempfile::TempDir,
-    stop: oneshot::Sender<()>,
-    served: tokio::task::JoinHandle<std::io::Result<()>>,
+/// What this test adds to the shared harness.
+trait NetnsHost {
+    async fn statuses(&self, env: &str) -> Vec<(String, String, Value, i64)>;
+    async fn wait_statuses(&self, env: &str, what: &str, want: impl Fn(&str) -> &'static str);
 }
 
-impl Host {
-    async fn start() -> Host {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let dir = tempfile::tempdir().unwrap();
-        let config = HostConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            data_dir: dir.path().to_path_buf(),
-            node_reverify_interval_s: 1,
-            ..HostConfig::default()
-        };
-        let server = Server::start(&config).await.unwrap();
-        let token = server.initial_token().expect("a first start's token").to_string();
-        let addr = server.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let served = tokio::spawn(server.run(async {
-            let _ = stopped.await;
-        }));
-        Host {
-            base: format!("http://{addr}/api/v1"),
-            token,
-            client: reqwest::Client::new(),
-            _dir: dir,
-            stop,
-            served,
-        }
-    }
-
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.served.await.unwrap().unwrap();
-    }
-
-    async fn send(&self, method: Method, path: &str, body: Option<&Value>) -> (StatusCode, Value) {
-        let mut req = self.client.request(method, format!("{}{path}", self.base)).bearer_auth(&self.token);
-        if let Some(body) = body {
-            req = req.json(body);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        let value = if text.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text}"))
-        };
-        (status, value)
-    }
-
-    /// Polls the node until its status is `status`.
-    async fn wait_node(&self, name: &str, status: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let (code, node) = self.send(Method::GET, &format!("/nodes/{name}"), None).await;
-            assert_eq!(code, StatusCode::OK, "{node}");
-            if node["status"] == status {
-                return node;
-            }
-            assert!(Instant::now() < deadline, "node {name} never became {status}: {node}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
+impl NetnsHost for Host {
     /// Id, status, last error and intent version of every resource of `env`.
     async fn statuses(&self, env: &str) -> Vec<(String, String, Value, i64)> {
-        let (code, page) = self
-            .send(Method::GET, &format!("/environments/{env}/resources?limit=1000"), None)
-            .await;
+        let (code, page) = self.get(&format!("/environments/{env}/resources?limit=1000")).await;
         assert_eq!(code, StatusCode::OK, "{page}");
         page["items"]
             .as_array()
@@ -190,7 +126,7 @@ async fn nodes_in_network_namespaces_deploy_and_one_cut_off_recovers() {
         .iter()
         .map(|ns| Sshd::start_in_netns(&ns.name, &ns.address))
         .collect();
-    let host = Host::start().await;
+    let host = Host::start(orc_host::store::Backend::Sqlite).await;
 
     for (i, sshd) in sshds.iter().enumerate() {
         let body = json!({
@@ -201,24 +137,22 @@ async fn nodes_in_network_namespaces_deploy_and_one_cut_off_recovers() {
             "credential": { "private_key": sshd.client_key },
             "host_key_fingerprint": sshd.host_fingerprint,
         });
-        let (status, node) = host.send(Method::POST, "/nodes", Some(&body)).await;
+        let (status, node) = host.post("/nodes", &body).await;
         assert_eq!(status, StatusCode::CREATED, "{node}");
     }
     for (i, sshd) in sshds.iter().enumerate() {
-        let node = host.wait_node(&node_name(i), "public").await;
+        let node = host.wait_node_status(&node_name(i), "public").await;
         assert_eq!(node["host_key"], sshd.host_fingerprint.as_str(), "{node}");
         assert_eq!(node["address"], sshd.address.as_str(), "{node}");
     }
 
     let body = json!({ "name": "fleet", "settings": { "retry_interval_s": 1, "repair_interval_s": 0 } });
-    let (status, env) = host.send(Method::POST, "/environments", Some(&body)).await;
+    let (status, env) = host.post("/environments", &body).await;
     assert_eq!(status, StatusCode::CREATED, "{env}");
     let dirs: Vec<PathBuf> = sshds.iter().map(|s| s.scratch_dir("fleet")).collect();
 
     // Every node gets its files.
-    let (status, version) = host
-        .send(Method::POST, "/environments/fleet/intents", Some(&resources(&dirs, 1)))
-        .await;
+    let (status, version) = host.post("/environments/fleet/intents", &resources(&dirs, 1)).await;
     assert_eq!(status, StatusCode::CREATED, "{version}");
     host.wait_statuses("fleet", "all deployed", |_| "deployed").await;
     for i in 0..NODES {
@@ -229,9 +163,7 @@ async fn nodes_in_network_namespaces_deploy_and_one_cut_off_recovers() {
     let cut = 1;
     network.set_link(cut, false);
     let down = Instant::now();
-    let (status, version) = host
-        .send(Method::POST, "/environments/fleet/intents", Some(&resources(&dirs, 2)))
-        .await;
+    let (status, version) = host.post("/environments/fleet/intents", &resources(&dirs, 2)).await;
     assert_eq!(status, StatusCode::CREATED, "{version}");
     let v2 = version["version"].as_i64().expect("the version number");
     // Each of its resources is found `unavailable` (never `failed`: the node is away, nothing
@@ -270,7 +202,7 @@ async fn nodes_in_network_namespaces_deploy_and_one_cut_off_recovers() {
     for i in 0..NODES {
         assert_on_disk(&dirs, i, if i == cut { 1 } else { 2 });
     }
-    host.wait_node(&node_name(cut), "unreachable").await;
+    host.wait_node_status(&node_name(cut), "unreachable").await;
     eprintln!("node {cut} cut off: its resources unavailable after {:?}", down.elapsed());
 
     // Back on the network: its resources are retried and deployed without anyone's help.
@@ -281,7 +213,7 @@ async fn nodes_in_network_namespaces_deploy_and_one_cut_off_recovers() {
     for i in 0..NODES {
         assert_on_disk(&dirs, i, 2);
     }
-    let node = host.wait_node(&node_name(cut), "public").await;
+    let node = host.wait_node_status(&node_name(cut), "public").await;
     assert!(node["last_error"].is_null(), "{node}");
     host.stop().await;
     drop(sshds);
