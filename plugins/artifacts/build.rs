@@ -23,6 +23,7 @@ const PLUGINS: &[(&str, &str, bool)] = &[
     ("REDIS", "plugins/redis", false),
     ("MISBEHAVE", "plugins/fixtures/misbehave", true),
     ("WRONG_WORLD", "plugins/fixtures/wrong-world", true),
+    ("GREEDY_SOLVER", "plugins/fixtures/greedy-solver", true),
 ];
 
 fn main() {

@@ -565,6 +565,24 @@ async fn bad_templates_and_requests_are_refused_by_name() {
         "{e}"
     );
     assert!(e["message"].as_str().unwrap().contains("services.db.needs"), "{e}");
+    // An operator's own solver is used when a template names it, and its layouts are checked:
+    // this one ignores every constraint.
+    host.publish(orc_plugin_artifacts::GREEDY_SOLVER.bytes).await;
+    let mut greedy = stack(root.path());
+    greedy["solver"] = json!("greedy-solver@0.1.0");
+    submit_template(&host, "greedy", &greedy).await;
+    let (s, e) = create(json!({"name": "g", "template": "greedy", "size": 2})).await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_layout")),
+        "{e}"
+    );
+    assert!(e["message"].as_str().unwrap().contains("services.db.count"), "{e}");
+    let only_base = json!({"solver": "greedy-solver@0.1.0", "services": {"base": stack(root.path())["services"]["base"]}});
+    submit_template(&host, "greedy-base", &only_base).await;
+    let (s, c) = create(json!({"name": "g", "template": "greedy-base", "size": 2, "preview": true})).await;
+    assert_eq!(s, StatusCode::OK, "{c}");
+    assert_eq!(c["layout"], json!({"n1": ["base"], "n2": ["base"]}), "{c}");
     // Operators cannot write cluster tasks.
     let (s, e) = host
         .post(

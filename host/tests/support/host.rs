@@ -146,6 +146,24 @@ impl Host {
         .await
     }
 
+    /// Publishes a plugin to the server's registry (`/registry`; writing needs the token).
+    pub async fn publish(&self, bytes: &'static [u8]) -> Value {
+        let registry = self.base.replace("/api/v1", "/registry/v1/plugins");
+        let resp = self
+            .client
+            .post(registry)
+            .bearer_auth(&self.token)
+            .header("content-type", "application/wasm")
+            .body(bytes)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        let body: Value = resp.json().await.unwrap();
+        assert!(status.is_success(), "publishing: {status} {body}");
+        body
+    }
+
     /// Polls the node until its status is `status`.
     pub async fn wait_node_status(&self, name: &str, status: &str) -> Value {
         self.wait_for(&format!("/nodes/{name}"), status, Duration::from_secs(60), |_, n| {
