@@ -408,6 +408,69 @@ async fn a_failed_create_rolls_back() {
     for node in ["n1", "n2", "n3"] {
         assert!(root.join(node).exists(), "{node}");
     }
+
+    // A service added by amend (its preview first) runs where the layout puts it.
+    let installs = |ev: &[String]| ev.iter().filter(|e| e.ends_with("app install")).count();
+    let before = installs(&events(root));
+    let (status, c) = host
+        .post(
+            &format!("/environments/{ENV}/clusters"),
+            &json!({"name": "f2", "template": "flaky", "services": ["base"], "size": 2, "nodes": ["n1", "n3"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{c}");
+    wait_cluster(&host, "f2", "active").await;
+    let (status, preview) = host
+        .post(
+            &format!("/environments/{ENV}/clusters/f2/amend"),
+            &json!({"add_services": ["app"], "preview": true}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{preview}");
+    let of = |change: &str| -> Vec<String> {
+        preview["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["change"] == change)
+            .map(|t| t["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let added = of("add");
+    assert_eq!(added.len(), 10, "{preview:#}");
+    assert!(added.iter().all(|t| t.contains("/app/")), "{preview:#}");
+    // The layout changed: base reconfigures and restarts (its steps that see the layout).
+    let mut changed = of("change");
+    changed.sort();
+    assert_eq!(
+        changed,
+        [
+            "task[n1,f2/base/configure]",
+            "task[n1,f2/base/start]",
+            "task[n3,f2/base/configure]",
+            "task[n3,f2/base/start]"
+        ]
+    );
+    let (status, c) = host
+        .post(&format!("/environments/{ENV}/clusters/f2/amend"), &json!({"add_services": ["app"]}))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{c}");
+    let c = wait_cluster(&host, "f2", "active").await;
+    assert_eq!(c["services"], json!(["base", "app"]), "{c}");
+    assert_eq!(
+        layout(&c),
+        [("n1", ["app", "base"]), ("n3", ["app", "base"])]
+            .map(|(n, s)| (n.to_string(), s.map(String::from).into()))
+            .into(),
+        "{c:#}"
+    );
+    let ev = events(root);
+    assert_eq!(installs(&ev), before + 2, "{ev:#?}");
+    assert!(
+        ev.ends_with(&["n1 app install".to_string(), "n3 app install".to_string()])
+            || ev.ends_with(&["n3 app install".to_string(), "n1 app install".to_string()]),
+        "{ev:#?}"
+    );
     host.stop().await;
 }
 
