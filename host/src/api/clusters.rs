@@ -257,7 +257,7 @@ async fn reconfigure_cluster(
         ("env" = String, Path, description = "Environment name or id"),
         ("name" = String, Path, description = "Cluster name"),
         ("service" = String, Path, description = "Service name"),
-        ("action" = ServiceAction, Path, description = "`stop`, `start` or `restart`"),
+        ("action" = String, Path, description = "`stop`, `start` or `restart`"),
     ),
     responses((status = 202, body = ClusterView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn service_action(
