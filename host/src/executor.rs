@@ -182,12 +182,7 @@ async fn run(
         Ok(Outcome::Changed)
     }
     .await;
-    report.messages.extend(
-        instance
-            .take_logs()
-            .into_iter()
-            .map(|l| format!("[{}] {}", level_name(l.level), l.message)),
-    );
+    report.messages.extend(log_messages(instance.take_logs()));
     result
 }
 
@@ -224,12 +219,7 @@ async fn run_task(
         Ok(Outcome::Changed)
     }
     .await;
-    report.messages.extend(
-        instance
-            .take_logs()
-            .into_iter()
-            .map(|l| format!("[{}] {}", level_name(l.level), l.message)),
-    );
+    report.messages.extend(log_messages(instance.take_logs()));
     result
 }
 
@@ -259,6 +249,11 @@ fn task_of(spec: &ResourceSpec) -> Option<Option<Task>> {
         config: json("config"),
         layout: json("layout"),
     }))
+}
+
+/// What a plugin logged during an action, as action-log messages.
+fn log_messages(lines: Vec<orc_runtime::LogLine>) -> impl Iterator<Item = String> {
+    lines.into_iter().map(|l| format!("[{}] {}", level_name(l.level), l.message))
 }
 
 fn level_name(level: Level) -> &'static str {
