@@ -3,6 +3,8 @@
 //! starts, as root): first deploy, an idempotent second pass, drift made by hand that a dryrun
 //! reports without touching, drift repaired by self-healing, and purge.
 
+#[path = "../support/ssh_node.rs"]
+mod ssh_node;
 #[path = "../../ssh/tests/support/sshd.rs"]
 mod sshd;
 
@@ -18,7 +20,7 @@ use orc_host::scheduler::{self, BoxFuture, Event, Scheduler, Settings, Sink, Sta
 use orc_manifest::{Digest, PluginKind};
 use orc_runtime::capability::Nodes;
 use orc_runtime::{CallContext, Grants, Runtime, RuntimeConfig};
-use orc_ssh::{Credential, HostKeyPolicy, SshNode, SshOptions, SshTarget};
+
 use serde_json::{Value, json};
 use sshd::Sshd;
 
@@ -52,21 +54,7 @@ impl Harness {
     async fn start(name: &str) -> Harness {
         let sshd = Sshd::start();
         let scratch = sshd.scratch_dir(name);
-        let (node, _) = SshNode::connect(
-            SshTarget {
-                address: "127.0.0.1".into(),
-                port: sshd.port,
-                user: "root".into(),
-                credential: Credential::PrivateKey {
-                    pem: sshd.client_key.clone(),
-                    passphrase: None,
-                },
-                host_key: HostKeyPolicy::Pinned(sshd.host_fingerprint.clone()),
-            },
-            SshOptions::default(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("connect: {e}\n{}", sshd.log()));
+        let node = ssh_node::connect_as_root(&sshd).await;
         let nodes = Nodes::default();
         nodes.insert(NODE, Arc::new(node));
         let ctx = CallContext {

@@ -3,6 +3,8 @@
 //! action, as the host's executor does. `redis` drives a real `redis-server` (Debian's package,
 //! installed by `.ci/run`) on a free port, which the test talks to over TCP itself.
 
+#[path = "../support/ssh_node.rs"]
+mod ssh_node;
 #[path = "../../ssh/tests/support/sshd.rs"]
 mod sshd;
 
@@ -16,7 +18,7 @@ use orc_manifest::{Capability, Digest, PluginKind};
 use orc_runtime::capability::{MemoryKv, Nodes};
 use orc_runtime::wit::{Action, Outcome, Task};
 use orc_runtime::{CallContext, CallError, Change, Grants, LoadError, Plugin, PluginErrorKind, Runtime, RuntimeConfig};
-use orc_ssh::{Credential, HostKeyPolicy, SshNode, SshOptions, SshTarget};
+
 use serde_json::{Value, json};
 use sshd::Sshd;
 
@@ -33,21 +35,7 @@ impl Harness {
     async fn start(name: &str) -> Harness {
         let sshd = Sshd::start();
         let scratch = sshd.scratch_dir(name);
-        let (node, _) = SshNode::connect(
-            SshTarget {
-                address: "127.0.0.1".into(),
-                port: sshd.port,
-                user: "root".into(),
-                credential: Credential::PrivateKey {
-                    pem: sshd.client_key.clone(),
-                    passphrase: None,
-                },
-                host_key: HostKeyPolicy::Pinned(sshd.host_fingerprint.clone()),
-            },
-            SshOptions::default(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("connect: {e}\n{}", sshd.log()));
+        let node = ssh_node::connect_as_root(&sshd).await;
         let nodes = Nodes::default();
         nodes.insert(NODE, Arc::new(node));
         // One kv for the whole test: the shell automator's performed records outlive instances.

@@ -6,6 +6,8 @@
 
 mod http_object;
 mod package;
+#[path = "../support/ssh_node.rs"]
+mod ssh_node;
 #[path = "../../ssh/tests/support/sshd.rs"]
 mod sshd;
 

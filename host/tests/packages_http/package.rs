@@ -13,7 +13,7 @@ use orc_host::executor::{ActionReport, Outcome};
 use orc_host::scheduler::{self, Status, Trigger};
 use orc_runtime::CallContext;
 use orc_runtime::capability::Nodes;
-use orc_ssh::{Credential, HostKeyPolicy, SshNode, SshOptions, SshTarget};
+
 use serde_json::{Value, json};
 
 use crate::sshd::Sshd;
@@ -114,21 +114,7 @@ async fn a_package_converges_over_ssh_pins_repairs_and_is_removed() {
     let dir = tempfile::tempdir().unwrap();
     let options = repository(dir.path());
     let sshd = Sshd::start();
-    let (node, _) = SshNode::connect(
-        SshTarget {
-            address: "127.0.0.1".into(),
-            port: sshd.port,
-            user: "root".into(),
-            credential: Credential::PrivateKey {
-                pem: sshd.client_key.clone(),
-                passphrase: None,
-            },
-            host_key: HostKeyPolicy::Pinned(sshd.host_fingerprint.clone()),
-        },
-        SshOptions::default(),
-    )
-    .await
-    .unwrap();
+    let node = crate::ssh_node::connect_as_root(&sshd).await;
     let nodes = Nodes::default();
     nodes.insert("web1", Arc::new(node));
     let h = Harness::new(CallContext {
