@@ -395,6 +395,20 @@ async fn a_failed_create_rolls_back() {
     assert!(!ev.contains(&"n2 app install".to_string()));
     let (_, resources) = host.get(&format!("/environments/{ENV}/resources?type=task")).await;
     assert_eq!(resources["items"], json!([]), "{resources}");
+    let first_layout = layout(&c);
+    // A retry creates the same layout again (never more nodes than asked): it fails the same way
+    // and is rolled back again.
+    let (status, c) = host.post(&format!("/environments/{ENV}/clusters/f1/retry"), &json!({})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{c}");
+    assert_eq!(c["status"], "creating", "{c}");
+    assert_eq!(layout(&c), first_layout);
+    let c = host
+        .wait_for(&format!("/environments/{ENV}/clusters/f1"), "failed again", OP_TIMEOUT, |_, c| {
+            c["status"] == "failed" && c["operation"] == "rollback"
+        })
+        .await;
+    assert_eq!(layout(&c), first_layout, "{c:#}");
+    assert_eq!(c["failure"]["task"], "task[n2,f1/app/install]", "{c:#}");
     // The same layout comes back with a fixed configuration: never more nodes than asked.
     let (status, c) = host
         .post(
