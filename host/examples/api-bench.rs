@@ -72,15 +72,19 @@ async fn run_case(host: &Host, env: &str, n: usize, graph: bool) -> Result<()> {
     let body = intent(n, graph);
     let body_mib = body.len() as f64 / (1024.0 * 1024.0);
 
+    let since = serve::now_ms();
     let deployed = serve::deploy(host, env, body, n).await?;
     let after_deploy = host.memory()?;
     println!(
-        "  POST intent ({body_mib:.1} MiB) → all {n} deployed: {:.3} s ({:.0}/s); the POST answered 201 after {:.3} s; {} polls; server {after_deploy}",
+        "  POST intent ({body_mib:.1} MiB) → all {n} deployed: {:.3} s ({:.0}/s); the POST answered 201 after {:.3} s; {} polls; \
+         server CPU {:.2} s; server {after_deploy}",
         deployed.elapsed.as_secs_f64(),
         n as f64 / deployed.elapsed.as_secs_f64(),
         deployed.answered.as_secs_f64(),
         deployed.polls,
+        deployed.server_cpu.as_secs_f64(),
     );
+    println!("    {}", serve::action_profile(host, env, since).await?);
 
     let (repair, actions) = serve::repair(host, env, n).await?;
     println!(

@@ -112,47 +112,6 @@ fn check_on_disk(nodes: &[(String, PathBuf)], files: usize) -> Result<()> {
     Ok(())
 }
 
-/// Where an operation's time went, from the action log (untimed): how long single actions took
-/// and how many were in flight on average between the first start and the last end.
-async fn action_profile(host: &Host, env: &str, since: i64) -> Result<String> {
-    let mut spans: Vec<(i64, i64)> = Vec::new();
-    let mut before: Option<i64> = None;
-    loop {
-        let mut path = format!("/api/v1/environments/{env}/actions?limit=10000&since={since}");
-        if let Some(b) = before {
-            path.push_str(&format!("&before={b}"));
-        }
-        let (status, page) = host.get(&path).await?;
-        ensure!(status == StatusCode::OK, "action log: {status} {page}");
-        for a in page.get("items").and_then(Value::as_array).into_iter().flatten() {
-            let at = |f: &str| a.get(f).and_then(Value::as_i64).ok_or_else(|| anyhow!("action without {f}: {a}"));
-            spans.push((at("started_at")?, at("finished_at")?));
-        }
-        match page.get("next_before").and_then(Value::as_i64) {
-            Some(b) => before = Some(b),
-            None => break,
-        }
-    }
-    ensure!(!spans.is_empty(), "no actions logged since {since}");
-    let mut took: Vec<i64> = spans.iter().map(|(s, f)| f - s).collect();
-    took.sort_unstable();
-    let pct = |p: usize| took[(took.len() - 1) * p / 100];
-    let first = spans.iter().map(|s| s.0).min().unwrap_or(since);
-    let last = spans.iter().map(|s| s.1).max().unwrap_or(since);
-    let busy: i64 = took.iter().sum();
-    Ok(format!(
-        "{} actions: each p50 {} ms, p90 {} ms, max {} ms; the first started {} ms after the request, \
-         the last ended after {} ms; {:.1} in flight on average",
-        spans.len(),
-        pct(50),
-        pct(90),
-        pct(100),
-        first - since,
-        last - since,
-        busy as f64 / (last - first).max(1) as f64,
-    ))
-}
-
 /// One environment over `nodes`: first deploy, on-disk check, repair, dryrun.
 async fn run_case(host: &Host, env: &str, nodes: &[(String, PathBuf)], files: usize, node_concurrency: u32) -> Result<()> {
     let settings = json!({
@@ -175,7 +134,7 @@ async fn run_case(host: &Host, env: &str, nodes: &[(String, PathBuf)], files: us
         rate(deployed.elapsed),
         deployed.answered.as_secs_f64(),
     );
-    println!("    {}", action_profile(host, env, since).await?);
+    println!("    {}", serve::action_profile(host, env, since).await?);
     check_on_disk(nodes, files)?;
     println!("  checked on disk: {n} files with their content, mode 0644, owned by {TEST_USER}");
 
@@ -186,7 +145,7 @@ async fn run_case(host: &Host, env: &str, nodes: &[(String, PathBuf)], files: us
         repair.as_secs_f64(),
         rate(repair),
     );
-    println!("    {}", action_profile(host, env, since).await?);
+    println!("    {}", serve::action_profile(host, env, since).await?);
 
     let (dryrun, summary) = serve::dryrun(host, env, n).await?;
     println!(

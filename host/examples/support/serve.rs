@@ -45,6 +45,20 @@ impl std::fmt::Display for Memory {
     }
 }
 
+/// CPU time (user + system) a process has used so far.
+pub fn cpu_of(pid: u32) -> Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).context("reading /proc/PID/stat")?;
+    // After the command name in parentheses: state is field 3, utime 14, stime 15.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| anyhow!("no command name in /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> Result<u64> { Ok(fields.get(i - 3).ok_or_else(|| anyhow!("short /proc/{pid}/stat"))?.parse()?) };
+    // USER_HZ is 100 on Linux.
+    Ok(Duration::from_millis((ticks(14)? + ticks(15)?) * 10))
+}
+
 pub fn memory_of(pid: u32) -> Result<Memory> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("reading /proc/PID/status")?;
     let field = |name: &str| -> Result<u64> {
@@ -110,6 +124,11 @@ impl Host {
 
     pub fn memory(&self) -> Result<Memory> {
         memory_of(self.pid)
+    }
+
+    /// The server's CPU time so far.
+    pub fn cpu(&self) -> Result<Duration> {
+        cpu_of(self.pid)
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<(StatusCode, Value)> {
@@ -264,6 +283,47 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Where an operation's time went, from the action log (untimed): how long single actions took
+/// and how many were in flight on average between the first start and the last end.
+pub async fn action_profile(host: &Host, env: &str, since: i64) -> Result<String> {
+    let mut spans: Vec<(i64, i64)> = Vec::new();
+    let mut before: Option<i64> = None;
+    loop {
+        let mut path = format!("/api/v1/environments/{env}/actions?limit=10000&since={since}");
+        if let Some(b) = before {
+            path.push_str(&format!("&before={b}"));
+        }
+        let (status, page) = host.get(&path).await?;
+        ensure!(status == StatusCode::OK, "action log: {status} {page}");
+        for a in page.get("items").and_then(Value::as_array).into_iter().flatten() {
+            let at = |f: &str| a.get(f).and_then(Value::as_i64).ok_or_else(|| anyhow!("action without {f}: {a}"));
+            spans.push((at("started_at")?, at("finished_at")?));
+        }
+        match page.get("next_before").and_then(Value::as_i64) {
+            Some(b) => before = Some(b),
+            None => break,
+        }
+    }
+    ensure!(!spans.is_empty(), "no actions logged since {since}");
+    let mut took: Vec<i64> = spans.iter().map(|(s, f)| f - s).collect();
+    took.sort_unstable();
+    let pct = |p: usize| took[(took.len() - 1) * p / 100];
+    let first = spans.iter().map(|s| s.0).min().unwrap_or(since);
+    let last = spans.iter().map(|s| s.1).max().unwrap_or(since);
+    let busy: i64 = took.iter().sum();
+    Ok(format!(
+        "{} actions: each p50 {} ms, p90 {} ms, max {} ms; the first started {} ms after the request, \
+         the last ended after {} ms; {:.1} in flight on average",
+        spans.len(),
+        pct(50),
+        pct(90),
+        pct(100),
+        first - since,
+        last - since,
+        busy as f64 / (last - first).max(1) as f64,
+    ))
+}
+
 /// A measured intent submission.
 pub struct Deployed {
     /// From just before the `POST` until the environment counts every resource deployed.
@@ -271,19 +331,24 @@ pub struct Deployed {
     /// Until the `POST` was answered `201`.
     pub answered: Duration,
     pub polls: u64,
+    /// CPU time the server used meanwhile (user + system, all its threads).
+    pub server_cpu: Duration,
 }
 
 /// Submits `body` to `env` and waits until all `n` resources are deployed.
 pub async fn deploy(host: &Host, env: &str, body: Vec<u8>, n: usize) -> Result<Deployed> {
+    let cpu = host.cpu()?;
     let t = Instant::now();
     let (status, submitted) = host.post(&format!("/api/v1/environments/{env}/intents"), body).await?;
     let answered = t.elapsed();
     ensure!(status == StatusCode::CREATED, "submitting: {status} {submitted}");
     let polls = host.until_deployed(env, n as u64).await?;
+    let elapsed = t.elapsed();
     Ok(Deployed {
-        elapsed: t.elapsed(),
+        elapsed,
         answered,
         polls,
+        server_cpu: host.cpu()?.saturating_sub(cpu),
     })
 }
 
