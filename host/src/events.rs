@@ -4,12 +4,15 @@
 //! writes each batch to the store before it publishes it, so a watcher who reacts to an event by
 //! reading the API sees at least that state.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::hash::{BuildHasher as _, RandomState};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast;
 
 use crate::persistence::StoreSink;
 use crate::scheduler::{BoxFuture, Event, Sink};
+use crate::store::ResourceStatus;
 
 /// Batches kept for slow watchers before they miss some (they are told, and can re-read).
 const STREAM_CAPACITY: usize = 1024;
@@ -66,16 +69,130 @@ fn published(event: &Event) -> Published {
     }
 }
 
+const STATUSES: usize = ResourceStatus::ALL.len();
+
+/// How many of an environment's resources are in each status *as persisted*, so that
+/// `GET /environments/{env}` answers without counting the environment's rows in the store. They
+/// move only once a batch is written (never ahead of the store), and mirror what the batch did to
+/// the rows: a state upserts its resource's row (status, version); a release removes the rows of
+/// every other version (`Store::delete_states_outside`). Seeded from the states read when the
+/// environment resumes; the scheduler's sink is the only writer of an environment's states
+/// after that. A batch the store could not take leaves the counts unknown: readers count in
+/// the store from then on.
+pub struct StatusCounts {
+    hasher: RandomState,
+    /// `None`: unknown.
+    counted: Mutex<Option<Counted>>,
+}
+
+struct Counted {
+    /// Per stored row, by a hash of its resource id (as the metrics keep them): status, version.
+    rows: HashMap<u64, (ResourceStatus, u64)>,
+    counts: [i64; STATUSES],
+}
+
+/// What one batch does to the rows, taken before the store consumes it.
+pub struct Staged {
+    states: Vec<(u64, ResourceStatus, u64)>,
+    released: Option<u64>,
+}
+
+impl StatusCounts {
+    /// Counts of the rows `(resource id, status, version)`.
+    pub fn seed<'a>(rows: impl IntoIterator<Item = (&'a str, ResourceStatus, i64)>) -> StatusCounts {
+        let hasher = RandomState::new();
+        let mut counted = Counted {
+            rows: HashMap::new(),
+            counts: [0; STATUSES],
+        };
+        for (id, status, version) in rows {
+            counted.upsert(hasher.hash_one(id), status, version as u64);
+        }
+        StatusCounts {
+            hasher,
+            counted: Mutex::new(Some(counted)),
+        }
+    }
+
+    /// Resources per status, statuses with none left out, in status order; `None` if unknown.
+    pub fn get(&self) -> Option<Vec<(ResourceStatus, i64)>> {
+        let counted = self.counted.lock().expect("status counts");
+        let counts = counted.as_ref()?.counts;
+        Some(
+            ResourceStatus::ALL
+                .iter()
+                .map(|&s| (s, counts[s as usize]))
+                .filter(|&(_, n)| n != 0)
+                .collect(),
+        )
+    }
+
+    /// What `events` will do to the rows.
+    pub fn stage(&self, events: &[Event]) -> Staged {
+        let mut staged = Staged {
+            states: Vec::new(),
+            released: None,
+        };
+        for event in events {
+            match event {
+                Event::State(s) => staged.states.push((self.hasher.hash_one(s.resource.as_str()), s.status, s.version)),
+                Event::Released { version, .. } => staged.released = Some(*version),
+                Event::Action { .. } => {}
+            }
+        }
+        staged
+    }
+
+    /// A staged batch was persisted.
+    pub fn persisted(&self, staged: Staged) {
+        let mut counted = self.counted.lock().expect("status counts");
+        let Some(counted) = counted.as_mut() else { return };
+        for (key, status, version) in staged.states {
+            counted.upsert(key, status, version);
+        }
+        if let Some(version) = staged.released {
+            let counts = &mut counted.counts;
+            counted.rows.retain(|_, (status, v)| {
+                let keep = *v == version;
+                if !keep {
+                    counts[*status as usize] -= 1;
+                }
+                keep
+            });
+        }
+    }
+
+    /// A batch could not be persisted: what the store holds is not known here any more.
+    pub fn lost(&self) {
+        *self.counted.lock().expect("status counts") = None;
+    }
+}
+
+impl Counted {
+    fn upsert(&mut self, key: u64, status: ResourceStatus, version: u64) {
+        if let Some((previous, _)) = self.rows.insert(key, (status, version)) {
+            self.counts[previous as usize] -= 1;
+        }
+        self.counts[status as usize] += 1;
+    }
+}
+
 /// The sink of a server-side scheduler: store, then stream and observers.
 pub struct EnvironmentSink {
     store: StoreSink,
     stream: EventStream,
     observers: Vec<Arc<dyn Observer>>,
+    counts: Arc<StatusCounts>,
 }
 
 impl EnvironmentSink {
-    pub fn new(store: StoreSink, stream: EventStream, observers: Vec<Arc<dyn Observer>>) -> EnvironmentSink {
-        EnvironmentSink { store, stream, observers }
+    pub fn new(store: StoreSink, stream: EventStream, observers: Vec<Arc<dyn Observer>>, counts: Arc<StatusCounts>) -> EnvironmentSink {
+        EnvironmentSink {
+            store,
+            stream,
+            observers,
+            counts,
+        }
     }
 }
 
@@ -87,10 +204,79 @@ impl Sink for EnvironmentSink {
             }
             // Serialised before the write (which consumes the events), sent after it.
             let batch = self.stream.prepare(&events);
-            self.store.record(events).await;
+            let staged = self.counts.stage(&events);
+            if self.store.persist(events).await {
+                self.counts.persisted(staged);
+            } else {
+                self.counts.lost();
+            }
             if let Some(batch) = batch {
                 let _ = self.stream.sender.send(batch);
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::ResourceState;
+    use ResourceStatus::{Available, Deployed, Deploying, Failed};
+    use orc_manifest::Digest;
+
+    fn state(resource: &str, version: u64, status: ResourceStatus) -> Event {
+        Event::State(ResourceState {
+            resource: resource.to_string(),
+            version,
+            status,
+            desired_hash: Digest::of(b"desired"),
+            deployed_hash: None,
+            attempts: 0,
+            last_error: None,
+            last_deploy_at: None,
+            last_verified_at: None,
+            next_retry_at: None,
+        })
+    }
+
+    fn record(counts: &StatusCounts, events: &[Event]) {
+        let staged = counts.stage(events);
+        counts.persisted(staged);
+    }
+
+    #[test]
+    fn counts_follow_persisted_batches_and_releases() {
+        // Rows left by a previous run: `old` of version 1, `a` of version 2.
+        let counts = StatusCounts::seed([("old", Deployed, 1), ("a", Deployed, 2)]);
+        assert_eq!(counts.get(), Some(vec![(Deployed, 2)]));
+
+        // Version 3 keeps `a`, adds `b`; staged but not persisted yet: nothing moves.
+        let batch = [
+            state("a", 3, Deployed),
+            state("b", 3, Available),
+            Event::Released {
+                version: 3,
+                dropped: Vec::new(),
+            },
+        ];
+        let staged = counts.stage(&batch);
+        assert_eq!(counts.get(), Some(vec![(Deployed, 2)]));
+        // Persisted: every row outside version 3 is gone (`old`, which no `dropped` named).
+        counts.persisted(staged);
+        assert_eq!(counts.get(), Some(vec![(Available, 1), (Deployed, 1)]));
+
+        // One resource twice in a batch: the last state counts.
+        record(&counts, &[state("b", 3, Deploying), state("b", 3, Failed)]);
+        assert_eq!(counts.get(), Some(vec![(Deployed, 1), (Failed, 1)]));
+        record(&counts, &[state("b", 3, Deploying)]);
+        assert_eq!(counts.get(), Some(vec![(Deploying, 1), (Deployed, 1)]));
+
+        // A batch the store did not take: unknown from then on.
+        let staged = counts.stage(&[state("b", 3, Deployed)]);
+        drop(staged);
+        counts.lost();
+        assert_eq!(counts.get(), None);
+        record(&counts, &[state("b", 3, Deployed)]);
+        assert_eq!(counts.get(), None);
     }
 }

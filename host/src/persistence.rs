@@ -88,6 +88,7 @@ impl StoreSink {
         // fail-over) loses nothing.
         let mut delay = FIRST_RETRY;
         let mut attempt = 1;
+        let started = std::time::Instant::now();
         loop {
             let written = match self.store.record_progress(&self.environment, &states, &actions).await {
                 // Every state of the released version is stored by now (the scheduler hands
@@ -100,7 +101,11 @@ impl StoreSink {
                 Err(e) => Err(e),
             };
             match written {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    tracing::debug!(environment = %self.environment, states = states.len(), actions = actions.len(),
+                        took_us = started.elapsed().as_micros() as u64, "batch recorded");
+                    return Ok(());
+                }
                 Err(e) if attempt < WRITE_ATTEMPTS => {
                     tracing::warn!(environment = %self.environment, attempt, error = %e, "cannot persist scheduler events; retrying");
                     tokio::time::sleep(delay).await;
@@ -113,16 +118,27 @@ impl StoreSink {
     }
 }
 
-impl Sink for StoreSink {
-    fn record(&self, events: Vec<Event>) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            let n = events.len();
-            if let Err(e) = self.write(events).await {
+impl StoreSink {
+    /// Writes one batch (retrying a while); `false` if it was given up.
+    pub async fn persist(&self, events: Vec<Event>) -> bool {
+        let n = events.len();
+        match self.write(events).await {
+            Ok(()) => true,
+            Err(e) => {
                 // Given up after the retries. The scheduler's memory stays right and the next
                 // batch rewrites these resources' states in full; the actions are lost to the
                 // log, and a restart re-reads every resource anyway.
                 tracing::error!(environment = %self.environment, events = n, error = %e, "cannot persist scheduler events");
+                false
             }
+        }
+    }
+}
+
+impl Sink for StoreSink {
+    fn record(&self, events: Vec<Event>) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.persist(events).await;
         })
     }
 }

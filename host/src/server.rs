@@ -22,7 +22,7 @@ use tokio::sync::{Mutex, broadcast};
 use crate::config::HostConfig;
 use crate::diff::IntentDiff;
 use crate::dryrun::DryrunResult;
-use crate::events::{Batch, EnvironmentSink, EventStream, Observer};
+use crate::events::{Batch, EnvironmentSink, EventStream, Observer, StatusCounts};
 use crate::intent::{Intent, IntentError, ResourceId};
 use crate::metrics::Metrics;
 use crate::nodes::{NodeRegistry, Refusal, SECRET_KEY_FILE, SecretError, SecretKey};
@@ -31,8 +31,8 @@ use crate::persistence::{self, StoreSink};
 use crate::pinning::{self, PinError};
 use crate::scheduler::{Scheduler, Settings, Version};
 use crate::store::{
-    DbKv, DryrunReport, DryrunStatus, Environment, EnvironmentId, EnvironmentSettings, Operation, OperationKind, Store, StoreError,
-    VersionInfo, now_ms,
+    DbKv, DryrunReport, DryrunStatus, Environment, EnvironmentId, EnvironmentSettings, Operation, OperationKind, ResourceStatus, Store,
+    StoreError, VersionInfo, now_ms,
 };
 
 pub use crate::pinning::LOCAL_NODE;
@@ -118,6 +118,8 @@ pub(crate) struct Running {
     /// it too. Replaced when the settings change.
     ctx: std::sync::RwLock<CallContext>,
     pub(crate) stream: EventStream,
+    /// Resources per status as persisted, kept by the scheduler's sink.
+    counts: Arc<StatusCounts>,
     /// The version last handed to the scheduler (which holds it too): a dryrun of it shares it
     /// instead of loading a second copy (100,000 resources are tens of MiB).
     released: std::sync::Mutex<Option<Arc<Version>>>,
@@ -463,6 +465,17 @@ impl Environments {
         Ok(report)
     }
 
+    /// How many of the environment's resources are in each status (statuses with none left
+    /// out), as persisted: kept in memory by a running environment's sink, else counted in the
+    /// store.
+    pub async fn status_counts(&self, env: &Environment) -> Result<Vec<(ResourceStatus, i64)>, EnvError> {
+        let counts = self.running.lock().await.get(&env.id).and_then(|r| r.counts.get());
+        match counts {
+            Some(counts) => Ok(counts),
+            None => Ok(self.store.status_counts(&env.id).await?),
+        }
+    }
+
     /// The environment's event stream, from now on.
     pub async fn subscribe(&self, key: &str) -> Result<broadcast::Receiver<Batch>, EnvError> {
         let env = self.get(key).await?;
@@ -582,10 +595,14 @@ impl Environments {
         let mut observers = self.observers.clone();
         observers.push(Arc::new(self.metrics.environment(&env.name)));
         let stream = EventStream::default();
+        let counts = Arc::new(StatusCounts::seed(
+            resumed.states.iter().map(|s| (s.resource_id.as_str(), s.status, s.version)),
+        ));
         let sink = Arc::new(EnvironmentSink::new(
             StoreSink::new(self.store.clone(), env.id),
             stream.clone(),
             observers,
+            counts.clone(),
         ));
         let scheduler = Scheduler::spawn_halted(ctx.clone(), scheduler_settings(&env.settings), env.halted, sink, known);
         let r = Arc::new(Running {
@@ -593,6 +610,7 @@ impl Environments {
             releases: Mutex::new(()),
             ctx: std::sync::RwLock::new(ctx),
             stream,
+            counts,
             released: std::sync::Mutex::new(None),
         });
         if let Some(version) = released {

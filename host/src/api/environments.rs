@@ -79,7 +79,7 @@ async fn list_environments(State(envs): State<AppState>) -> Result<axum::Json<En
     responses((status = 200, body = EnvironmentView), (status = 404, body = ErrorBody)))]
 async fn get_environment(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<EnvironmentView>> {
     let environment = envs.get(&env).await?;
-    let counts = envs.store().status_counts(&environment.id).await?;
+    let counts = envs.status_counts(&environment).await?;
     let resources = counts.into_iter().map(|(s, n)| (s.as_str().to_string(), n)).collect();
     Ok(axum::Json(EnvironmentView { environment, resources }))
 }
