@@ -77,12 +77,13 @@ async fn run_case(host: &Host, env: &str, n: usize, graph: bool) -> Result<()> {
     let after_deploy = host.memory()?;
     println!(
         "  POST intent ({body_mib:.1} MiB) → all {n} deployed: {:.3} s ({:.0}/s); the POST answered 201 after {:.3} s; {} polls; \
-         server CPU {:.2} s; server {after_deploy}",
+         server CPU {:.2} s, {} context switches; server {after_deploy}",
         deployed.elapsed.as_secs_f64(),
         n as f64 / deployed.elapsed.as_secs_f64(),
         deployed.answered.as_secs_f64(),
         deployed.polls,
         deployed.server_cpu.as_secs_f64(),
+        deployed.server_switches,
     );
     println!("    {}", serve::action_profile(host, env, since).await?);
 

@@ -59,6 +59,25 @@ pub fn cpu_of(pid: u32) -> Result<Duration> {
     Ok(Duration::from_millis((ticks(14)? + ticks(15)?) * 10))
 }
 
+/// Context switches of a process so far, summed over its live threads (voluntary and not).
+pub fn switches_of(pid: u32) -> Result<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).context("reading /proc/PID/task")? {
+        let Ok(status) = std::fs::read_to_string(task?.path().join("status")) else {
+            continue; // the thread ended meanwhile
+        };
+        for line in status.lines() {
+            if let Some(n) = line
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                total += n.trim().parse::<u64>()?;
+            }
+        }
+    }
+    Ok(total)
+}
+
 pub fn memory_of(pid: u32) -> Result<Memory> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).context("reading /proc/PID/status")?;
     let field = |name: &str| -> Result<u64> {
@@ -129,6 +148,11 @@ impl Host {
     /// The server's CPU time so far.
     pub fn cpu(&self) -> Result<Duration> {
         cpu_of(self.pid)
+    }
+
+    /// The server's context switches so far (its live threads).
+    pub fn switches(&self) -> Result<u64> {
+        switches_of(self.pid)
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<(StatusCode, Value)> {
@@ -333,11 +357,13 @@ pub struct Deployed {
     pub polls: u64,
     /// CPU time the server used meanwhile (user + system, all its threads).
     pub server_cpu: Duration,
+    /// Context switches of the server's threads meanwhile.
+    pub server_switches: u64,
 }
 
 /// Submits `body` to `env` and waits until all `n` resources are deployed.
 pub async fn deploy(host: &Host, env: &str, body: Vec<u8>, n: usize) -> Result<Deployed> {
-    let cpu = host.cpu()?;
+    let (cpu, switches) = (host.cpu()?, host.switches()?);
     let t = Instant::now();
     let (status, submitted) = host.post(&format!("/api/v1/environments/{env}/intents"), body).await?;
     let answered = t.elapsed();
@@ -349,6 +375,7 @@ pub async fn deploy(host: &Host, env: &str, body: Vec<u8>, n: usize) -> Result<D
         answered,
         polls,
         server_cpu: host.cpu()?.saturating_sub(cpu),
+        server_switches: host.switches()?.saturating_sub(switches),
     })
 }
 
