@@ -130,27 +130,47 @@ pub fn router(environments: Arc<Environments>, max_body_bytes: usize) -> Router 
 
 /// Every API call but health, readiness and the document carries `Authorization: Bearer <token>`
 /// of a stored token.
-async fn require_token(State(environments): State<AppState>, request: Request, next: Next) -> Result<Response, ApiError> {
+///
+/// A refusal leaves the request's body unread, so hyper closes the connection after answering; the
+/// answer says `Connection: close` so that a client does not pick the closing connection from its
+/// pool for its next request (which would fail with an incomplete message).
+async fn require_token(State(environments): State<AppState>, request: Request, next: Next) -> Response {
+    let has_body = request.headers().contains_key(axum::http::header::TRANSFER_ENCODING)
+        || request
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .is_some_and(|length| length.as_bytes() != b"0");
     let token = request
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(ApiError::unauthorized)?;
-    match environments
-        .store()
-        .find_admin_token(&crate::store::hash_token(token.trim()))
-        .await?
-    {
-        Some(_) => Ok(next.run(request).await),
+        .map(|v| v.trim().to_string());
+    let refusal = match authorised(&environments, token.as_deref()).await {
+        Ok(()) => return next.run(request).await,
+        Err(refusal) => refusal,
+    };
+    let mut response = refusal.into_response();
+    if has_body {
+        response
+            .headers_mut()
+            .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    }
+    response
+}
+
+async fn authorised(environments: &Environments, token: Option<&str>) -> Result<()> {
+    let token = token.ok_or_else(ApiError::unauthorized)?;
+    match environments.store().find_admin_token(&crate::store::hash_token(token)).await? {
+        Some(_) => Ok(()),
         None => Err(ApiError::unauthorized()),
     }
 }
 
 /// Reading the registry is open (plugins are public, content-addressed bytes); writing needs a token.
-async fn require_token_to_write(state: State<AppState>, request: Request, next: Next) -> Result<Response, ApiError> {
+async fn require_token_to_write(state: State<AppState>, request: Request, next: Next) -> Response {
     if matches!(*request.method(), axum::http::Method::GET | axum::http::Method::HEAD) {
-        return Ok(next.run(request).await);
+        return next.run(request).await;
     }
     require_token(state, request, next).await
 }

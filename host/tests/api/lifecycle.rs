@@ -624,6 +624,17 @@ pub async fn tokens_are_managed_and_guard_publishing(backend: Backend) {
     let anonymous = orc_registry::Registry::open(&registry).unwrap();
     let err = anonymous.publish(plugin).await.unwrap_err();
     assert!(err.to_string().contains("token"), "{err}");
+    // The refusal leaves the upload unread: the server closes that connection and says so, so a
+    // client's next request does not go out on it (CI once saw an incomplete message there).
+    let refused = host
+        .client
+        .post(format!("{registry}/v1/plugins"))
+        .body(plugin.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(refused.headers()["connection"], "close");
     let published = anonymous.with_token(Some(&second)).publish(plugin).await.unwrap();
     assert!(published.created);
     assert_eq!(published.entry.name, "misbehave");
