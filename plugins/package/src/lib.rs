@@ -23,25 +23,10 @@
 //! minutes), and `apt-get` waits up to 5 minutes for the dpkg lock (unattended upgrades, an
 //! operator); a lock still busy after that is `retryable`.
 
-use std::time::Duration;
-
+use orc_sdk::node::apt::{self, NODE_LOCK, NODE_LOCK_WAIT_S};
 use orc_sdk::node::{self, Command, Output};
 use orc_sdk::{Adaptor, Change, Changes, Error, Result, ResultExt, Target};
 use serde::{Deserialize, Serialize};
-
-/// How long one `apt-get` may run.
-const APT_TIMEOUT: Duration = Duration::from_secs(600);
-/// How long `apt-get` waits for the dpkg lock (held by unattended upgrades or an operator)
-/// before giving up with a `retryable` error.
-const LOCK_TIMEOUT: &str = "DPkg::Lock::Timeout=300";
-/// Package resources on one node run `apt-get` one at a time, under this lock (`flock`, from
-/// util-linux, essential on Debian): `DPkg::Lock::Timeout` covers the dpkg lock but not the
-/// package lists' lock, which `apt-get update` and a concurrent install both take.
-const NODE_LOCK: &str = "/run/lock/orc-apt.lock";
-/// How long to wait for [`NODE_LOCK`], in seconds.
-const NODE_LOCK_WAIT_S: &str = "300";
-/// `flock`'s exit code when [`NODE_LOCK`] stayed taken for [`NODE_LOCK_WAIT_S`].
-const NODE_LOCK_BUSY: i32 = 75;
 
 pub struct Package;
 
@@ -127,31 +112,6 @@ impl Desired {
     }
 }
 
-/// `apt-get` with the non-interactive settings, the resource's options, then `args`, under the
-/// node's [`NODE_LOCK`].
-fn apt_get(options: &[String], args: &[&str]) -> Command {
-    let busy = NODE_LOCK_BUSY.to_string();
-    let mut command = Command::new("flock")
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .env("LC_ALL", "C")
-        .timeout(APT_TIMEOUT)
-        .args(["-E", busy.as_str(), "-w", NODE_LOCK_WAIT_S, NODE_LOCK, "apt-get"])
-        .args([
-            "-q",
-            "-y",
-            "-o",
-            "Dpkg::Options::=--force-confdef",
-            "-o",
-            "Dpkg::Options::=--force-confold",
-            "-o",
-            LOCK_TIMEOUT,
-        ]);
-    for option in options {
-        command = command.args(["-o", option.as_str()]);
-    }
-    command.args(args.iter().copied())
-}
-
 /// Why an `apt-get` run failed, from its exit and its messages.
 enum AptFailure {
     /// The package, or the version, is not in the sources.
@@ -174,7 +134,7 @@ fn run_apt(target: &Target, command: &Command) -> std::result::Result<Output, Ap
     {
         return Err(AptFailure::NotFound);
     }
-    if output.exit_code == NODE_LOCK_BUSY {
+    if apt::lock_busy(&output) {
         return Err(AptFailure::Error(Error::retryable(format!(
             "{}: another package action on node {} held {NODE_LOCK} for {NODE_LOCK_WAIT_S} s; try again",
             target.id, target.node
@@ -231,7 +191,7 @@ fn install(target: &Target, desired: &Desired) -> Result<()> {
         args.push("--allow-downgrades");
     }
     args.push(&spec);
-    let command = apt_get(&desired.apt_options, &args);
+    let command = apt::get(&desired.apt_options, &args);
     match run_apt(target, &command) {
         Ok(_) => return Ok(()),
         Err(AptFailure::Error(e)) => return Err(e),
@@ -242,7 +202,7 @@ fn install(target: &Target, desired: &Desired) -> Result<()> {
         "{spec} not found in the package lists of node {}; running apt-get update",
         target.node
     );
-    let update = apt_get(&desired.apt_options, &["update"]);
+    let update = apt::get(&desired.apt_options, &["update"]);
     match run_apt(target, &update) {
         Ok(_) | Err(AptFailure::NotFound) => {}
         Err(AptFailure::Error(e)) => return Err(e),
@@ -264,7 +224,7 @@ fn install(target: &Target, desired: &Desired) -> Result<()> {
 }
 
 fn remove(target: &Target, name: &str, purge: bool, options: &[String]) -> Result<()> {
-    let command = apt_get(options, &[if purge { "purge" } else { "remove" }, name]);
+    let command = apt::get(options, &[if purge { "purge" } else { "remove" }, name]);
     match run_apt(target, &command) {
         Ok(_) | Err(AptFailure::NotFound) => Ok(()),
         Err(AptFailure::Error(e)) => Err(e),

@@ -41,6 +41,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use orc_sdk::node::apt::{self, NODE_LOCK, NODE_LOCK_WAIT_S};
 use orc_sdk::node::{self, Command, Output};
 use orc_sdk::{Action, Automator, Change, Changes, Error, Outcome, Result, ResultExt, Task};
 use serde::Deserialize;
@@ -62,13 +63,6 @@ const PACKAGE: &str = "redis-server";
 const STOP_GRACE_S: u32 = 10;
 /// How long one script run may take: the stop grace, a start's 10 s wait, slack.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(40);
-/// How long one `apt-get` may run.
-const APT_TIMEOUT: Duration = Duration::from_secs(600);
-/// The node's apt lock, shared with the `package` adaptor.
-const NODE_LOCK: &str = "/run/lock/orc-apt.lock";
-const NODE_LOCK_WAIT_S: &str = "300";
-/// `flock`'s exit code when [`NODE_LOCK`] stayed taken.
-const NODE_LOCK_BUSY: i32 = 75;
 
 /// The service's configuration.
 #[derive(Debug, Deserialize)]
@@ -325,27 +319,6 @@ fn messages(output: &Output) -> Outcome {
         .fold(Outcome::new(), |o, l| o.message(l.to_string()))
 }
 
-/// `apt-get` non-interactively under the node's apt lock.
-fn apt_get(args: &[&str]) -> Command {
-    let busy = NODE_LOCK_BUSY.to_string();
-    Command::new("flock")
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .env("LC_ALL", "C")
-        .timeout(APT_TIMEOUT)
-        .args(["-E", busy.as_str(), "-w", NODE_LOCK_WAIT_S, NODE_LOCK, "apt-get"])
-        .args([
-            "-q",
-            "-y",
-            "-o",
-            "Dpkg::Options::=--force-confdef",
-            "-o",
-            "Dpkg::Options::=--force-confold",
-            "-o",
-            "DPkg::Lock::Timeout=300",
-        ])
-        .args(args.iter().copied())
-}
-
 /// `dpkg-query`'s status of the package (`install ok installed` when installed), `None` when
 /// dpkg does not know it.
 fn package_status(node: &str) -> Result<Option<String>> {
@@ -358,9 +331,9 @@ fn package_status(node: &str) -> Result<Option<String>> {
 }
 
 fn run_apt(inst: &Instance, args: &[&str]) -> Result<Output> {
-    let command = apt_get(args);
+    let command = apt::get(&[], args);
     let output = node::run(&inst.node, &command).context(format_args!("{}: {command}", inst.who()))?;
-    if output.exit_code == NODE_LOCK_BUSY {
+    if apt::lock_busy(&output) {
         return Err(Error::retryable(format!(
             "{}: another package action held {NODE_LOCK} for {NODE_LOCK_WAIT_S} s; try again",
             inst.who()
@@ -378,13 +351,13 @@ fn install(inst: &Instance) -> Result<Outcome> {
             return Err(Error::retryable(format!(
                 "{}: {}",
                 inst.who(),
-                update.check(&apt_get(&["update"])).unwrap_err().message()
+                update.check(&apt::get(&[], &["update"])).unwrap_err().message()
             )));
         }
         output = run_apt(inst, &["install", PACKAGE])?;
     }
     if !output.success() {
-        let e = output.check(&apt_get(&["install", PACKAGE])).unwrap_err();
+        let e = output.check(&apt::get(&[], &["install", PACKAGE])).unwrap_err();
         return Err(Error::retryable(format!("{}: {}", inst.who(), e.message())));
     }
     Ok(Outcome::new().message(format!("installed {PACKAGE}")))

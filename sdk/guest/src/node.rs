@@ -3,6 +3,8 @@
 //! The host picks the transport (the local node, or SSH) and holds the credentials. Paths are
 //! absolute paths on the node. Every call returns the host's error kind: `unavailable` when the
 //! node cannot be reached, `denied` when the capability is not granted.
+//!
+//! [`apt`] builds `apt-get` runs that take turns on a node, whichever plugin starts them.
 
 use std::fmt;
 use std::str::FromStr;
@@ -13,6 +15,8 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use crate::Result;
 use crate::bindings::node as wit;
+
+pub mod apt;
 
 /// A command to run on a node. `argv[0]` is the program; no shell is involved unless you run one.
 ///
