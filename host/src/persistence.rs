@@ -4,11 +4,12 @@
 //! nothing is left `deploying`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use orc_manifest::Digest;
 
 use crate::scheduler::{BoxFuture, Event, Sink, Trigger};
-use crate::store::{ActionId, ActionKind, ActionRecord, EnvironmentId, ErrorInfo, ResourceState, Store, StoreError};
+use crate::store::{ActionId, ActionKind, ActionRecord, DbKv, EnvironmentId, ErrorInfo, ResourceState, Store, StoreError};
 
 /// Attempts at writing one batch, the first retry after [`FIRST_RETRY`], doubling: about 6 s in
 /// all. The scheduler's writer waits meanwhile (events queue up in order behind the batch).
@@ -19,11 +20,26 @@ const FIRST_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 pub struct StoreSink {
     store: Store,
     environment: EnvironmentId,
+    plugin_state: Option<Arc<DbKv>>,
 }
 
 impl StoreSink {
     pub fn new(store: Store, environment: EnvironmentId) -> StoreSink {
-        StoreSink { store, environment }
+        StoreSink {
+            store,
+            environment,
+            plugin_state: None,
+        }
+    }
+
+    /// Stores a batch only once the plugin state written before it is committed: plugins'
+    /// writes are answered before they are durable ([`DbKv`]), and a resource must not be stored
+    /// `deployed` ahead of the state its action wrote.
+    pub fn after_plugin_state(self, kv: Arc<DbKv>) -> StoreSink {
+        StoreSink {
+            plugin_state: Some(kv),
+            ..self
+        }
     }
 
     async fn write(&self, events: Vec<Event>) -> Result<(), StoreError> {
@@ -81,6 +97,9 @@ impl StoreSink {
             }
         }
         let states: Vec<ResourceState> = states.into_values().collect();
+        if let Some(kv) = &self.plugin_state {
+            kv.durable().await;
+        }
         // One transaction: a crash keeps a batch whole or drops it whole, so no resource is
         // stored `deployed` without the action that deployed it. A time the scheduler leaves
         // `None` (unchanged) keeps the stored one, also across a restart's re-release. Being one

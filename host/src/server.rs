@@ -515,6 +515,11 @@ impl Environments {
             );
         }
         drop(running);
+        // Plugin state accepted by actions that finished is committed before the pool closes
+        // (the scheduler's sink already waited for what its batches depended on).
+        if tokio::time::timeout(grace, self.kv.durable()).await.is_err() {
+            tracing::warn!("plugin key/value writes not committed within the grace period are lost");
+        }
         self.store.close().await;
     }
 
@@ -599,7 +604,7 @@ impl Environments {
             resumed.states.iter().map(|s| (s.resource_id.as_str(), s.status, s.version)),
         ));
         let sink = Arc::new(EnvironmentSink::new(
-            StoreSink::new(self.store.clone(), env.id),
+            StoreSink::new(self.store.clone(), env.id).after_plugin_state(self.kv.clone()),
             stream.clone(),
             observers,
             counts.clone(),

@@ -2,37 +2,56 @@
 //! database, so it lives where everything else of an environment lives and survives a move to
 //! another replica.
 //!
-//! `KvStore` is asynchronous, so a plugin's `kv` call awaits the store like any other query and
-//! holds no worker thread meanwhile. Calls are batched by two tasks, since many actions run at
-//! once and each would otherwise pay a database round trip of its own:
-//! - a reader answers the `get`s queued meanwhile with one query per scope (`key IN (…)` on
-//!   SQLite, `key = ANY($2)` on PostgreSQL), with a few such queries in flight at once;
-//! - a writer commits every `set`/`delete` queued meanwhile as one transaction of multi-row
-//!   statements (group commit) before it answers each: a caller still returns only once its
-//!   write is durable, but 64 actions writing at once cost one commit instead of 64 (on SQLite,
-//!   one turn at the write lock, which the scheduler's batch transactions also take). A group
-//!   is cut into runs in which no key repeats, applied in order, so the last write of a key
-//!   wins and a delete knows whether the key existed. If a group's transaction fails, each
-//!   write is retried on its own, so one bad write does not fail the others.
+//! Plugins read and write their state on every action, so the store answers from memory and
+//! writes behind:
+//! - **Writes** are accepted into an in-memory overlay (the latest value or deletion per key, in
+//!   the order they were made) and answered at once; one writer task commits what was accepted
+//!   meanwhile as one transaction of multi-row statements (group commit), then drops it from the
+//!   overlay. A group that fails is retried, with backoff, until the database takes it: nothing
+//!   accepted is dropped while the process lives.
+//! - **Durability** is a fence, not a wait per write: [`DbKv::durable`] resolves once everything
+//!   accepted before the call is committed. The scheduler's sink passes that fence before it
+//!   stores a batch of states and actions, so a resource is never stored `deployed` ahead of the
+//!   plugin state its action wrote. A crash loses both or neither; the resource is then deployed
+//!   again.
+//! - **Reads** answer from the overlay, then from a complete copy of the scope (loaded once, by
+//!   the writer between two commits so that it matches what is committed, and kept current by
+//!   every commit). A copy also answers for keys that do not exist, which a first deploy asks
+//!   about for every resource. Copies are bounded ([`CACHE_BYTES`]); the least recently used
+//!   scope is dropped first, and a scope too large to copy is read per key: the `get`s queued
+//!   meanwhile are answered with one query per scope (`key IN (…)` on SQLite, `key = ANY($2)` on
+//!   PostgreSQL), a few such queries in flight at once.
+//!
+//! Architecture invariant: this process is the only writer of the scopes it serves (a scope is
+//! `environment/plugin` and an environment is served by one host), so its copies stay right.
 
-use std::collections::{HashMap, HashSet};
-use std::ops::Range;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use orc_runtime::capability::kv::{KvError, KvStore};
 use orc_runtime::capability::node::BoxFuture;
 use sqlx::{PgConnection, QueryBuilder, Row as _, Sqlite, SqliteConnection};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
-use super::{Backend, BeginWrite as _, Store, StoreError, now_ms, sqlite_rows_per_statement};
+use super::{BeginWrite as _, Store, StoreError, now_ms, sqlite_rows_per_statement};
 
 /// Most writes committed together.
-const MAX_WRITE_BATCH: usize = 1024;
+const MAX_WRITE_BATCH: usize = 4096;
 /// Most reads answered by one query.
 const MAX_READ_BATCH: usize = 1024;
 /// Read queries running at once: one at a time would make every batch wait out the previous
 /// one's round trip (PostgreSQL: repair and dryrun of 10,000 resources took twice as long).
 const READS_IN_FLIGHT: usize = 4;
+/// Bytes (keys and values) of the scope copies kept in memory, all scopes together, unless
+/// [`DbKv::open_with_budget`] says otherwise. A scope larger than half of it is not copied but
+/// read per key.
+pub const CACHE_BYTES: usize = 64 << 20;
+/// Bytes counted per entry besides its key and value (map slot, allocations).
+const ENTRY_OVERHEAD: usize = 64;
+/// The first retry of a failed commit, doubling up to [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const MAX_RETRY: Duration = Duration::from_secs(5);
 
 /// What an upsert does with a key that exists: the new value replaces the old.
 macro_rules! on_conflict {
@@ -41,11 +60,6 @@ macro_rules! on_conflict {
     };
 }
 
-const UPSERT: &str = concat!(
-    "INSERT INTO plugin_kv (scope, key, value, updated_at) VALUES ($1, $2, $3, $4)",
-    on_conflict!()
-);
-const DELETE: &str = "DELETE FROM plugin_kv WHERE scope = $1 AND key = $2";
 /// One statement for a run's sets on PostgreSQL: `UNNEST` of one array per column.
 const UPSERT_POSTGRES: &str = concat!(
     "INSERT INTO plugin_kv (scope, key, value, updated_at) SELECT u.scope, u.key, u.value, $4 \
@@ -53,25 +67,23 @@ const UPSERT_POSTGRES: &str = concat!(
     on_conflict!()
 );
 
-enum Write {
-    Set { scope: String, key: String, value: Vec<u8> },
-    Delete { scope: String, key: String },
+type Slot = (String, String);
+
+/// An accepted write: a new value, or `None` for a deletion.
+struct Write {
+    seq: u64,
+    scope: String,
+    key: String,
+    value: Option<Vec<u8>>,
 }
 
-impl Write {
-    fn slot(&self) -> (&str, &str) {
-        match self {
-            Write::Set { scope, key, .. } | Write::Delete { scope, key } => (scope, key),
-        }
-    }
-}
-
-/// What a write answers: `true` when a delete removed something.
-type Written = Result<bool, sqlx::Error>;
-
-struct WriteRequest {
-    write: Write,
-    reply: oneshot::Sender<Written>,
+enum Command {
+    Write(Write),
+    /// Copy a scope into memory (between two commits), then answer.
+    Load {
+        scope: String,
+        done: oneshot::Sender<()>,
+    },
 }
 
 /// What a read answers; one failed query fails every read it carried.
@@ -83,41 +95,218 @@ struct ReadRequest {
     reply: oneshot::Sender<ReadOutcome>,
 }
 
-/// Plugin key/value state in the store's database. Dropping it ends its reader and writer tasks.
-#[derive(Debug)]
+/// A scope as this process knows it.
+enum Copy {
+    /// Every committed entry of the scope.
+    Complete {
+        entries: HashMap<String, Vec<u8>>,
+        bytes: usize,
+        used: u64,
+    },
+    /// Too large to copy: read per key.
+    TooLarge { used: u64 },
+}
+
+impl Copy {
+    fn bytes(&self) -> usize {
+        match self {
+            Copy::Complete { bytes, .. } => *bytes,
+            Copy::TooLarge { .. } => 0,
+        }
+    }
+
+    fn used(&self) -> u64 {
+        match self {
+            Copy::Complete { used, .. } | Copy::TooLarge { used } => *used,
+        }
+    }
+
+    fn touch(&mut self, now: u64) {
+        match self {
+            Copy::Complete { used, .. } | Copy::TooLarge { used } => *used = now,
+        }
+    }
+}
+
+fn entry_bytes(key: &str, value: &[u8]) -> usize {
+    key.len() + value.len() + ENTRY_OVERHEAD
+}
+
+struct Memory {
+    /// Bytes the complete copies may take.
+    budget: usize,
+    /// The sequence number of the last accepted write.
+    accepted: u64,
+    /// Accepted writes not committed yet: the last one per key, with its sequence number.
+    overlay: HashMap<Slot, (u64, Option<Vec<u8>>)>,
+    copies: HashMap<String, Copy>,
+    /// Bytes of all complete copies.
+    copied: usize,
+    /// A clock for least-recently-used eviction.
+    clock: u64,
+}
+
+/// Where a read finds its answer.
+enum Found {
+    Value(Option<Vec<u8>>),
+    /// The scope has no copy yet.
+    NotCopied,
+    /// The scope is too large to copy.
+    InDatabase,
+}
+
+impl Memory {
+    fn find(&mut self, scope: &str, key: &str) -> Found {
+        if let Some((_, value)) = self.overlay.get(&(scope.to_string(), key.to_string())) {
+            return Found::Value(value.clone());
+        }
+        self.clock += 1;
+        let now = self.clock;
+        match self.copies.get_mut(scope) {
+            Some(copy) => {
+                copy.touch(now);
+                match copy {
+                    Copy::Complete { entries, .. } => Found::Value(entries.get(key).cloned()),
+                    Copy::TooLarge { .. } => Found::InDatabase,
+                }
+            }
+            None => Found::NotCopied,
+        }
+    }
+
+    /// Applies a committed write to the scope's copy, and drops it from the overlay unless a
+    /// later write of the key is waiting.
+    fn committed(&mut self, write: Write) {
+        if let Some(Copy::Complete { entries, bytes, .. }) = self.copies.get_mut(&write.scope) {
+            let before = *bytes;
+            if let Some(old) = entries.remove(&write.key) {
+                *bytes -= entry_bytes(&write.key, &old);
+            }
+            if let Some(value) = &write.value {
+                *bytes += entry_bytes(&write.key, value);
+                entries.insert(write.key.clone(), value.clone());
+            }
+            self.copied = self.copied + *bytes - before;
+        }
+        let slot = (write.scope, write.key);
+        if self.overlay.get(&slot).is_some_and(|(seq, _)| *seq == write.seq) {
+            self.overlay.remove(&slot);
+        }
+    }
+
+    /// Drops the least recently used copies until the copies fit.
+    fn evict(&mut self) {
+        while self.copied > self.budget {
+            let Some(oldest) = self
+                .copies
+                .iter()
+                .filter(|(_, c)| matches!(c, Copy::Complete { .. }))
+                .min_by_key(|(_, c)| c.used())
+                .map(|(s, _)| s.clone())
+            else {
+                return;
+            };
+            if let Some(copy) = self.copies.remove(&oldest) {
+                self.copied -= copy.bytes();
+            }
+        }
+    }
+}
+
+struct Shared {
+    memory: Mutex<Memory>,
+    /// The sequence number of the last committed write.
+    durable: watch::Sender<u64>,
+}
+
+impl Shared {
+    fn memory(&self) -> MutexGuard<'_, Memory> {
+        self.memory.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Plugin key/value state in the store's database. Dropping it lets its writer commit what was
+/// accepted, then end.
 pub struct DbKv {
     store: Store,
+    shared: Arc<Shared>,
     reads: mpsc::UnboundedSender<ReadRequest>,
-    writes: mpsc::UnboundedSender<WriteRequest>,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl std::fmt::Debug for DbKv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DbKv")
+            .field("backend", &self.store.backend())
+            .finish_non_exhaustive()
+    }
 }
 
 impl DbKv {
     /// Starts the reader and writer tasks (on the calling runtime) over `store`'s pool.
     pub async fn open(store: &Store) -> Result<DbKv, StoreError> {
+        DbKv::open_with_budget(store, CACHE_BYTES).await
+    }
+
+    /// [`DbKv::open`] with `budget` bytes for the copies of scopes.
+    pub async fn open_with_budget(store: &Store, budget: usize) -> Result<DbKv, StoreError> {
         let (reads, read_queue) = mpsc::unbounded_channel();
-        let (writes, write_queue) = mpsc::unbounded_channel();
+        let (commands, command_queue) = mpsc::unbounded_channel();
+        let memory = Memory {
+            budget,
+            accepted: 0,
+            overlay: HashMap::new(),
+            copies: HashMap::new(),
+            copied: 0,
+            clock: 0,
+        };
+        let shared = Arc::new(Shared {
+            memory: Mutex::new(memory),
+            durable: watch::Sender::new(0),
+        });
         tokio::spawn(reader(store.clone(), read_queue));
-        tokio::spawn(writer(store.clone(), write_queue));
+        tokio::spawn(writer(store.clone(), shared.clone(), command_queue));
         Ok(DbKv {
             store: store.clone(),
+            shared,
             reads,
-            writes,
+            commands,
         })
     }
 
-    fn backend(&self) -> Backend {
-        self.store.backend()
+    /// Resolves once every write accepted before this call is committed.
+    pub fn durable(&self) -> impl Future<Output = ()> + Send + 'static {
+        let target = self.shared.memory().accepted;
+        let mut durable = self.shared.durable.subscribe();
+        async move {
+            // The writer only ends once the last sender is gone, after committing everything.
+            let _ = durable.wait_for(|committed| *committed >= target).await;
+        }
     }
 
     fn failed(&self, doing: String, source: impl std::fmt::Display) -> KvError {
         KvError::Io {
-            context: format!("{} database: {doing}", self.backend()),
+            context: format!("{} database: {doing}", self.store.backend()),
             source: std::io::Error::other(source.to_string()),
         }
     }
 
     async fn read(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, KvError> {
         let doing = || format!("cannot read `{key}` in `{scope}`");
+        let stopped = || self.failed(doing(), "the key/value store has stopped");
+        // At most twice: a copy loaded for this read may be evicted before it is consulted.
+        for _ in 0..2 {
+            let found = self.shared.memory().find(scope, key);
+            match found {
+                Found::Value(value) => return Ok(value),
+                Found::InDatabase => break,
+                Found::NotCopied => {
+                    if !self.copy_scope(scope).await {
+                        return Err(stopped());
+                    }
+                }
+            }
+        }
         let (reply, answer) = oneshot::channel();
         let request = ReadRequest {
             scope: scope.to_string(),
@@ -125,25 +314,108 @@ impl DbKv {
             reply,
         };
         if self.reads.send(request).is_err() {
-            return Err(self.failed(doing(), "the key/value reader has stopped"));
+            return Err(stopped());
         }
-        match answer.await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(self.failed(doing(), e)),
-            Err(_) => Err(self.failed(doing(), "the key/value reader has stopped")),
-        }
+        // A write accepted after the query ran is in the overlay and wins.
+        let read = match answer.await {
+            Ok(Ok(value)) => value,
+            Ok(Err(e)) => return Err(self.failed(doing(), e)),
+            Err(_) => return Err(stopped()),
+        };
+        let overlay = self.shared.memory().overlay.get(&(scope.to_string(), key.to_string())).cloned();
+        Ok(overlay.map_or(read, |(_, value)| value))
     }
 
-    async fn write(&self, write: Write, doing: impl FnOnce() -> String) -> Result<bool, KvError> {
-        let (reply, answer) = oneshot::channel();
-        if self.writes.send(WriteRequest { write, reply }).is_err() {
-            return Err(self.failed(doing(), "the key/value writer has stopped"));
+    /// Accepts a write (`None`: a deletion); answered before it is committed.
+    fn accept(&self, scope: &str, key: &str, value: Option<Vec<u8>>) -> Result<(), KvError> {
+        let mut memory = self.shared.memory();
+        memory.accepted += 1;
+        let seq = memory.accepted;
+        memory.overlay.insert((scope.to_string(), key.to_string()), (seq, value.clone()));
+        // Sent under the lock: the writer commits in the order the overlay saw.
+        let write = Write {
+            seq,
+            scope: scope.to_string(),
+            key: key.to_string(),
+            value,
+        };
+        if self.commands.send(Command::Write(write)).is_err() {
+            memory.overlay.remove(&(scope.to_string(), key.to_string()));
+            return Err(self.failed(format!("cannot write `{key}` in `{scope}`"), "the key/value writer has stopped"));
         }
-        match answer.await {
-            Ok(Ok(written)) => Ok(written),
-            Ok(Err(e)) => Err(self.failed(doing(), e)),
-            Err(_) => Err(self.failed(doing(), "the key/value writer has stopped")),
-        }
+        Ok(())
+    }
+
+    /// Asks the writer to copy `scope` into memory; `false` if it has stopped.
+    async fn copy_scope(&self, scope: &str) -> bool {
+        let (done, loaded) = oneshot::channel();
+        let load = Command::Load {
+            scope: scope.to_string(),
+            done,
+        };
+        self.commands.send(load).is_ok() && loaded.await.is_ok()
+    }
+
+    async fn list_keys(&self, scope: &str, prefix: &str) -> Result<Vec<String>, KvError> {
+        let doing = || format!("cannot list `{prefix}…` in `{scope}`");
+        let mut attempts = 0;
+        // The copy's keys (if the scope has a copy) and the writes not committed yet, seen at
+        // once; without a copy each of those writes is either committed before the query below
+        // runs (which then sees it) or in the snapshot.
+        let (copied, overlaid) = loop {
+            let (copied, overlaid, not_copied) = {
+                let mut memory = self.shared.memory();
+                memory.clock += 1;
+                let now = memory.clock;
+                let (copied, not_copied) = match memory.copies.get_mut(scope) {
+                    Some(copy) => {
+                        copy.touch(now);
+                        match copy {
+                            Copy::Complete { entries, .. } => (
+                                Some(entries.keys().filter(|k| k.starts_with(prefix)).cloned().collect::<Vec<_>>()),
+                                false,
+                            ),
+                            Copy::TooLarge { .. } => (None, false),
+                        }
+                    }
+                    None => (None, true),
+                };
+                let overlaid: HashMap<String, bool> = memory
+                    .overlay
+                    .iter()
+                    .filter(|((s, k), _)| s == scope && k.starts_with(prefix))
+                    .map(|((_, k), (_, value))| (k.clone(), value.is_some()))
+                    .collect();
+                (copied, overlaid, not_copied)
+            };
+            attempts += 1;
+            if !not_copied || attempts > 2 {
+                break (copied, overlaid);
+            }
+            if !self.copy_scope(scope).await {
+                return Err(self.failed(doing(), "the key/value store has stopped"));
+            }
+        };
+        let mut keys: Vec<String> = match copied {
+            Some(keys) => keys,
+            None => {
+                let listed: Result<Vec<String>, sqlx::Error> = on_pool!(self.store, pool => {
+                    sqlx::query_scalar(
+                        "SELECT key FROM plugin_kv WHERE scope = $1 AND substr(key, 1, length(CAST($2 AS TEXT))) = $2",
+                    )
+                    .bind(scope)
+                    .bind(prefix)
+                    .fetch_all(pool)
+                    .await
+                });
+                listed.map_err(|e| self.failed(doing(), e))?
+            }
+        };
+        keys.retain(|k| overlaid.get(k).copied().unwrap_or(true));
+        keys.extend(overlaid.into_iter().filter(|(_, present)| *present).map(|(k, _)| k));
+        keys.sort_unstable();
+        keys.dedup();
+        Ok(keys)
     }
 }
 
@@ -177,24 +449,9 @@ async fn answer_reads(store: &Store, requests: Vec<ReadRequest>) {
         keys.sort_unstable();
         keys.dedup();
         match fetch(store, &scope, &keys).await {
-            Ok(mut found) => {
-                // Hand each value out once; a key read twice in one batch is cloned.
-                let mut wanted: HashMap<&str, usize> = HashMap::new();
-                for r in &requests {
-                    *wanted.entry(r.key.as_str()).or_default() += 1;
-                }
-                let mut answers = Vec::with_capacity(requests.len());
-                for r in &requests {
-                    let left = wanted.get_mut(r.key.as_str()).expect("counted above");
-                    *left -= 1;
-                    let value = if *left == 0 {
-                        found.remove(&r.key)
-                    } else {
-                        found.get(&r.key).cloned()
-                    };
-                    answers.push(value);
-                }
-                for (r, value) in requests.into_iter().zip(answers) {
+            Ok(found) => {
+                for r in requests {
+                    let value = found.get(&r.key).cloned();
                     let _ = r.reply.send(Ok(value));
                 }
             }
@@ -210,16 +467,6 @@ async fn answer_reads(store: &Store, requests: Vec<ReadRequest>) {
 
 /// The values of `keys` (sorted, distinct) in `scope` that exist.
 async fn fetch(store: &Store, scope: &str, keys: &[&str]) -> Result<HashMap<String, Vec<u8>>, sqlx::Error> {
-    if let [key] = keys {
-        let value: Option<Vec<u8>> = on_pool!(store, pool => {
-            sqlx::query_scalar("SELECT value FROM plugin_kv WHERE scope = $1 AND key = $2")
-                .bind(scope)
-                .bind(*key)
-                .fetch_optional(pool)
-                .await?
-        });
-        return Ok(value.map(|v| HashMap::from([(key.to_string(), v)])).unwrap_or_default());
-    }
     let mut found = HashMap::with_capacity(keys.len());
     match &store.db {
         super::Db::Sqlite(pool) => {
@@ -251,95 +498,141 @@ async fn fetch(store: &Store, scope: &str, keys: &[&str]) -> Result<HashMap<Stri
     Ok(found)
 }
 
-async fn writer(store: Store, mut queued: mpsc::UnboundedReceiver<WriteRequest>) {
-    let mut batch = Vec::new();
-    while queued.recv_many(&mut batch, MAX_WRITE_BATCH).await > 0 {
-        write_batch(&store, std::mem::take(&mut batch)).await;
+/// Commits accepted writes in groups, in the order they were accepted, and loads scope copies
+/// between commits. Ends once every sender is gone and everything accepted is committed.
+async fn writer(store: Store, shared: Arc<Shared>, mut queued: mpsc::UnboundedReceiver<Command>) {
+    let mut commands = Vec::new();
+    while queued.recv_many(&mut commands, MAX_WRITE_BATCH).await > 0 {
+        let mut writes = Vec::new();
+        let mut loads = Vec::new();
+        for command in commands.drain(..) {
+            match command {
+                Command::Write(w) => writes.push(w),
+                Command::Load { scope, done } => loads.push((scope, done)),
+            }
+        }
+        if !writes.is_empty() {
+            commit(&store, &writes).await;
+            let last = writes.last().map(|w| w.seq).unwrap_or_default();
+            {
+                let mut memory = shared.memory();
+                for w in writes {
+                    memory.committed(w);
+                }
+                memory.evict();
+            }
+            shared.durable.send_replace(last);
+        }
+        // Nothing of this process is committed but not applied to the copies here, so a copy
+        // loaded now matches the database.
+        for (scope, done) in loads {
+            load(&store, &shared, scope).await;
+            let _ = done.send(());
+        }
     }
 }
 
-/// Commits `batch` as one transaction and answers each write; if that fails, retries each on
-/// its own.
-async fn write_batch(store: &Store, batch: Vec<WriteRequest>) {
-    if batch.len() > 1 {
-        let writes: Vec<&Write> = batch.iter().map(|r| &r.write).collect();
+/// Commits `writes` in one transaction, retrying with backoff until the database takes them.
+async fn commit(store: &Store, writes: &[Write]) {
+    let mut delay = FIRST_RETRY;
+    let mut attempt = 1u32;
+    loop {
         let now = now_ms();
-        let committed: Result<Vec<bool>, sqlx::Error> = match &store.db {
+        let committed: Result<(), sqlx::Error> = match &store.db {
             super::Db::Sqlite(pool) => {
                 async {
                     let mut tx = pool.begin_write().await?;
-                    let mut written = Vec::with_capacity(writes.len());
-                    for run in runs(&writes) {
-                        written.extend(apply_run_sqlite(&mut tx, &writes[run], now).await?);
+                    for run in runs(writes) {
+                        apply_run_sqlite(&mut tx, run, now).await?;
                     }
-                    tx.commit().await?;
-                    Ok(written)
+                    tx.commit().await
                 }
                 .await
             }
             super::Db::Postgres(pool) => {
                 async {
                     let mut tx = pool.begin_write().await?;
-                    let mut written = Vec::with_capacity(writes.len());
-                    for run in runs(&writes) {
-                        written.extend(apply_run_postgres(&mut tx, &writes[run], now).await?);
+                    for run in runs(writes) {
+                        apply_run_postgres(&mut tx, run, now).await?;
                     }
-                    tx.commit().await?;
-                    Ok(written)
+                    tx.commit().await
                 }
                 .await
             }
         };
         match committed {
-            Ok(written) => {
-                for (request, w) in batch.into_iter().zip(written) {
-                    let _ = request.reply.send(Ok(w));
-                }
-                return;
+            Ok(()) => return,
+            Err(e) => {
+                tracing::error!(writes = writes.len(), attempt, error = %e, retry_in_ms = delay.as_millis() as u64,
+                    "cannot commit plugin key/value writes; retrying (they are kept in memory meanwhile)");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_RETRY);
+                attempt += 1;
             }
-            Err(e) => tracing::warn!(writes = batch.len(), error = %e, "a group of key/value writes failed; writing each on its own"),
         }
     }
-    for request in batch {
-        let _ = request.reply.send(write_one(store, &request.write).await);
+}
+
+/// Copies `scope` into memory, unless it has a copy or is too large (then it is marked so).
+async fn load(store: &Store, shared: &Shared, scope: String) {
+    if shared.memory().copies.contains_key(&scope) {
+        return;
     }
+    let rows: Result<Vec<(String, Vec<u8>)>, sqlx::Error> = on_pool!(store, pool => {
+        sqlx::query_as("SELECT key, value FROM plugin_kv WHERE scope = $1")
+            .bind(&scope)
+            .fetch_all(pool)
+            .await
+    });
+    let rows = match rows {
+        Ok(rows) => rows,
+        // The reads fall back to the database, which answers them (or says why not).
+        Err(e) => {
+            tracing::warn!(%scope, error = %e, "cannot copy a key/value scope into memory; reading per key");
+            return;
+        }
+    };
+    let bytes: usize = rows.iter().map(|(k, v)| entry_bytes(k, v)).sum();
+    let mut memory = shared.memory();
+    memory.clock += 1;
+    let used = memory.clock;
+    let copy = if bytes > memory.budget / 2 {
+        tracing::info!(%scope, entries = rows.len(), bytes, "key/value scope too large to keep in memory; read per key");
+        Copy::TooLarge { used }
+    } else {
+        memory.copied += bytes;
+        Copy::Complete {
+            entries: rows.into_iter().collect(),
+            bytes,
+            used,
+        }
+    };
+    memory.copies.insert(scope, copy);
+    memory.evict();
 }
 
 /// Cuts `writes` into consecutive runs in which no (scope, key) repeats: within a run the order
 /// of the writes does not matter, so each run is one multi-row upsert and one multi-row delete.
-fn runs(writes: &[&Write]) -> Vec<Range<usize>> {
+fn runs(writes: &[Write]) -> Vec<&[Write]> {
     let mut runs = Vec::new();
-    let mut seen = HashSet::new();
+    let mut seen = std::collections::HashSet::new();
     let mut start = 0;
     for (i, w) in writes.iter().enumerate() {
-        if !seen.insert(w.slot()) {
-            runs.push(start..i);
+        if !seen.insert((w.scope.as_str(), w.key.as_str())) {
+            runs.push(&writes[start..i]);
             seen.clear();
-            seen.insert(w.slot());
+            seen.insert((w.scope.as_str(), w.key.as_str()));
             start = i;
         }
     }
-    runs.push(start..writes.len());
+    runs.push(&writes[start..]);
     runs
 }
 
-/// What each write of a run answers, given the (scope, key) pairs its deletes removed.
-fn answers(run: &[&Write], deleted: &HashSet<(String, String)>) -> Vec<bool> {
-    run.iter()
-        .map(|w| match w {
-            Write::Set { .. } => true,
-            Write::Delete { scope, key } => deleted.contains(&(scope.clone(), key.clone())),
-        })
-        .collect()
-}
-
-async fn apply_run_sqlite(conn: &mut SqliteConnection, run: &[&Write], now: i64) -> Result<Vec<bool>, sqlx::Error> {
+async fn apply_run_sqlite(conn: &mut SqliteConnection, run: &[Write], now: i64) -> Result<(), sqlx::Error> {
     let sets: Vec<(&str, &str, &[u8])> = run
         .iter()
-        .filter_map(|w| match w {
-            Write::Set { scope, key, value } => Some((scope.as_str(), key.as_str(), value.as_slice())),
-            Write::Delete { .. } => None,
-        })
+        .filter_map(|w| Some((w.scope.as_str(), w.key.as_str(), w.value.as_deref()?)))
         .collect();
     for chunk in sets.chunks(sqlite_rows_per_statement(4)) {
         let mut q = QueryBuilder::<Sqlite>::new("INSERT INTO plugin_kv (scope, key, value, updated_at) ");
@@ -349,8 +642,11 @@ async fn apply_run_sqlite(conn: &mut SqliteConnection, run: &[&Write], now: i64)
         q.push(on_conflict!());
         q.build().persistent(false).execute(&mut *conn).await?;
     }
-    let deletes: Vec<(&str, &str)> = run.iter().filter(|w| matches!(w, Write::Delete { .. })).map(|w| w.slot()).collect();
-    let mut deleted = HashSet::new();
+    let deletes: Vec<(&str, &str)> = run
+        .iter()
+        .filter(|w| w.value.is_none())
+        .map(|w| (w.scope.as_str(), w.key.as_str()))
+        .collect();
     for chunk in deletes.chunks(sqlite_rows_per_statement(2)) {
         let mut q = QueryBuilder::<Sqlite>::new("DELETE FROM plugin_kv WHERE (scope, key) IN (VALUES ");
         let mut pairs = q.separated(", ");
@@ -362,27 +658,25 @@ async fn apply_run_sqlite(conn: &mut SqliteConnection, run: &[&Write], now: i64)
                 .push_bind_unseparated(*key)
                 .push_unseparated(")");
         }
-        q.push(") RETURNING scope, key");
-        for row in q.build().persistent(false).fetch_all(&mut *conn).await? {
-            deleted.insert((row.try_get("scope")?, row.try_get("key")?));
-        }
+        q.push(")");
+        q.build().persistent(false).execute(&mut *conn).await?;
     }
-    Ok(answers(run, &deleted))
+    Ok(())
 }
 
-async fn apply_run_postgres(conn: &mut PgConnection, run: &[&Write], now: i64) -> Result<Vec<bool>, sqlx::Error> {
+async fn apply_run_postgres(conn: &mut PgConnection, run: &[Write], now: i64) -> Result<(), sqlx::Error> {
     let (mut scopes, mut keys, mut values) = (Vec::new(), Vec::new(), Vec::new());
     let (mut delete_scopes, mut delete_keys) = (Vec::new(), Vec::new());
     for w in run {
-        match w {
-            Write::Set { scope, key, value } => {
-                scopes.push(scope.as_str());
-                keys.push(key.as_str());
+        match &w.value {
+            Some(value) => {
+                scopes.push(w.scope.as_str());
+                keys.push(w.key.as_str());
                 values.push(value.as_slice());
             }
-            Write::Delete { scope, key } => {
-                delete_scopes.push(scope.as_str());
-                delete_keys.push(key.as_str());
+            None => {
+                delete_scopes.push(w.scope.as_str());
+                delete_keys.push(w.key.as_str());
             }
         }
     }
@@ -395,34 +689,17 @@ async fn apply_run_postgres(conn: &mut PgConnection, run: &[&Write], now: i64) -
             .execute(&mut *conn)
             .await?;
     }
-    let mut deleted = HashSet::new();
     if !delete_scopes.is_empty() {
-        let rows = sqlx::query(
+        sqlx::query(
             "DELETE FROM plugin_kv k USING UNNEST($1::text[], $2::text[]) AS d(scope, key) \
-             WHERE k.scope = d.scope AND k.key = d.key RETURNING k.scope, k.key",
+             WHERE k.scope = d.scope AND k.key = d.key",
         )
         .bind(&delete_scopes)
         .bind(&delete_keys)
-        .fetch_all(&mut *conn)
+        .execute(&mut *conn)
         .await?;
-        for row in rows {
-            deleted.insert((row.try_get("scope")?, row.try_get("key")?));
-        }
     }
-    Ok(answers(run, &deleted))
-}
-
-async fn write_one(store: &Store, write: &Write) -> Written {
-    let now = now_ms();
-    Ok(match write {
-        Write::Set { scope, key, value } => {
-            on_pool!(store, pool => sqlx::query(UPSERT).bind(scope).bind(key).bind(value).bind(now).execute(pool).await?.rows_affected());
-            true
-        }
-        Write::Delete { scope, key } => {
-            on_pool!(store, pool => sqlx::query(DELETE).bind(scope).bind(key).execute(pool).await?.rows_affected()) > 0
-        }
-    })
+    Ok(())
 }
 
 impl KvStore for DbKv {
@@ -431,38 +708,19 @@ impl KvStore for DbKv {
     }
 
     fn set<'a>(&'a self, scope: &'a str, key: &'a str, value: &'a [u8]) -> BoxFuture<'a, Result<(), KvError>> {
-        Box::pin(async move {
-            let write = Write::Set {
-                scope: scope.to_string(),
-                key: key.to_string(),
-                value: value.to_vec(),
-            };
-            self.write(write, || format!("cannot write `{key}` in `{scope}`")).await.map(drop)
-        })
+        // Accepted when first polled, not when made: calls apply in the order they are awaited.
+        Box::pin(async move { self.accept(scope, key, Some(value.to_vec())) })
     }
 
     fn delete<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<bool, KvError>> {
         Box::pin(async move {
-            let write = Write::Delete {
-                scope: scope.to_string(),
-                key: key.to_string(),
-            };
-            self.write(write, || format!("cannot delete `{key}` in `{scope}`")).await
+            let existed = self.read(scope, key).await?.is_some();
+            self.accept(scope, key, None)?;
+            Ok(existed)
         })
     }
 
     fn list<'a>(&'a self, scope: &'a str, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, KvError>> {
-        Box::pin(async move {
-            let keys: Result<Vec<String>, sqlx::Error> = on_pool!(self.store, pool => {
-                sqlx::query_scalar(
-                    "SELECT key FROM plugin_kv WHERE scope = $1 AND substr(key, 1, length(CAST($2 AS TEXT))) = $2 ORDER BY key",
-                )
-                .bind(scope)
-                .bind(prefix)
-                .fetch_all(pool)
-                .await
-            });
-            keys.map_err(|e| self.failed(format!("cannot list `{prefix}…` in `{scope}`"), e))
-        })
+        Box::pin(self.list_keys(scope, prefix))
     }
 }

@@ -842,7 +842,8 @@ pub async fn db_kv_keeps_scopes_apart(db: &TestDb) -> Result<()> {
         assert_eq!(t.await?, 24);
     }
     assert_eq!(kv.get("env/t3", "07").await?.unwrap(), b"3/7");
-    // Persisted: a new DbKv on a new pool sees it.
+    // Persisted once durable: a new DbKv on a new pool sees it.
+    kv.durable().await;
     drop(kv);
     let reopened = DbKv::open(&db.reopen().await?).await?;
     assert_eq!(reopened.get("env/a", "k2").await?.unwrap(), b"v2");
@@ -900,6 +901,74 @@ pub async fn db_kv_batches_answer_each_call_in_order(db: &TestDb) -> Result<()> 
         let expected = (i < 300).then(|| format!("v{i}").into_bytes());
         ensure!(value? == expected, "read of key {i:03}");
     }
+    Ok(())
+}
+
+/// Writes are answered before they are committed and reads answer from memory: what a caller
+/// sees is what it would see of the database, with scopes copied, evicted and too large to copy
+/// (a budget of 4 KiB: a scope over 2 KiB is read per key), and [`DbKv::durable`] resolves once
+/// the database has every write accepted before it.
+pub async fn db_kv_answers_from_memory_like_the_database(db: &TestDb) -> Result<()> {
+    let kv = DbKv::open_with_budget(&db.store, 4 << 10).await?;
+    exercise_kv(&kv).await;
+    // A copy made before a write is kept current by its commit.
+    ensure!(kv.get("env/fresh", "k").await?.is_none());
+    kv.set("env/fresh", "k", b"x").await?;
+    kv.durable().await;
+    ensure!(kv.get("env/fresh", "k").await?.as_deref() == Some(b"x".as_slice()));
+    ensure!(kv.list("env/fresh", "").await? == ["k"]);
+    ensure!(kv.delete("env/fresh", "k").await?);
+    kv.durable().await;
+    ensure!(kv.get("env/fresh", "k").await?.is_none());
+    ensure!(kv.list("env/fresh", "").await?.is_empty());
+    // `large` outgrows half the budget (40 entries of ~100 bytes with overhead).
+    for i in 0..40 {
+        kv.set("env/large", &format!("k{i:02}"), &[i as u8; 40]).await?;
+        kv.set(&format!("env/small{}", i % 4), "k", &[i as u8]).await?;
+        // 40 scopes of ~150 bytes each: more than the budget holds, so copies are evicted.
+        kv.set(&format!("env/many{i:02}"), "k", &[i as u8; 80]).await?;
+    }
+    // Everything written so far is visible in memory before and after it is durable.
+    async fn check(kv: &DbKv) -> Result<()> {
+        let kv = kv as &dyn KvStore;
+        {
+            for i in 0..40u8 {
+                ensure!(kv.get("env/large", &format!("k{i:02}")).await?.as_deref() == Some([i; 40].as_slice()));
+            }
+            for s in 0..4u8 {
+                let last = 36 + s;
+                ensure!(kv.get(&format!("env/small{s}"), "k").await?.as_deref() == Some([last].as_slice()));
+                ensure!(kv.get(&format!("env/small{s}"), "absent").await?.is_none());
+            }
+            ensure!(kv.list("env/large", "k0").await?.len() == 10);
+            for i in 0..40u8 {
+                let scope = format!("env/many{i:02}");
+                ensure!(kv.get(&scope, "k").await?.as_deref() == Some([i; 80].as_slice()), "{scope}");
+                ensure!(kv.get(&scope, "other").await?.is_none());
+            }
+            ensure!(kv.get("env/a", "k2").await?.as_deref() == Some(b"v2".as_slice()));
+            Ok(())
+        }
+    }
+    check(&kv).await?;
+    kv.durable().await;
+    check(&kv).await?;
+    // A fresh store on a new pool copies the scopes from the database: the same answers.
+    let reopened = DbKv::open_with_budget(&db.reopen().await?, 4 << 10).await?;
+    check(&reopened).await?;
+    // Written, deleted and listed through the fresh one (copies loaded, large scope per key).
+    assert!(reopened.delete("env/large", "k05").await?);
+    assert!(!reopened.delete("env/large", "k05").await?);
+    reopened.set("env/small1", "new", b"n").await?;
+    ensure!(reopened.list("env/large", "k0").await?.len() == 9);
+    ensure!(reopened.list("env/small1", "").await? == ["k", "new"]);
+    reopened.durable().await;
+    ensure!(reopened.list("env/small1", "").await? == ["k", "new"]);
+    // The first store's copies do not know about the second store's writes: one host serves a
+    // scope. What is committed is what a third one reads.
+    let third = DbKv::open(&db.reopen().await?).await?;
+    ensure!(third.get("env/large", "k05").await?.is_none());
+    ensure!(third.get("env/small1", "new").await?.as_deref() == Some(b"n".as_slice()));
     Ok(())
 }
 
