@@ -189,12 +189,6 @@ impl Environments {
         }
         let runtime = Runtime::new(RuntimeConfig {
             cache_dir: Some(data_dir.join("cache")),
-            // Keeping pool slots resident pays off when one instance at a time reuses a warm slot
-            // (runtime-bench), but the server runs dozens at once on different slots, and the
-            // reset of each kept region (a memset on every deallocation) was a quarter of its CPU:
-            // 10,000 resources through the API deployed in 2.2 s instead of 2.7 s without it,
-            // dryrun 0.52 s instead of 0.86 s (api-bench, on a loaded 2-core machine).
-            keep_resident_bytes: 0,
             ..RuntimeConfig::default()
         })?;
         let secrets = HostSecrets::load(&config.secrets)?;
