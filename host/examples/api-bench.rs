@@ -19,7 +19,8 @@
 //! STORE: `sqlite` (default; a file in a temporary data directory) or a `postgres://…` URL of a
 //! server on which this benchmark may create a database (`orc_api_bench_<pid>`, dropped at the
 //! end). `--rss` runs one environment only (the independent resources), for the memory figure of
-//! COUNT (say 100000) resources in one environment. `ORC_HOST_BIN` overrides the server binary;
+//! COUNT (say 100000) resources in one environment, read again after the deploy and at the end
+//! once the server has been idle for 6 s (past its heap trimmer's period). `ORC_HOST_BIN` overrides the server binary;
 //! `ORC_BENCH_POLL_MS` the pause between two polls (default 2 ms).
 
 #[path = "support/serve.rs"]
@@ -57,8 +58,13 @@ fn intent(n: usize, graph: bool) -> Vec<u8> {
     serde_json::to_vec(&json!({ "resources": resources })).expect("JSON")
 }
 
+/// How long `--rss` lets the server rest before reading its memory again.
+const REST: std::time::Duration = std::time::Duration::from_secs(6);
+
 /// One environment: deploy, repair, dryrun, memory.
-async fn run_case(host: &Host, env: &str, n: usize, graph: bool) -> Result<()> {
+/// With `at_rest`, memory is also read once the server has been idle past its heap trimmer's
+/// period (`orc_host::memory`: freed pages go back to the system every 5 s).
+async fn run_case(host: &Host, env: &str, n: usize, graph: bool, at_rest: bool) -> Result<()> {
     let settings = json!({
         // Everything is on `local`: the node limit is the environment's.
         "per_node_concurrency": 64,
@@ -86,6 +92,10 @@ async fn run_case(host: &Host, env: &str, n: usize, graph: bool) -> Result<()> {
         deployed.server_switches,
     );
     println!("    {}", serve::action_profile(host, env, since).await?);
+    if at_rest {
+        tokio::time::sleep(REST).await;
+        println!("  server at rest {} s later: {}", REST.as_secs(), host.memory()?);
+    }
 
     let (repair, actions) = serve::repair(host, env, n).await?;
     println!(
@@ -96,6 +106,10 @@ async fn run_case(host: &Host, env: &str, n: usize, graph: bool) -> Result<()> {
     let (dryrun, summary) = serve::dryrun(host, env, n).await?;
     println!("  POST dryrun → report done: {:.3} s ({summary})", dryrun.as_secs_f64());
     println!("  server after repair and dryrun: {}", host.memory()?);
+    if at_rest {
+        tokio::time::sleep(REST).await;
+        println!("  server at rest {} s later: {}", REST.as_secs(), host.memory()?);
+    }
     Ok(())
 }
 
@@ -191,7 +205,7 @@ async fn main() -> Result<()> {
                 "independent resources"
             }
         );
-        outcome = run_case(&host, env, n, graph).await;
+        outcome = run_case(&host, env, n, graph, rss_only).await;
         if outcome.is_err() {
             break;
         }
