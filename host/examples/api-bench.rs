@@ -102,6 +102,9 @@ async fn run_case(host: &Host, env: &str, n: usize, graph: bool, at_rest: bool) 
         "  POST repair → operation done: {:.3} s, all {n} re-verified (actions {actions})",
         repair.as_secs_f64(),
     );
+    if at_rest {
+        println!("  server after repair: {}", host.memory()?);
+    }
 
     let (dryrun, summary) = serve::dryrun(host, env, n).await?;
     println!("  POST dryrun → report done: {:.3} s ({summary})", dryrun.as_secs_f64());

@@ -50,44 +50,49 @@ pub struct DryrunResult {
     pub resources: Vec<ResourceFinding>,
 }
 
+impl ResourceFinding {
+    /// What an executor's dryrun report says, taken over without copying.
+    pub fn of(report: ActionReport) -> ResourceFinding {
+        let finding = match report.outcome {
+            Outcome::Unchanged => Finding::NoChange,
+            Outcome::WouldChange | Outcome::Changed => Finding::WouldChange,
+            Outcome::Failed | Outcome::Unavailable | Outcome::Skipped => Finding::Unchecked,
+        };
+        let reason = (finding == Finding::Unchecked).then(|| match report.error {
+            Some(e) => crate::store::ErrorInfo {
+                code: e.code,
+                message: e.message,
+            },
+            None => crate::store::ErrorInfo {
+                code: "unchecked".into(),
+                message: format!("the adaptor reported `{:?}` without an error", report.outcome),
+            },
+        });
+        ResourceFinding {
+            finding,
+            changes: report
+                .changes
+                .iter()
+                .map(|c| serde_json::to_value(c).expect("a change serialises"))
+                .collect(),
+            reason,
+            messages: report.messages,
+            resource: report.resource,
+        }
+    }
+}
+
 impl DryrunResult {
-    pub fn from_reports(version: i64, reports: &[ActionReport]) -> DryrunResult {
+    /// The report of `version` from its findings, in intent order.
+    pub fn from_findings(version: i64, resources: Vec<ResourceFinding>) -> DryrunResult {
         let mut summary = DryrunSummary::default();
-        let resources = reports
-            .iter()
-            .map(|r| {
-                let finding = match r.outcome {
-                    Outcome::Unchanged => Finding::NoChange,
-                    Outcome::WouldChange | Outcome::Changed => Finding::WouldChange,
-                    Outcome::Failed | Outcome::Unavailable | Outcome::Skipped => Finding::Unchecked,
-                };
-                match finding {
-                    Finding::NoChange => summary.no_change += 1,
-                    Finding::WouldChange => summary.would_change += 1,
-                    Finding::Unchecked => summary.unchecked += 1,
-                }
-                ResourceFinding {
-                    resource: r.resource.clone(),
-                    finding,
-                    changes: r
-                        .changes
-                        .iter()
-                        .map(|c| serde_json::to_value(c).expect("a change serialises"))
-                        .collect(),
-                    reason: (finding == Finding::Unchecked).then(|| match &r.error {
-                        Some(e) => crate::store::ErrorInfo {
-                            code: e.code.clone(),
-                            message: e.message.clone(),
-                        },
-                        None => crate::store::ErrorInfo {
-                            code: "unchecked".into(),
-                            message: format!("the adaptor reported `{:?}` without an error", r.outcome),
-                        },
-                    }),
-                    messages: r.messages.clone(),
-                }
-            })
-            .collect();
+        for r in &resources {
+            match r.finding {
+                Finding::NoChange => summary.no_change += 1,
+                Finding::WouldChange => summary.would_change += 1,
+                Finding::Unchecked => summary.unchecked += 1,
+            }
+        }
         DryrunResult {
             version,
             summary,

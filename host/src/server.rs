@@ -21,7 +21,7 @@ use tokio::sync::{Mutex, broadcast};
 
 use crate::config::HostConfig;
 use crate::diff::IntentDiff;
-use crate::dryrun::DryrunResult;
+use crate::dryrun::{DryrunResult, ResourceFinding};
 use crate::events::{Batch, EnvironmentSink, EventStream, Observer, StatusCounts};
 use crate::intent::{Intent, IntentError, ResourceId};
 use crate::metrics::Metrics;
@@ -449,8 +449,9 @@ impl Environments {
         let (store, ctx, id) = (self.store.clone(), running.ctx(), report.id);
         let (concurrency, per_node) = (env.settings.env_concurrency as usize, env.settings.per_node_concurrency as usize);
         tokio::spawn(async move {
-            let reports = crate::scheduler::dryrun_limited(&loaded, &ctx, concurrency, per_node).await;
-            let result = DryrunResult::from_reports(version, &reports);
+            let findings = crate::scheduler::dryrun_each(&loaded, &ctx, concurrency, per_node, ResourceFinding::of).await;
+            drop(loaded);
+            let result = DryrunResult::from_findings(version, findings);
             let json = serde_json::to_string(&result).expect("a dryrun report serialises");
             if let Err(e) = store.complete_dryrun(&env.id, &id, DryrunStatus::Done, &json).await {
                 tracing::error!(environment = %env.name, dryrun = %id, error = %error_chain(&e), "cannot store the dryrun report");
