@@ -267,7 +267,7 @@ impl Environments {
     }
 
     /// Stops the environment's scheduler (actions in flight finish) and deletes everything stored
-    /// for it, its local node's directory included.
+    /// for it, its plugins' key/value state and its local node's directory included.
     pub async fn delete(&self, key: &str) -> Result<(), EnvError> {
         let env = self.get(key).await?;
         let running = self.running.lock().await.remove(&env.id);
@@ -275,6 +275,10 @@ impl Environments {
             running.scheduler.stop().await;
         }
         self.store.delete_environment(&env.id).await?;
+        // Its plugins' state: scopes are `environment-id/plugin`.
+        if let Err(e) = self.kv.forget(&format!("{}/", env.id)).await {
+            tracing::warn!(environment = %env.name, error = %e, "cannot delete the plugins' key/value state");
+        }
         self.nodes.forget_environment(&env.id);
         self.metrics.forget(&env.name);
         let root = self.data_dir.join("nodes").join(&env.name);

@@ -21,6 +21,8 @@
 //!   scope is dropped first, and a scope too large to copy is read per key: the `get`s queued
 //!   meanwhile are answered with one query per scope (`key IN (…)` on SQLite, `key = ANY($2)` on
 //!   PostgreSQL), a few such queries in flight at once.
+//! - **Forgetting** ([`DbKv::forget`]): a deleted environment's scopes are deleted by the writer
+//!   after what was accepted before, and dropped from memory.
 //!
 //! Architecture invariant: this process is the only writer of the scopes it serves (a scope is
 //! `environment/plugin` and an environment is served by one host), so its copies stay right.
@@ -34,6 +36,7 @@ use orc_runtime::capability::node::BoxFuture;
 use sqlx::{PgConnection, QueryBuilder, Row as _, Sqlite, SqliteConnection};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
+use super::error::backend_with;
 use super::{BeginWrite as _, Store, StoreError, now_ms, sqlite_rows_per_statement};
 
 /// Most writes committed together.
@@ -83,6 +86,12 @@ enum Command {
     Load {
         scope: String,
         done: oneshot::Sender<()>,
+    },
+    /// Delete every scope that starts with the prefix, once the writes accepted before are
+    /// committed; answers how many entries the database deleted.
+    Forget {
+        prefix: String,
+        done: oneshot::Sender<Result<u64, sqlx::Error>>,
     },
 }
 
@@ -194,6 +203,21 @@ impl Memory {
         }
     }
 
+    /// Drops the copies of the scopes under `prefix`, and the overlay's writes to them that are
+    /// committed (`seq` at most `through`).
+    fn forget(&mut self, prefix: &str, through: u64) {
+        let copied = &mut self.copied;
+        self.copies.retain(|scope, copy| {
+            let keep = !scope.starts_with(prefix);
+            if !keep {
+                *copied -= copy.bytes();
+            }
+            keep
+        });
+        self.overlay
+            .retain(|(scope, _), (seq, _)| !scope.starts_with(prefix) || *seq > through);
+    }
+
     /// Drops the least recently used copies until the copies fit.
     fn evict(&mut self) {
         while self.copied > self.budget {
@@ -281,6 +305,26 @@ impl DbKv {
         async move {
             // The writer only ends once the last sender is gone, after committing everything.
             let _ = durable.wait_for(|committed| *committed >= target).await;
+        }
+    }
+
+    /// Deletes the state of every scope that starts with `prefix` (an environment's
+    /// `environment-id/`), in the database and in memory, after the writes accepted before this
+    /// call are committed. Answers how many entries were deleted.
+    pub async fn forget(&self, prefix: &str) -> Result<u64, StoreError> {
+        let (done, deleted) = oneshot::channel();
+        let forget = Command::Forget {
+            prefix: prefix.to_string(),
+            done,
+        };
+        let context = || format!("forgetting plugin state under `{prefix}`");
+        // The writer ends only when this handle is gone, so it answers.
+        if self.commands.send(forget).is_err() {
+            return Err(backend_with(context)(sqlx::Error::WorkerCrashed));
+        }
+        match deleted.await {
+            Ok(answer) => answer.map_err(backend_with(context)),
+            Err(_) => Err(backend_with(context)(sqlx::Error::WorkerCrashed)),
         }
     }
 
@@ -509,20 +553,17 @@ async fn writer(store: Store, shared: Arc<Shared>, mut queued: mpsc::UnboundedRe
             match command {
                 Command::Write(w) => writes.push(w),
                 Command::Load { scope, done } => loads.push((scope, done)),
-            }
-        }
-        if !writes.is_empty() {
-            commit(&store, &writes).await;
-            let last = writes.last().map(|w| w.seq).unwrap_or_default();
-            {
-                let mut memory = shared.memory();
-                for w in writes {
-                    memory.committed(w);
+                Command::Forget { prefix, done } => {
+                    // What was accepted before goes first.
+                    commit_and_apply(&store, &shared, std::mem::take(&mut writes)).await;
+                    let deleted = delete_scopes(&store, &prefix).await;
+                    let through = *shared.durable.borrow();
+                    shared.memory().forget(&prefix, through);
+                    let _ = done.send(deleted);
                 }
-                memory.evict();
             }
-            shared.durable.send_replace(last);
         }
+        commit_and_apply(&store, &shared, writes).await;
         // Nothing of this process is committed but not applied to the copies here, so a copy
         // loaded now matches the database.
         for (scope, done) in loads {
@@ -530,6 +571,34 @@ async fn writer(store: Store, shared: Arc<Shared>, mut queued: mpsc::UnboundedRe
             let _ = done.send(());
         }
     }
+}
+
+/// Commits `writes` (if any), then applies them to the copies and moves the durable mark.
+async fn commit_and_apply(store: &Store, shared: &Shared, writes: Vec<Write>) {
+    let Some(last) = writes.last().map(|w| w.seq) else {
+        return;
+    };
+    commit(store, &writes).await;
+    {
+        let mut memory = shared.memory();
+        for w in writes {
+            memory.committed(w);
+        }
+        memory.evict();
+    }
+    shared.durable.send_replace(last);
+}
+
+/// Deletes the entries of every scope that starts with `prefix`.
+async fn delete_scopes(store: &Store, prefix: &str) -> Result<u64, sqlx::Error> {
+    let deleted = on_pool!(store, pool => {
+        sqlx::query("DELETE FROM plugin_kv WHERE substr(scope, 1, length(CAST($1 AS TEXT))) = $1")
+            .bind(prefix)
+            .execute(pool)
+            .await?
+            .rows_affected()
+    });
+    Ok(deleted)
 }
 
 /// Commits `writes` in one transaction, retrying with backoff until the database takes them.

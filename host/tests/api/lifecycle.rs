@@ -696,3 +696,47 @@ pub async fn readiness_and_metrics_follow_the_deploy(backend: Backend) {
         "seeded at start: {text}"
     );
 }
+
+/// Deleting an environment deletes its plugins' key/value state (scopes `environment-id/…`) in
+/// the database, and nothing of another environment's.
+pub async fn deleting_an_environment_forgets_its_plugin_state(backend: Backend) {
+    let host = Host::start(backend, 1 << 20).await;
+    let registry = format!("{}/registry", host.base.trim_end_matches("/api/v1"));
+    let plugin = orc_plugin_artifacts::BENCH_MEMORY;
+    orc_registry::Registry::open(&registry)
+        .unwrap()
+        .with_token(Some(&host.token))
+        .publish(plugin.bytes)
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for env in ["dev", "keep"] {
+        ids.push(host.create_environment(env).await["id"].as_str().unwrap().to_string());
+        let intent = json!({ "resources": (0..3).map(|i| json!({
+            "id": format!("bench-memory[local,k{i}]"),
+            "adaptor": plugin.digest,
+            "attributes": { "value": i },
+        })).collect::<Vec<_>>() });
+        let (status, body) = host.post(&format!("/environments/{env}/intents"), &intent).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        host.wait_all_deployed(env, 3).await;
+    }
+    let (status, _) = host.send(Method::DELETE, "/environments/dev", None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let data = host.stop().await;
+
+    // What is left in the database, read through a store of its own.
+    let location = data
+        .database
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", data.path().join(orc_host::store::SQLITE_FILE).display()));
+    let store = orc_host::store::Store::connect(&location).await.unwrap();
+    let kv = orc_host::store::DbKv::open(&store).await.unwrap();
+    let keys = |id: &str| {
+        let scope = format!("{id}/bench-memory");
+        let kv = &kv;
+        async move { orc_runtime::capability::kv::KvStore::list(kv, &scope, "").await.unwrap() }
+    };
+    assert_eq!(keys(&ids[0]).await, Vec::<String>::new(), "the deleted environment's state is gone");
+    assert_eq!(keys(&ids[1]).await.len(), 3, "the other environment's state is kept");
+}

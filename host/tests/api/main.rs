@@ -67,6 +67,7 @@ on_both_backends!(
     resources_dropped_from_the_intent_are_no_longer_listed,
     outgoing_http_follows_the_environment_policy_with_a_host_held_secret,
     the_call_timeout_is_an_environment_setting,
+    deleting_an_environment_forgets_its_plugin_state,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");

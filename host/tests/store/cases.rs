@@ -972,6 +972,30 @@ pub async fn db_kv_answers_from_memory_like_the_database(db: &TestDb) -> Result<
     Ok(())
 }
 
+/// [`DbKv::forget`] deletes every scope under a prefix, writes accepted just before it
+/// included, in memory and in the database; `e1/` is not `e10/`.
+pub async fn db_kv_forgets_the_scopes_under_a_prefix(db: &TestDb) -> Result<()> {
+    let kv = DbKv::open(&db.store).await?;
+    for scope in ["e1/a", "e1/b", "e10/a", "e2/a"] {
+        kv.set(scope, "k", scope.as_bytes()).await?;
+    }
+    kv.durable().await;
+    // Copies exist, and one write is not committed yet when the forget is asked.
+    ensure!(kv.get("e1/a", "k").await?.is_some());
+    kv.set("e1/b", "late", b"x").await?;
+    ensure!(kv.forget("e1/").await? == 3);
+    for (scope, kept) in [("e1/a", false), ("e1/b", false), ("e10/a", true), ("e2/a", true)] {
+        ensure!(kv.get(scope, "k").await?.is_some() == kept, "{scope}");
+        ensure!(kv.list(scope, "").await?.len() == usize::from(kept), "{scope}");
+    }
+    ensure!(kv.get("e1/b", "late").await?.is_none());
+    let reopened = DbKv::open(&db.reopen().await?).await?;
+    ensure!(reopened.list("e1/a", "").await?.is_empty() && reopened.list("e1/b", "").await?.is_empty());
+    ensure!(reopened.get("e10/a", "k").await?.as_deref() == Some(b"e10/a".as_slice()));
+    ensure!(reopened.forget("nothing/").await? == 0);
+    Ok(())
+}
+
 pub async fn deleting_an_environment_removes_its_data(db: &TestDb) -> Result<()> {
     let store = &db.store;
     let env = new_env(store, "prod").await?;

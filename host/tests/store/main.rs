@@ -49,6 +49,7 @@ on_both_backends!(
         db_kv_keeps_scopes_apart,
         db_kv_batches_answer_each_call_in_order,
         db_kv_answers_from_memory_like_the_database,
+        db_kv_forgets_the_scopes_under_a_prefix,
         deleting_an_environment_removes_its_data,
         migrations_are_idempotent_on_reconnect,
         batch_timings_10k,
