@@ -27,7 +27,9 @@ use orc_ssh::{Credential, HostKeyPolicy, SshError, SshNode, SshOptions, SshTarge
 pub use secret::{SECRET_KEY_FILE, SecretError, SecretKey};
 
 use crate::pinning::LOCAL_NODE;
-use crate::store::{EnvironmentId, NewNode, NodeDeletion, NodeObservation, NodePatch, NodeRecord, NodeStatus, Store, StoreError, now_ms};
+use crate::store::{
+    EnvironmentId, NewNode, NodeDeletion, NodeObservation, NodePatch, NodePatched, NodeRecord, NodeStatus, Store, StoreError, now_ms,
+};
 
 /// Why a request about nodes was refused. Messages are safe for clients and never carry a
 /// credential.
@@ -214,7 +216,8 @@ impl NodeRegistry {
         Ok(record)
     }
 
-    /// Relabels, changes visibility or replaces the credential (then verifies again).
+    /// Relabels, changes visibility or replaces the credential (then verifies again). Making the
+    /// node private is refused (`InUse`) while another environment has resources on it.
     pub async fn change(&self, name: &str, change: Change) -> Result<NodeRecord, NodesError> {
         if let Some(labels) = &change.labels {
             validate_labels(labels)?;
@@ -232,8 +235,15 @@ impl NodeRegistry {
             credential,
         };
         let record = match self.inner.store.patch_node(name, &patch).await {
+            Ok(NodePatched::Changed(record)) => *record,
+            Ok(NodePatched::InUse { environments }) => {
+                return Err(NodesError::InUse {
+                    node: name.to_string(),
+                    environments,
+                });
+            }
             Err(StoreError::NotFound { what }) if what.starts_with("node") => return Err(NodesError::Unknown(clip(name))),
-            other => other?,
+            Err(e) => return Err(e.into()),
         };
         {
             let mut entries = self.inner.entries.write().expect("node entries");

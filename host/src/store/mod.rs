@@ -80,7 +80,7 @@ pub use clusters::{ClusterRecord, TemplateRecord};
 pub use error::StoreError;
 pub use kv::DbKv;
 pub use model::*;
-pub use nodes::NodeDeletion;
+pub use nodes::{NodeDeletion, NodePatched};
 
 use error::backend;
 

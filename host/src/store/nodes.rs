@@ -10,6 +10,17 @@ use super::{
     now_ms, parse_id, parse_name,
 };
 
+/// What [`Store::patch_node`] did.
+#[derive(Debug)]
+pub enum NodePatched {
+    Changed(Box<NodeRecord>),
+    /// The node was to become private to one environment while the released versions of these
+    /// others have resources on it; nothing was changed.
+    InUse {
+        environments: Vec<String>,
+    },
+}
+
 /// What `delete_node` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeDeletion {
@@ -98,6 +109,10 @@ fn record(row: Row) -> Result<NodeRecord> {
 /// releases, so states of resources dropped from the intent no longer count.
 const USERS: &str = "SELECT DISTINCT e.name FROM resource_states s JOIN environments e ON e.id = s.environment_id \
      WHERE s.node = $1 AND s.version = e.released_version ORDER BY e.name";
+
+/// [`USERS`] other than one environment (`$2`): those a node made private to it would lock out.
+const OTHER_USERS: &str = "SELECT DISTINCT e.name FROM resource_states s JOIN environments e ON e.id = s.environment_id \
+     WHERE s.node = $1 AND s.version = e.released_version AND e.id <> $2 ORDER BY e.name";
 
 fn node_not_found(name: &str) -> StoreError {
     StoreError::not_found(format!("node `{name}`"))
@@ -254,12 +269,24 @@ impl Store {
 
     /// Changes labels, visibility or credential (one transaction). A verified node's status
     /// follows its visibility; a new credential makes it `unidentified` until verified again.
-    pub async fn patch_node(&self, name: &str, patch: &NodePatch) -> Result<NodeRecord> {
+    /// Making the node private to an environment is refused while another environment's released
+    /// version has resources on it.
+    pub async fn patch_node(&self, name: &str, patch: &NodePatch) -> Result<NodePatched> {
         let now = now_ms();
         let labels = patch.labels.as_ref().map(|l| serde_json::to_string(l).expect("labels serialise"));
-        let result: Result<u64, sqlx::Error> = on_pool!(self, pool => {
+        let result: Result<(u64, Vec<String>), sqlx::Error> = on_pool!(self, pool => {
             async {
                 let mut tx = pool.begin_write().await?;
+                if let Some(Some(env)) = &patch.environment {
+                    let others: Vec<String> = sqlx::query_scalar(OTHER_USERS)
+                        .bind(name)
+                        .bind(env.to_string())
+                        .fetch_all(&mut *tx)
+                        .await?;
+                    if !others.is_empty() {
+                        return Ok((1, others));
+                    }
+                }
                 let mut found = sqlx::query("UPDATE nodes SET updated_at = $1 WHERE name = $2")
                     .bind(now)
                     .bind(name)
@@ -300,15 +327,16 @@ impl Store {
                     );
                 }
                 tx.commit().await?;
-                Ok(found)
+                Ok((found, Vec::new()))
             }
             .await
         });
         match result {
             Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => Err(StoreError::not_found("environment".to_string())),
             Err(e) => Err(backend_with(|| format!("changing node `{name}`"))(e)),
-            Ok(0) => Err(node_not_found(name)),
-            Ok(_) => self.get_node(name).await,
+            Ok((_, others)) if !others.is_empty() => Ok(NodePatched::InUse { environments: others }),
+            Ok((0, _)) => Err(node_not_found(name)),
+            Ok(_) => Ok(NodePatched::Changed(Box::new(self.get_node(name).await?))),
         }
     }
 

@@ -281,7 +281,8 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
 /// A private node is refused to another environment's intents (`node_not_allowed`, naming the
 /// node and the environment); an unregistered one is `unknown_node`; a node that cannot be
 /// reached is `unreachable` with the reason, and its own environment's resources wait as
-/// `unavailable`.
+/// `unavailable`. A node in use by two environments cannot be made private to one of them
+/// (`node_in_use`, naming the other).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn private_nodes_are_refused_to_other_environments() {
     let host = Host::start(Backend::Sqlite).await;
@@ -340,6 +341,22 @@ async fn private_nodes_are_refused_to_other_environments() {
         .submit("team-b", json!([file("db1", std::path::Path::new("/tmp/y"), "y")]))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{version}");
+    host.wait_resource("team-b", "file[db1,/tmp/y]", "unavailable").await;
+    // Used by both now: making it private to either is refused, naming the other; nothing changes.
+    for (to, other) in [("team-a", "team-b"), ("team-b", "team-a")] {
+        let (status, err, _) = host
+            .send(Method::PATCH, "/nodes/db1", Some(&json!({ "environment": to, "labels": {} })))
+            .await;
+        assert_eq!((status, err["code"].as_str()), (StatusCode::CONFLICT, Some("node_in_use")), "{err}");
+        let message = err["message"].as_str().unwrap();
+        assert!(message.contains("db1") && message.contains(other), "{message}");
+    }
+    let (_, unchanged) = host.get("/nodes/db1").await;
+    assert_eq!(
+        (&unchanged["environment"], &unchanged["labels"]["tier"]),
+        (&Value::Null, &json!("db")),
+        "{unchanged}"
+    );
 
     // The answers match the schemas the OpenAPI document gives them.
     let doc: Value = host
