@@ -11,6 +11,7 @@ use chacha20poly1305::aead::{Aead, Generate, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use orc_ssh::Credential;
 use serde::{Deserialize, Serialize};
+use zeroize::{Zeroize as _, Zeroizing};
 
 use crate::store::{CredentialKind, SealedCredential};
 
@@ -46,12 +47,25 @@ impl std::fmt::Debug for SecretKey {
     }
 }
 
-/// The credential as sealed: JSON, so that the kinds can grow.
+/// The credential as sealed: JSON, so that the kinds can grow. Wiped when dropped, like the
+/// JSON text it is sealed as or opened from.
 #[derive(Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum Plain {
     PrivateKey { pem: String, passphrase: Option<String> },
     Password(String),
+}
+
+impl Drop for Plain {
+    fn drop(&mut self) {
+        match self {
+            Plain::PrivateKey { pem, passphrase } => {
+                pem.zeroize();
+                passphrase.zeroize();
+            }
+            Plain::Password(p) => p.zeroize(),
+        }
+    }
 }
 
 impl SecretKey {
@@ -116,7 +130,7 @@ impl SecretKey {
             ),
             Credential::Password(p) => (CredentialKind::Password, Plain::Password(p.clone())),
         };
-        let text = serde_json::to_vec(&plain).expect("a credential serialises");
+        let text = Zeroizing::new(serde_json::to_vec(&plain).expect("a credential serialises"));
         let nonce = Nonce::try_generate().map_err(|_| SecretError::Random)?;
         let aad = SecretKey::aad(node);
         let ciphertext = self
@@ -137,19 +151,24 @@ impl SecretKey {
         let fail = || SecretError::Open { node: node.to_string() };
         let nonce = Nonce::try_from(sealed.nonce.as_slice()).map_err(|_| fail())?;
         let aad = SecretKey::aad(node);
-        let text = self
-            .cipher
-            .decrypt(
-                &nonce,
-                Payload {
-                    msg: &sealed.ciphertext,
-                    aad: &aad,
-                },
-            )
-            .map_err(|_| fail())?;
-        Ok(match serde_json::from_slice(&text).map_err(|_| fail())? {
-            Plain::PrivateKey { pem, passphrase } => Credential::PrivateKey { pem, passphrase },
-            Plain::Password(p) => Credential::Password(p),
+        let text = Zeroizing::new(
+            self.cipher
+                .decrypt(
+                    &nonce,
+                    Payload {
+                        msg: &sealed.ciphertext,
+                        aad: &aad,
+                    },
+                )
+                .map_err(|_| fail())?,
+        );
+        let mut plain: Plain = serde_json::from_slice(&text).map_err(|_| fail())?;
+        Ok(match &mut plain {
+            Plain::PrivateKey { pem, passphrase } => Credential::PrivateKey {
+                pem: std::mem::take(pem),
+                passphrase: passphrase.take(),
+            },
+            Plain::Password(p) => Credential::Password(std::mem::take(p)),
         })
     }
 }
@@ -168,7 +187,7 @@ mod tests {
         let (kind, sealed) = key.seal("web1", &Credential::Password("hunter2-secret".into())).unwrap();
         assert_eq!(kind, CredentialKind::Password);
         assert!(!sealed.ciphertext.windows(7).any(|w| w == b"hunter2"), "not encrypted");
-        match again.open("web1", &sealed).unwrap() {
+        match &again.open("web1", &sealed).unwrap() {
             Credential::Password(p) => assert_eq!(p, "hunter2-secret"),
             other => panic!("{other:?}"),
         }

@@ -18,11 +18,14 @@ mod sftp;
 use std::fmt;
 use std::time::Duration;
 
+use zeroize::Zeroize as _;
+
 pub use error::SshError;
 pub use facts::NodeFacts;
 pub use node::SshNode;
 
-/// How to authenticate. `Debug` shows the kind only.
+/// How to authenticate. `Debug` shows the kind only; the secret text is wiped when the
+/// credential is dropped (the copies russh makes while authenticating are its own).
 #[derive(Clone)]
 pub enum Credential {
     /// A private key in OpenSSH, PKCS#8 or PEM text, with its passphrase if it is encrypted.
@@ -42,6 +45,18 @@ impl fmt::Debug for Credential {
                 .field("passphrase", &passphrase.as_ref().map(|_| "<redacted>"))
                 .finish(),
             Credential::Password(_) => f.debug_tuple("Password").field(&"<redacted>").finish(),
+        }
+    }
+}
+
+impl Drop for Credential {
+    fn drop(&mut self) {
+        match self {
+            Credential::PrivateKey { pem, passphrase } => {
+                pem.zeroize();
+                passphrase.zeroize();
+            }
+            Credential::Password(p) => p.zeroize(),
         }
     }
 }
