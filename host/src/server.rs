@@ -375,6 +375,8 @@ impl Environments {
     /// releases it.
     async fn submit_and_release(&self, env: &Environment, running: &Running, intent: Intent) -> Result<VersionInfo, EnvError> {
         let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &Grants::all()).await?;
+        // An earlier version may name a node deleted since, or made private to another environment.
+        self.check_nodes(&intent, &pinned.plugins, env)?;
         let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
         let info = self.store.submit_version(&env.id, &document).await?;
         let info = self.store.release_version(&env.id, info.version).await?;
@@ -494,6 +496,7 @@ impl Environments {
             return self.submit_and_release(&env, &running, composed).await;
         }
         let loaded = self.load_version(&env.id, version).await?;
+        self.check_nodes(&loaded.intent, &loaded.plugins, &env)?;
         let info = self.store.release_version(&env.id, version).await?;
         self.metrics.released(&env.name, info.version);
         running.release(loaded);

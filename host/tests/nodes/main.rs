@@ -194,6 +194,7 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
     let resources = json!([file("web1", &a, "alpha\n"), file("web1", &b, "beta\n")]);
     let (status, version) = host.submit("dev", resources).await;
     assert_eq!(status, StatusCode::CREATED, "{version}");
+    let on_web1 = version["version"].as_i64().unwrap();
     for path in [&a, &b] {
         host.wait_resource("dev", &format!("file[web1,{}]", path.display()), "deployed")
             .await;
@@ -241,6 +242,18 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
     }
     let (status, _) = host.get("/nodes/web1").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    // The version that used it is not brought back: neither released again nor rolled back to.
+    for action in ["release", "rollback"] {
+        let (status, err) = host
+            .post(&format!("/environments/dev/intents/{on_web1}/{action}"), &json!({}))
+            .await;
+        assert_eq!(
+            (status, err["code"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some("unknown_node")),
+            "{action}: {err}"
+        );
+        assert!(err["message"].as_str().unwrap().contains("web1"), "{err}");
+    }
 
     // A restarted host opens the credentials it sealed and verifies its nodes again.
     host.register(key_registration("web3", &sshd)).await;
