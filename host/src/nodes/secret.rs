@@ -10,8 +10,7 @@ use std::path::{Path, PathBuf};
 use chacha20poly1305::aead::{Aead, Generate, KeyInit, Payload};
 use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
 use orc_ssh::Credential;
-use serde::{Deserialize, Serialize};
-use zeroize::{Zeroize as _, Zeroizing};
+use zeroize::Zeroizing;
 
 use crate::store::{CredentialKind, SealedCredential};
 
@@ -44,27 +43,6 @@ pub struct SecretKey {
 impl std::fmt::Debug for SecretKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("SecretKey(<redacted>)")
-    }
-}
-
-/// The credential as sealed: JSON, so that the kinds can grow. Wiped when dropped, like the
-/// JSON text it is sealed as or opened from.
-#[derive(Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Plain {
-    PrivateKey { pem: String, passphrase: Option<String> },
-    Password(String),
-}
-
-impl Drop for Plain {
-    fn drop(&mut self) {
-        match self {
-            Plain::PrivateKey { pem, passphrase } => {
-                pem.zeroize();
-                passphrase.zeroize();
-            }
-            Plain::Password(p) => p.zeroize(),
-        }
     }
 }
 
@@ -120,17 +98,12 @@ impl SecretKey {
 
     /// Encrypts `credential` for node `node`.
     pub fn seal(&self, node: &str, credential: &Credential) -> Result<(CredentialKind, SealedCredential), SecretError> {
-        let (kind, plain) = match credential {
-            Credential::PrivateKey { pem, passphrase } => (
-                CredentialKind::PrivateKey,
-                Plain::PrivateKey {
-                    pem: pem.clone(),
-                    passphrase: passphrase.clone(),
-                },
-            ),
-            Credential::Password(p) => (CredentialKind::Password, Plain::Password(p.clone())),
+        let kind = match credential {
+            Credential::PrivateKey { .. } => CredentialKind::PrivateKey,
+            Credential::Password(_) => CredentialKind::Password,
         };
-        let text = Zeroizing::new(serde_json::to_vec(&plain).expect("a credential serialises"));
+        // Sealed as its JSON form (so that the kinds can grow), wiped once encrypted.
+        let text = Zeroizing::new(serde_json::to_vec(credential).expect("a credential serialises"));
         let nonce = Nonce::try_generate().map_err(|_| SecretError::Random)?;
         let aad = SecretKey::aad(node);
         let ciphertext = self
@@ -162,20 +135,40 @@ impl SecretKey {
                 )
                 .map_err(|_| fail())?,
         );
-        let mut plain: Plain = serde_json::from_slice(&text).map_err(|_| fail())?;
-        Ok(match &mut plain {
-            Plain::PrivateKey { pem, passphrase } => Credential::PrivateKey {
-                pem: std::mem::take(pem),
-                passphrase: passphrase.take(),
-            },
-            Plain::Password(p) => Credential::Password(std::mem::take(p)),
-        })
+        serde_json::from_slice(&text).map_err(|_| fail())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The JSON form sealed since the first release: credentials sealed then still open.
+    #[test]
+    fn the_sealed_form_is_stable() {
+        let forms = [
+            (Credential::Password("pw".into()), r#"{"password":"pw"}"#),
+            (
+                Credential::PrivateKey {
+                    pem: "PEM".into(),
+                    passphrase: Some("pp".into()),
+                },
+                r#"{"private_key":{"pem":"PEM","passphrase":"pp"}}"#,
+            ),
+            (
+                Credential::PrivateKey {
+                    pem: "PEM".into(),
+                    passphrase: None,
+                },
+                r#"{"private_key":{"pem":"PEM","passphrase":null}}"#,
+            ),
+        ];
+        for (credential, json) in forms {
+            assert_eq!(serde_json::to_string(&credential).unwrap(), json);
+            let back: Credential = serde_json::from_str(json).unwrap();
+            assert_eq!(serde_json::to_string(&back).unwrap(), json);
+        }
+    }
 
     #[test]
     fn a_sealed_credential_opens_only_for_its_node_and_key() {

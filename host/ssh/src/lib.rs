@@ -25,8 +25,11 @@ pub use facts::NodeFacts;
 pub use node::SshNode;
 
 /// How to authenticate. `Debug` shows the kind only; the secret text is wiped when the
-/// credential is dropped (the copies russh makes while authenticating are its own).
-#[derive(Clone)]
+/// credential is dropped (the copies russh makes while authenticating are its own). The serde
+/// form (`{"private_key":{"pem":…,"passphrase":…}}` or `{"password":…}`) is what the host seals
+/// at rest: a change to it must still read what is sealed.
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Credential {
     /// A private key in OpenSSH, PKCS#8 or PEM text, with its passphrase if it is encrypted.
     PrivateKey {
