@@ -591,14 +591,16 @@ async fn commit_and_apply(store: &Store, shared: &Shared, writes: Vec<Write>) {
 
 /// Deletes the entries of every scope that starts with `prefix`.
 async fn delete_scopes(store: &Store, prefix: &str) -> Result<u64, sqlx::Error> {
-    let deleted = on_pool!(store, pool => {
-        sqlx::query("DELETE FROM plugin_kv WHERE substr(scope, 1, length(CAST($1 AS TEXT))) = $1")
+    on_pool!(store, pool => {
+        let mut tx = pool.begin_write().await?;
+        let deleted = sqlx::query("DELETE FROM plugin_kv WHERE substr(scope, 1, length(CAST($1 AS TEXT))) = $1")
             .bind(prefix)
-            .execute(pool)
+            .execute(&mut *tx)
             .await?
-            .rows_affected()
-    });
-    Ok(deleted)
+            .rows_affected();
+        tx.commit().await?;
+        Ok(deleted)
+    })
 }
 
 /// Commits `writes` in one transaction, retrying with backoff until the database takes them.

@@ -104,14 +104,11 @@ fn record(row: Row) -> Result<NodeRecord> {
     })
 }
 
-/// Environments whose released version has resources on a node: a state belongs to the version
-/// it was last emitted for, and the scheduler emits one for every resource of a version it
-/// releases, so states of resources dropped from the intent no longer count.
+/// Environments other than `$2` (`""`: none) whose released version has resources on node `$1`:
+/// a state belongs to the version it was last emitted for, and the scheduler emits one for every
+/// resource of a version it releases, so states of resources dropped from the intent no longer
+/// count.
 const USERS: &str = "SELECT DISTINCT e.name FROM resource_states s JOIN environments e ON e.id = s.environment_id \
-     WHERE s.node = $1 AND s.version = e.released_version ORDER BY e.name";
-
-/// [`USERS`] other than one environment (`$2`): those a node made private to it would lock out.
-const OTHER_USERS: &str = "SELECT DISTINCT e.name FROM resource_states s JOIN environments e ON e.id = s.environment_id \
      WHERE s.node = $1 AND s.version = e.released_version AND e.id <> $2 ORDER BY e.name";
 
 fn node_not_found(name: &str) -> StoreError {
@@ -274,17 +271,18 @@ impl Store {
     pub async fn patch_node(&self, name: &str, patch: &NodePatch) -> Result<NodePatched> {
         let now = now_ms();
         let labels = patch.labels.as_ref().map(|l| serde_json::to_string(l).expect("labels serialise"));
-        let result: Result<(u64, Vec<String>), sqlx::Error> = on_pool!(self, pool => {
+        // `Err(environments)`: refused, those use the node.
+        let result: Result<Result<u64, Vec<String>>, sqlx::Error> = on_pool!(self, pool => {
             async {
                 let mut tx = pool.begin_write().await?;
                 if let Some(Some(env)) = &patch.environment {
-                    let others: Vec<String> = sqlx::query_scalar(OTHER_USERS)
+                    let others: Vec<String> = sqlx::query_scalar(USERS)
                         .bind(name)
                         .bind(env.to_string())
                         .fetch_all(&mut *tx)
                         .await?;
                     if !others.is_empty() {
-                        return Ok((1, others));
+                        return Ok(Err(others));
                     }
                 }
                 let mut found = sqlx::query("UPDATE nodes SET updated_at = $1 WHERE name = $2")
@@ -327,16 +325,16 @@ impl Store {
                     );
                 }
                 tx.commit().await?;
-                Ok((found, Vec::new()))
+                Ok(Ok(found))
             }
             .await
         });
         match result {
             Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => Err(StoreError::not_found("environment".to_string())),
             Err(e) => Err(backend_with(|| format!("changing node `{name}`"))(e)),
-            Ok((_, others)) if !others.is_empty() => Ok(NodePatched::InUse { environments: others }),
-            Ok((0, _)) => Err(node_not_found(name)),
-            Ok(_) => Ok(NodePatched::Changed(Box::new(self.get_node(name).await?))),
+            Ok(Err(environments)) => Ok(NodePatched::InUse { environments }),
+            Ok(Ok(0)) => Err(node_not_found(name)),
+            Ok(Ok(_)) => Ok(NodePatched::Changed(Box::new(self.get_node(name).await?))),
         }
     }
 
@@ -347,10 +345,9 @@ impl Store {
         let (users, deleted): (Vec<String>, u64) = on_pool!(self, pool => {
             async {
                 let mut tx = pool.begin_write().await?;
-                let users: Vec<String> = sqlx::query_scalar(
-                    USERS,
-                )
+                let users: Vec<String> = sqlx::query_scalar(USERS)
                 .bind(name)
+                .bind("")
                 .fetch_all(&mut *tx)
                 .await?;
                 if !users.is_empty() {
