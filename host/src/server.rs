@@ -25,7 +25,7 @@ use crate::dryrun::{DryrunResult, ResourceFinding};
 use crate::events::{Batch, EnvironmentSink, EventStream, Observer, StatusCounts};
 use crate::intent::{Intent, IntentError, ResourceId};
 use crate::metrics::Metrics;
-use crate::nodes::{NodeRegistry, Refusal, SECRET_KEY_FILE, SecretError, SecretKey};
+use crate::nodes::{NodeRegistry, NodesError, Refusal, SECRET_KEY_FILE, SecretError, SecretKey};
 use crate::outbound::{self, HostSecrets};
 use crate::persistence::{self, StoreSink};
 use crate::pinning::{self, PinError};
@@ -111,6 +111,8 @@ pub enum StartError {
 
 /// One environment's running parts.
 pub(crate) struct Running {
+    /// The environment's name.
+    name: String,
     pub(crate) scheduler: Scheduler,
     /// Serialises submissions and releases, so the scheduler sees versions in the store's order.
     pub(crate) releases: Mutex<()>,
@@ -139,6 +141,18 @@ impl Running {
         let version = Arc::new(version);
         *self.released.lock().expect("released version") = Some(version.clone());
         self.scheduler.release(version);
+    }
+
+    /// Whether the released version has a resource on `node` through an adaptor that uses
+    /// nodes (a purged one too: purging it needs the node).
+    fn uses_node(&self, node: &str) -> bool {
+        self.released_version().is_some_and(|v| {
+            v.intent
+                .resources
+                .iter()
+                .zip(&v.plugins)
+                .any(|(r, p)| r.id.node == node && p.manifest.capabilities.contains(&orc_manifest::Capability::Node))
+        })
     }
 
     /// The released version if it is `number`.
@@ -234,6 +248,52 @@ impl Environments {
     /// The SSH nodes.
     pub fn nodes(&self) -> &NodeRegistry {
         &self.nodes
+    }
+
+    /// Deletes a node unless an environment uses it: a running environment's released version
+    /// (from memory, so a version released a moment ago counts before its states are stored),
+    /// or the stored states of the others (`NodeRegistry::delete`).
+    pub async fn delete_node(&self, name: &str) -> Result<(), NodesError> {
+        self.unless_used(name, None, self.nodes.delete(name)).await
+    }
+
+    /// Changes a node (`NodeRegistry::change`). Making it private to one environment is refused
+    /// while another uses it, checked as [`Environments::delete_node`] checks.
+    pub async fn change_node(&self, name: &str, change: crate::nodes::Change) -> Result<crate::store::NodeRecord, NodesError> {
+        match change.environment {
+            Some(Some(to)) => self.unless_used(name, Some(to), self.nodes.change(name, change)).await,
+            _ => self.nodes.change(name, change).await,
+        }
+    }
+
+    /// Runs `then` unless a running environment other than `except` has resources on node
+    /// `name` in its released version. Every running environment's release turn is held until
+    /// `then` is done, so no submission or release naming the node passes its check in between.
+    async fn unless_used<T>(
+        &self,
+        name: &str,
+        except: Option<EnvironmentId>,
+        then: impl Future<Output = Result<T, NodesError>>,
+    ) -> Result<T, NodesError> {
+        let mut running: Vec<(EnvironmentId, Arc<Running>)> = self.running.lock().await.iter().map(|(id, r)| (*id, r.clone())).collect();
+        // One order for taking several turns; a submission takes one.
+        running.sort_by_key(|(id, _)| *id);
+        let mut turns = Vec::with_capacity(running.len());
+        for (_, r) in &running {
+            turns.push(r.releases.lock().await);
+        }
+        let users: Vec<String> = running
+            .iter()
+            .filter(|(id, r)| Some(*id) != except && r.uses_node(name))
+            .map(|(_, r)| r.name.clone())
+            .collect();
+        if !users.is_empty() {
+            return Err(NodesError::InUse {
+                node: name.to_string(),
+                environments: users,
+            });
+        }
+        then.await
     }
 
     /// The store, for reads (versions, states, actions).
@@ -613,6 +673,7 @@ impl Environments {
         ));
         let scheduler = Scheduler::spawn_halted(ctx.clone(), scheduler_settings(&env.settings), env.halted, sink, known);
         let r = Arc::new(Running {
+            name: env.name.clone(),
             scheduler,
             releases: Mutex::new(()),
             ctx: std::sync::RwLock::new(ctx),

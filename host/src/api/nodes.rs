@@ -189,13 +189,15 @@ async fn get_node(State(envs): State<AppState>, Path(node): Path<String>) -> Res
     Ok(axum::Json(envs.nodes().get(&node).await?))
 }
 
-/// Changes labels, visibility or the credential (a new credential is verified at once).
+/// Changes labels, visibility or the credential (a new credential is verified at once). Making
+/// the node private to one environment is refused (409 `node_in_use`) while another uses it.
 #[utoipa::path(patch, path = "/nodes/{node}", tag = "nodes", request_body = NodeChange,
     params(("node" = String, Path, description = "Node name")),
     responses(
         (status = 200, body = NodeRecord),
         (status = 400, body = ErrorBody),
         (status = 404, description = "Unknown node or environment", body = ErrorBody),
+        (status = 409, description = "Made private while another environment uses it", body = ErrorBody),
         (status = 422, body = ErrorBody),
     ))]
 async fn change_node(
@@ -213,7 +215,7 @@ async fn change_node(
         environment,
         credential,
     };
-    Ok(axum::Json(envs.nodes().change(&node, change).await?))
+    Ok(axum::Json(envs.change_node(&node, change).await?))
 }
 
 /// Deletes the node and its credential; refused (409 `node_in_use`) while some environment has
@@ -222,7 +224,7 @@ async fn change_node(
     params(("node" = String, Path, description = "Node name")),
     responses((status = 204, description = "Deleted"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn delete_node(State(envs): State<AppState>, Path(node): Path<String>) -> Result<StatusCode> {
-    envs.nodes().delete(&node).await?;
+    envs.delete_node(&node).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -294,7 +294,8 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
 /// A private node is refused to another environment's intents (`node_not_allowed`, naming the
 /// node and the environment); an unregistered one is `unknown_node`; a node that cannot be
 /// reached is `unreachable` with the reason, and its own environment's resources wait as
-/// `unavailable`. A node in use by two environments cannot be made private to one of them
+/// `unavailable`. A node is in use, and not deleted, from the moment a version naming it is
+/// released. A node in use by two environments cannot be made private to one of them
 /// (`node_in_use`, naming the other).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn private_nodes_are_refused_to_other_environments() {
@@ -332,8 +333,15 @@ async fn private_nodes_are_refused_to_other_environments() {
         "{err}"
     );
 
-    let (status, version) = host.submit("team-a", resources).await;
+    // With 2,000 more resources, whose states take a moment to be stored.
+    let mut many = resources.as_array().unwrap().clone();
+    many.extend((0..2000).map(|i| file("db1", std::path::Path::new(&format!("/tmp/many/{i}")), "x")));
+    let (status, version) = host.submit("team-a", Value::Array(many)).await;
     assert_eq!(status, StatusCode::CREATED, "{version}");
+    // In use from the moment the version is released, before its states are stored.
+    let (status, err, _) = host.send(Method::DELETE, "/nodes/db1", None).await;
+    assert_eq!((status, err["code"].as_str()), (StatusCode::CONFLICT, Some("node_in_use")), "{err}");
+    assert!(err["message"].as_str().unwrap().contains("team-a"), "{err}");
     let state = host.wait_resource("team-a", "file[db1,/tmp/x]", "unavailable").await;
     assert!(state["last_error"].to_string().contains("db1"), "{state}");
 
