@@ -1,4 +1,4 @@
-//! The first-party adaptors `file` (with owner and group), `directory`, `symlink`, `command` and
+//! The first-party adaptors `file` and `directory` (each with owner and group), `symlink`, `command` and
 //! `process` deployed through the scheduler to a real node over SSH (an OpenSSH sshd the test
 //! starts, as root): first deploy, an idempotent second pass, drift made by hand that a dryrun
 //! reports without touching, drift repaired by self-healing, and purge.
@@ -437,14 +437,25 @@ async fn directory_with_parents_mode_and_purge() {
     let (top_id, leaf_id) = (format!("directory[{NODE},{top}]"), format!("directory[{NODE},{leaf}]"));
     let resources = json!([
         { "id": top_id, "adaptor": "directory@0.1.0", "attributes": { "mode": "0755" } },
-        { "id": leaf_id, "adaptor": "directory@0.1.0", "attributes": { "mode": "0750" }, "requires": [top_id] },
+        { "id": leaf_id, "adaptor": "directory@0.1.0", "attributes": {
+            "mode": "0750", "owner": sshd::TEST_USER, "group": "65534" }, "requires": [top_id] },
     ]);
     let v1 = h.version(1, resources.clone());
     h.deploy(v1.clone(), Status::Deployed).await;
     let mode = |p: &str| std::fs::metadata(p).map(|m| (m.is_dir(), m.mode() & 0o7777)).ok();
+    let owner = |p: &str| std::fs::metadata(p).map(|m| (m.uid(), m.gid())).ok();
     assert_eq!(mode(&leaf), Some((true, 0o750)), "created with its missing parent");
+    assert_eq!(owner(&leaf), Some((uid_of(sshd::TEST_USER), 65534)));
     assert_eq!(mode(&top), Some((true, 0o755)));
     h.assert_idempotent().await;
+
+    // Drift: the owner changed by hand.
+    let fields = h
+        .drift_and_dryrun(&v1, &leaf_id, || std::os::unix::fs::chown(&leaf, Some(0), Some(0)).unwrap())
+        .await;
+    assert_eq!(fields, ["owner", "group"]);
+    h.heal("the directory's owner", || owner(&leaf) == Some((uid_of(sshd::TEST_USER), 65534)))
+        .await;
 
     // Drift: the mode changed by hand. A dryrun names it and changes nothing.
     let fields = h

@@ -3,14 +3,18 @@
 //! Resource type `directory`; the key is the directory's absolute path on the node. Attributes:
 //! - `mode` (optional): octal string (`"0755"`) or integer of octal digits (`755`). A new
 //!   directory gets `0755` when absent; an existing one's mode is then left alone;
+//! - `owner`, `group` (optional): a name resolved on the node, or a numeric id; compared and
+//!   set only when given (a new directory belongs to whoever the node writes as otherwise);
 //! - `parents` (bool, default `true`): create missing parent directories;
 //! - `purge_recursive` (bool, default `false`): when the resource is purged, remove the
 //!   directory with its content. Otherwise purging removes it only when it is empty.
 //!
-//! Current state: `{"mode": "0755"}`. Something other than a directory at the path is an error,
-//! never replaced.
+//! Current state: `{"mode": "0755"}`, with `"owner": {"uid": 0, "gid": 0, "user": "root",
+//! "group": "root"}` when `owner` or `group` is managed (looking the names up costs a command over
+//! SSH). Something other than a directory at the path is an error, never replaced.
 
-use orc_sdk::node::{self, FileKind, Mode};
+use orc_sdk::adaptor::has_change;
+use orc_sdk::node::{self, FileKind, Mode, Ownership};
 use orc_sdk::{Adaptor, Change, Changes, Error, Result, ResultExt, Target};
 use serde::{Deserialize, Serialize};
 
@@ -26,6 +30,10 @@ orc_sdk::export!(adaptor: DirectoryAdaptor);
 pub struct Desired {
     #[serde(default)]
     mode: Option<Mode>,
+    #[serde(default)]
+    owner: Option<String>,
+    #[serde(default)]
+    group: Option<String>,
     #[serde(default = "yes")]
     parents: bool,
     /// Read by `delete` through `Target::attribute`; declared so that it is a known attribute.
@@ -38,9 +46,18 @@ fn yes() -> bool {
     true
 }
 
+impl Desired {
+    fn manages_owner(&self) -> bool {
+        self.owner.is_some() || self.group.is_some()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Current {
     mode: Mode,
+    /// Read only when `owner` or `group` is managed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner: Option<Ownership>,
 }
 
 /// The key, checked to be an absolute path.
@@ -59,11 +76,18 @@ impl Adaptor for DirectoryAdaptor {
     type Desired = Desired;
     type Current = Current;
 
-    fn read(target: &Target, _desired: &Desired) -> Result<Option<Current>> {
+    fn read(target: &Target, desired: &Desired) -> Result<Option<Current>> {
         let path = path(target)?;
         match node::stat(&target.node, path).context(format_args!("stat {path}"))? {
             None => Ok(None),
-            Some(stat) if stat.kind == FileKind::Directory => Ok(Some(Current { mode: stat.mode })),
+            Some(stat) if stat.kind == FileKind::Directory => {
+                let owner = if desired.manages_owner() {
+                    node::owner(&target.node, path).context(format_args!("owner of {path}"))?
+                } else {
+                    None
+                };
+                Ok(Some(Current { mode: stat.mode, owner }))
+            }
             Some(stat) => Err(Error::permanent(format!(
                 "{}: {path} is a {}, not a directory; the directory adaptor will not replace it",
                 target.id,
@@ -74,29 +98,48 @@ impl Adaptor for DirectoryAdaptor {
 
     fn diff(target: &Target, desired: &Desired, current: Option<&Current>) -> Result<Vec<Change>> {
         path(target)?;
+        let (owner, group) = (desired.owner.as_deref(), desired.group.as_deref());
         Ok(match current {
-            None => Changes::new().compare("mode", None, &desired.mode.unwrap_or(DEFAULT_MODE)),
-            Some(current) => Changes::new().compare_managed("mode", Some(&current.mode), desired.mode.as_ref()),
+            None => Changes::new()
+                .compare("mode", None, &desired.mode.unwrap_or(DEFAULT_MODE))
+                .compare_ownership(None, owner, group),
+            Some(current) => Changes::new()
+                .compare_managed("mode", Some(&current.mode), desired.mode.as_ref())
+                .compare_ownership(current.owner.as_ref(), owner, group),
         }
         .into_vec())
     }
 
     fn apply(target: &Target, desired: &Desired, current: Option<&Current>, changes: &[Change]) -> Result<Vec<String>> {
         let path = path(target)?;
+        let mut messages = Vec::new();
         match current {
             None => {
                 let mode = desired.mode.unwrap_or(DEFAULT_MODE);
                 node::create_dir(&target.node, path, Some(mode), desired.parents).context(format_args!("create directory {path}"))?;
-                Ok(vec![format!("created directory {path} (mode {mode})")])
-            }
-            Some(current) => match desired.mode {
-                Some(mode) if mode != current.mode && orc_sdk::adaptor::has_change(changes, "mode") => {
-                    node::set_mode(&target.node, path, mode).context(format_args!("chmod {path}"))?;
-                    Ok(vec![format!("set mode of {path} to {mode} (was {})", current.mode)])
+                messages.push(format!("created directory {path} (mode {mode})"));
+                if desired.manages_owner() {
+                    messages.push(node::set_owner_of(
+                        target,
+                        path,
+                        desired.owner.as_deref(),
+                        desired.group.as_deref(),
+                    )?);
                 }
-                _ => Ok(Vec::new()),
-            },
+            }
+            Some(current) => {
+                if let Some(mode) = desired.mode.filter(|m| *m != current.mode && has_change(changes, "mode")) {
+                    node::set_mode(&target.node, path, mode).context(format_args!("chmod {path}"))?;
+                    messages.push(format!("set mode of {path} to {mode} (was {})", current.mode));
+                }
+                let user = desired.owner.as_deref().filter(|_| has_change(changes, "owner"));
+                let group = desired.group.as_deref().filter(|_| has_change(changes, "group"));
+                if user.is_some() || group.is_some() {
+                    messages.push(node::set_owner_of(target, path, user, group)?);
+                }
+            }
         }
+        Ok(messages)
     }
 
     fn delete(target: &Target, _current: &Current) -> Result<Vec<String>> {
@@ -163,6 +206,24 @@ mod tests {
     }
 
     #[test]
+    fn owner_and_group_are_managed_only_when_given() {
+        let root = r#"{"mode":"0755","owner":{"uid":0,"gid":0,"user":"root","group":"root"}}"#;
+        assert!(diff(json!({}), Some(root)).unwrap().is_empty());
+        assert!(diff(json!({"owner": "root", "group": "0"}), Some(root)).unwrap().is_empty());
+        assert_eq!(
+            diff(json!({"owner": "www-data", "group": "root"}), Some(root)).unwrap(),
+            vec![Change::new("owner", Some(json!("root")), Some(json!("www-data")))]
+        );
+        assert_eq!(
+            diff(json!({"group": "33"}), None).unwrap(),
+            vec![
+                Change::new("mode", None, Some(json!("0755"))),
+                Change::new("group", None, Some(json!("33")))
+            ]
+        );
+    }
+
+    #[test]
     fn bad_attributes_are_invalid_input() {
         let e = diff(json!({"parents": "yes"}), None).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidInput);
@@ -173,7 +234,7 @@ mod tests {
         let e = diff(json!({"recurse": true}), None).unwrap_err();
         assert!(
             e.message()
-                .contains("unknown field `recurse`, expected one of `mode`, `parents`, `purge_recursive`"),
+                .contains("unknown field `recurse`, expected one of `mode`, `owner`, `group`, `parents`, `purge_recursive`"),
             "{e}"
         );
     }

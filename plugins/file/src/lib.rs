@@ -124,18 +124,6 @@ fn desired_content_value(content: &str) -> Value {
     }
 }
 
-fn set_owner(target: &Target, path: &str, user: Option<&str>, group: Option<&str>, messages: &mut Vec<String>) -> Result<()> {
-    node::set_owner(&target.node, path, user, group).context(format_args!("{}: chown {path}", target.id))?;
-    let shown = match (user, group) {
-        (Some(u), Some(g)) => format!("{u}:{g}"),
-        (Some(u), None) => u.to_string(),
-        (None, Some(g)) => format!(":{g}"),
-        (None, None) => String::new(),
-    };
-    messages.push(format!("set owner of {path} to {shown}"));
-    Ok(())
-}
-
 /// The key, checked to be an absolute path that can name a file.
 fn path(target: &Target) -> Result<&str> {
     let key = target.key.as_str();
@@ -188,8 +176,7 @@ impl Adaptor for FileAdaptor {
             return Ok(Changes::new()
                 .push(Change::new("content", None, Some(desired_content_value(&desired.content))))
                 .compare("mode", None, &desired.mode.unwrap_or(DEFAULT_MODE))
-                .compare_managed("owner", None, desired.owner.as_ref())
-                .compare_managed("group", None, desired.group.as_ref())
+                .compare_ownership(None, desired.owner.as_deref(), desired.group.as_deref())
                 .into_vec());
         };
         let mut changes = Changes::new();
@@ -200,18 +187,8 @@ impl Adaptor for FileAdaptor {
                 Some(desired_content_value(&desired.content)),
             ));
         }
-        let owned = current.ownership();
-        if let Some(user) = &desired.owner
-            && !owned.is_user(user)
-        {
-            changes = changes.push(Change::new("owner", Some(owned.user_shown().into()), Some(user.as_str().into())));
-        }
-        if let Some(group) = &desired.group
-            && !owned.is_group(group)
-        {
-            changes = changes.push(Change::new("group", Some(owned.group_shown().into()), Some(group.as_str().into())));
-        }
         Ok(changes
+            .compare_ownership(Some(&current.ownership()), desired.owner.as_deref(), desired.group.as_deref())
             .compare_managed("mode", Some(&current.mode), desired.mode.as_ref())
             .into_vec())
     }
@@ -224,7 +201,12 @@ impl Adaptor for FileAdaptor {
             node::write_file(&target.node, path, bytes, Some(mode)).context(format_args!("write {path}"))?;
             let mut messages = vec![format!("created {path} ({} bytes, mode {mode})", bytes.len())];
             if desired.manages_owner() {
-                set_owner(target, path, desired.owner.as_deref(), desired.group.as_deref(), &mut messages)?;
+                messages.push(node::set_owner_of(
+                    target,
+                    path,
+                    desired.owner.as_deref(),
+                    desired.group.as_deref(),
+                )?);
             }
             return Ok(messages);
         };
@@ -250,7 +232,7 @@ impl Adaptor for FileAdaptor {
             let user = desired.owner.as_deref().or((written.uid != current.uid).then_some(uid.as_str()));
             let group = desired.group.as_deref().or((written.gid != current.gid).then_some(gid.as_str()));
             if user.is_some() || group.is_some() {
-                set_owner(target, path, user, group, &mut messages)?;
+                messages.push(node::set_owner_of(target, path, user, group)?);
             }
             return Ok(messages);
         }
@@ -259,7 +241,7 @@ impl Adaptor for FileAdaptor {
             messages.push(format!("set mode of {path} to {mode} (was {})", current.mode));
         }
         if owner_changes.0.is_some() || owner_changes.1.is_some() {
-            set_owner(target, path, owner_changes.0, owner_changes.1, &mut messages)?;
+            messages.push(node::set_owner_of(target, path, owner_changes.0, owner_changes.1)?);
         }
         Ok(messages)
     }

@@ -115,6 +115,26 @@ impl Changes {
         self
     }
 
+    /// Records `owner` and `group` where the managed ones (`None`: unmanaged) differ from
+    /// `current` (`None`: the path is still to be made). A name and its numeric id are the same
+    /// owner; a change shows the name when the node has one.
+    #[must_use]
+    pub fn compare_ownership(mut self, current: Option<&crate::node::Ownership>, owner: Option<&str>, group: Option<&str>) -> Self {
+        if let Some(user) = owner
+            && !current.is_some_and(|c| c.is_user(user))
+        {
+            self.changes
+                .push(Change::new("owner", current.map(|c| c.user_shown().into()), Some(user.into())));
+        }
+        if let Some(group) = group
+            && !current.is_some_and(|c| c.is_group(group))
+        {
+            self.changes
+                .push(Change::new("group", current.map(|c| c.group_shown().into()), Some(group.into())));
+        }
+        self
+    }
+
     /// Records a change unconditionally, e.g. with summarised values the plugin compared itself.
     #[must_use]
     pub fn push(mut self, change: Change) -> Self {

@@ -292,6 +292,20 @@ pub fn set_owner(node: &str, path: &str, user: Option<&str>, group: Option<&str>
     Ok(wit::set_owner(node, path, user, group)?)
 }
 
+/// [`set_owner`] of the path of resource `target`, answering the message an adaptor reports
+/// (`set owner of /srv/www to www-data:www-data`); an error names the resource.
+pub fn set_owner_of(target: &crate::Target, path: &str, user: Option<&str>, group: Option<&str>) -> Result<String> {
+    use crate::ResultExt as _;
+    set_owner(&target.node, path, user, group).context(format_args!("{}: chown {path}", target.id))?;
+    let shown = match (user, group) {
+        (Some(u), Some(g)) => format!("{u}:{g}"),
+        (Some(u), None) => u.to_string(),
+        (None, Some(g)) => format!(":{g}"),
+        (None, None) => String::new(),
+    };
+    Ok(format!("set owner of {path} to {shown}"))
+}
+
 /// Unix permission bits (`0o644`, at most `0o7777`).
 ///
 /// In attributes it is written as an octal string (`"0644"`, `"644"`, `"0o644"`) or as an
