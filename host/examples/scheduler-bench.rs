@@ -100,14 +100,14 @@ async fn main() {
         let version = Arc::new(Version::new(1, intent, plugins));
 
         let t = Instant::now();
-        scheduler.release(version.clone());
-        let snap = scheduler.settled().await;
+        scheduler.release(version.clone()).unwrap();
+        let snap = scheduler.settled().await.unwrap();
         let deploy = t.elapsed();
         assert_eq!(snap.count(Status::Deployed), n, "{snap:?}");
 
         let t = Instant::now();
-        scheduler.repair();
-        scheduler.settled().await;
+        scheduler.repair().unwrap();
+        scheduler.settled().await.unwrap();
         let repair = t.elapsed();
 
         let t = Instant::now();

@@ -62,7 +62,12 @@ pub struct ConfigError(String);
 impl HostConfig {
     /// Parses a TOML document; keys it does not know are refused by name.
     pub fn from_toml(text: &str) -> Result<HostConfig, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError(e.message().to_string()))
+        let config: HostConfig = toml::from_str(text).map_err(|e| ConfigError(e.message().to_string()))?;
+        config
+            .environment_defaults
+            .validate()
+            .map_err(|e| ConfigError(format!("environment_defaults: {e}")))?;
+        Ok(config)
     }
 
     /// The database location the store connects to.
@@ -120,6 +125,8 @@ mod tests {
     fn an_unknown_key_is_refused_by_name() {
         let err = HostConfig::from_toml("listen = \"127.0.0.1:1\"\nlisten_port = 3\n").unwrap_err();
         assert!(err.to_string().contains("listen_port"), "{err}");
+        let err = HostConfig::from_toml("[environment_defaults]\nrepair_interval_s = 9223372036854775808\n").unwrap_err();
+        assert!(err.to_string().contains("`repair_interval_s` must be at most"), "{err}");
         let err = HostConfig::from_toml("[environment_defaults]\nauto_deploi = true\n").unwrap_err();
         assert!(err.to_string().contains("auto_deploi"), "{err}");
     }

@@ -217,8 +217,13 @@ async fn run_once(version: Arc<Version>, ctx: CallContext, concurrency: usize, p
         repair_interval: None,
     };
     let scheduler = Scheduler::spawn(ctx, settings, sink.clone(), HashMap::new());
-    scheduler.release(version.clone());
-    scheduler.settled().await;
+    let ran = match scheduler.release(version.clone()) {
+        Ok(_) => scheduler.settled().await.map(drop),
+        Err(e) => Err(e),
+    };
+    // A scheduler that stopped on its own leaves resources without a report: they are reported
+    // not attempted, with the reason, and the deploy fails.
+    let stopped = ran.err().map(|e| e.to_string());
     let mut seen = sink.seen.lock().expect("sink");
     version
         .intent
@@ -233,6 +238,7 @@ async fn run_once(version: Arc<Version>, ctx: CallContext, concurrency: usize, p
                         .skip_reason
                         .get(&id)
                         .cloned()
+                        .or_else(|| stopped.clone())
                         .unwrap_or_else(|| "a requirement did not succeed".into());
                     executor::skipped(spec, Mode::Deploy, &because)
                 }

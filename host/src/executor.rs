@@ -7,6 +7,7 @@
 //! purged `start` task performs `stop`, a purged `install` task performs `remove`, and the other
 //! purged steps have nothing to undo.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use orc_manifest::PluginKind;
@@ -104,6 +105,43 @@ pub fn skipped(spec: &ResourceSpec, mode: Mode, because: &str) -> ActionReport {
         started_at: crate::store::now_ms(),
         duration: Duration::ZERO,
     }
+}
+
+/// `action`, or — if it panics — a `failed` report with the code `crashed` and the panic's text
+/// for the resource `resource`: a panic in one action (a host function's bug, say) costs that
+/// action, never the scheduler's bookkeeping or a concurrency slot.
+pub async fn caught(resource: &str, mode: Mode, action: impl Future<Output = ActionReport>) -> ActionReport {
+    use futures::FutureExt as _;
+    let (started_at, started) = (crate::store::now_ms(), Instant::now());
+    match std::panic::AssertUnwindSafe(action).catch_unwind().await {
+        Ok(report) => report,
+        Err(payload) => {
+            let text = panic_text(payload.as_ref());
+            tracing::error!(resource, panic = %text, "a resource action panicked");
+            ActionReport {
+                resource: resource.to_string(),
+                mode,
+                outcome: Outcome::Failed,
+                changes: Vec::new(),
+                messages: Vec::new(),
+                error: Some(ActionError {
+                    code: "crashed".into(),
+                    message: format!("the host panicked while running the action: {text}"),
+                }),
+                started_at,
+                duration: started.elapsed(),
+            }
+        }
+    }
+}
+
+/// The message a panic carried.
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_string())
 }
 
 /// Runs one action for `spec` through `plugin`.

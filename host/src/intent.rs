@@ -219,6 +219,13 @@ pub enum IntentError {
     SelfRequirement(String),
     #[error("dependency cycle: {}", .0.join(" -> "))]
     Cycle(Vec<String>),
+    /// Purged resources are removed dependents first (the edge between two purged resources is
+    /// reversed), and with that the order of actions goes round.
+    #[error(
+        "the order of actions is circular once purged resources are removed dependents first: {} (`a -> b`: a runs after b); a resource that stays cannot require a purged resource that is itself required by a purged one",
+        .0.join(" -> ")
+    )]
+    PurgeOrderCycle(Vec<String>),
     #[error("resource `{resource}`: attributes must be a JSON object")]
     AttributesNotObject { resource: String },
 }
@@ -272,55 +279,74 @@ impl Intent {
             requires,
             dependents,
         };
-        if let Some(cycle) = intent.find_cycle() {
-            return Err(IntentError::Cycle(
-                cycle.into_iter().map(|i| intent.resources[i].id.to_string()).collect(),
-            ));
+        let path = |cycle: Vec<usize>| cycle.into_iter().map(|i| intent.resources[i].id.to_string()).collect();
+        if let Some(cycle) = find_cycle(&intent.requires) {
+            return Err(IntentError::Cycle(path(cycle)));
+        }
+        if let Some(cycle) = find_cycle(&intent.waits_for()) {
+            return Err(IntentError::PurgeOrderCycle(path(cycle)));
         }
         Ok(intent)
     }
 
-    /// A cycle as a path `a -> b -> … -> a`, if the graph has one (iterative DFS, so deep chains
-    /// do not overflow the stack).
-    fn find_cycle(&self) -> Option<Vec<usize>> {
-        #[derive(Clone, Copy, PartialEq)]
-        enum Mark {
-            New,
-            Active,
-            Done,
-        }
-        let n = self.resources.len();
-        let mut mark = vec![Mark::New; n];
-        for start in 0..n {
-            if mark[start] != Mark::New {
-                continue;
-            }
-            let mut stack: Vec<(usize, usize)> = vec![(start, 0)];
-            mark[start] = Mark::Active;
-            while let Some(&mut (node, ref mut next)) = stack.last_mut() {
-                if let Some(&dep) = self.requires[node].get(*next) {
-                    *next += 1;
-                    match mark[dep] {
-                        Mark::New => {
-                            mark[dep] = Mark::Active;
-                            stack.push((dep, 0));
-                        }
-                        Mark::Active => {
-                            let from = stack.iter().position(|(n, _)| *n == dep).expect("active nodes are on the stack");
-                            let mut cycle: Vec<usize> = stack[from..].iter().map(|(n, _)| *n).collect();
-                            cycle.push(dep);
-                            return Some(cycle);
-                        }
-                        Mark::Done => {}
-                    }
+    /// The order of actions: `waits_for[i]` must be deployed before `i` runs. The intent's
+    /// `requires`, except that between two purged resources the edge is reversed, so that
+    /// dependents are removed first.
+    pub fn waits_for(&self) -> Vec<Vec<usize>> {
+        let mut waits_for = vec![Vec::new(); self.resources.len()];
+        for (i, reqs) in self.requires.iter().enumerate() {
+            for &j in reqs {
+                if self.resources[i].purged && self.resources[j].purged {
+                    waits_for[j].push(i);
                 } else {
-                    mark[node] = Mark::Done;
-                    stack.pop();
+                    waits_for[i].push(j);
                 }
             }
         }
-        None
+        waits_for
     }
+}
+
+/// A cycle of `edges` (`edges[i]`: what `i` points to) as a path `a -> b -> … -> a`, if there
+/// is one (iterative DFS, so deep chains do not overflow the stack).
+fn find_cycle(edges: &[Vec<usize>]) -> Option<Vec<usize>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        Active,
+        Done,
+    }
+    let n = edges.len();
+    let mut mark = vec![Mark::New; n];
+    for start in 0..n {
+        if mark[start] != Mark::New {
+            continue;
+        }
+        let mut stack: Vec<(usize, usize)> = vec![(start, 0)];
+        mark[start] = Mark::Active;
+        while let Some(&mut (node, ref mut next)) = stack.last_mut() {
+            if let Some(&dep) = edges[node].get(*next) {
+                *next += 1;
+                match mark[dep] {
+                    Mark::New => {
+                        mark[dep] = Mark::Active;
+                        stack.push((dep, 0));
+                    }
+                    Mark::Active => {
+                        let from = stack.iter().position(|(n, _)| *n == dep).expect("active nodes are on the stack");
+                        let mut cycle: Vec<usize> = stack[from..].iter().map(|(n, _)| *n).collect();
+                        cycle.push(dep);
+                        return Some(cycle);
+                    }
+                    Mark::Done => {}
+                }
+            } else {
+                mark[node] = Mark::Done;
+                stack.pop();
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -329,6 +355,31 @@ mod tests {
 
     fn doc(resources: serde_json::Value) -> Result<Intent, IntentError> {
         Intent::parse(serde_json::json!({ "resources": resources }).to_string().as_bytes())
+    }
+
+    /// Found by the scheduler's model-based test: `b` stays and requires `a`; `a` and `c` are
+    /// purged and `c` requires both. Removing dependents first makes `a` wait for `c`, `c` for
+    /// `b` and `b` for `a`: nothing would ever run.
+    #[test]
+    fn an_order_made_circular_by_purging_is_refused_naming_the_path() {
+        let r = |id: &str, purged: bool, requires: &[&str]| {
+            serde_json::json!({ "id": format!("file[n,/{id}]"), "adaptor": "file", "attributes": {}, "purged": purged,
+                "requires": requires.iter().map(|r| format!("file[n,/{r}]")).collect::<Vec<_>>() })
+        };
+        let err = doc(serde_json::json!([
+            r("a", true, &[]),
+            r("b", false, &["a"]),
+            r("c", true, &["b", "a"])
+        ]))
+        .unwrap_err();
+        assert!(matches!(err, IntentError::PurgeOrderCycle(_)), "{err}");
+        let message = err.to_string();
+        assert!(
+            message.contains("file[n,/a]") && message.contains("file[n,/b]") && message.contains("file[n,/c]"),
+            "{message}"
+        );
+        // Without the resource that stays in between, the purge order is fine.
+        doc(serde_json::json!([r("a", true, &[]), r("c", true, &["a"]), r("b", false, &[])])).unwrap();
     }
 
     #[test]

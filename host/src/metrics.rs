@@ -80,6 +80,7 @@ pub struct Metrics {
     actions: Family<ActionLabels, Counter>,
     action_seconds: Histograms<EnvironmentLabels>,
     releases: Family<EnvironmentLabels, Counter>,
+    scheduler_failures: Family<EnvironmentLabels, Counter>,
     released_version: Family<EnvironmentLabels, Gauge>,
     requests: Family<RequestLabels, Counter>,
     request_seconds: Histograms<RouteLabels>,
@@ -111,6 +112,12 @@ impl Metrics {
         registry.register("action_duration_seconds", "Duration of resource actions", action_seconds.clone());
         let releases = Family::<EnvironmentLabels, Counter>::default();
         registry.register("intent_versions_released", "Intent versions released", releases.clone());
+        let scheduler_failures = Family::<EnvironmentLabels, Counter>::default();
+        registry.register(
+            "scheduler_failures",
+            "Environment schedulers that stopped on their own (the environment answers 503 until the host restarts)",
+            scheduler_failures.clone(),
+        );
         let released_version = Family::<EnvironmentLabels, Gauge>::default();
         registry.register(
             "released_intent_version",
@@ -131,6 +138,7 @@ impl Metrics {
             actions,
             action_seconds,
             releases,
+            scheduler_failures,
             released_version,
             requests,
             request_seconds,
@@ -226,6 +234,11 @@ impl Metrics {
         let labels = environment_labels(environment);
         self.releases.get_or_create(&labels).inc();
         self.released_version.get_or_create(&labels).set(version);
+    }
+
+    /// The scheduler of `environment` stopped on its own.
+    pub fn scheduler_failed(&self, environment: &str) {
+        self.scheduler_failures.get_or_create(&environment_labels(environment)).inc();
     }
 
     /// `environment` was deleted: its gauges go away (counters stay, as counters do).

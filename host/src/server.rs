@@ -29,7 +29,7 @@ use crate::nodes::{NodeRegistry, NodesError, Refusal, SECRET_KEY_FILE, SecretErr
 use crate::outbound::{self, HostSecrets};
 use crate::persistence::{self, StoreSink};
 use crate::pinning::{self, PinError};
-use crate::scheduler::{Scheduler, Settings, Version};
+use crate::scheduler::{Scheduler, Settings, Start, Unavailable, Version};
 use crate::store::{
     DbKv, DryrunReport, DryrunStatus, Environment, EnvironmentId, EnvironmentSettings, Operation, OperationKind, ResourceStatus, Store,
     StoreError, VersionInfo, now_ms,
@@ -66,6 +66,10 @@ pub enum EnvError {
     ReservedType(ResourceId),
     #[error("environment `{0}` has no intent version yet")]
     NoVersion(String),
+    /// The environment's scheduler stopped on its own (see its log): nothing that needs it can
+    /// be done until the host is restarted.
+    #[error("the scheduler of environment `{environment}` is not running ({reason}); restart the host")]
+    SchedulerUnavailable { environment: String, reason: String },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("cannot prepare the node root {path}")]
@@ -137,10 +141,28 @@ impl Running {
         self.released.lock().expect("released version").clone()
     }
 
-    pub(crate) fn release(&self, version: Version) {
+    /// Hands `version` to the scheduler and waits until its states are recorded, so that the
+    /// environment's counts and resources describe it once this returns.
+    pub(crate) async fn release(&self, version: Version) -> Result<(), EnvError> {
         let version = Arc::new(version);
         *self.released.lock().expect("released version") = Some(version.clone());
-        self.scheduler.release(version);
+        let receipt = self.scheduler.release(version).map_err(|e| self.unavailable(e))?;
+        receipt.recorded().await.map_err(|e| self.unavailable(e))
+    }
+
+    /// Refuses with [`EnvError::SchedulerUnavailable`] if the scheduler stopped on its own.
+    pub(crate) fn check_scheduler(&self) -> Result<(), EnvError> {
+        match self.scheduler.failure() {
+            Some(reason) => Err(self.unavailable(Unavailable { reason })),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn unavailable(&self, e: Unavailable) -> EnvError {
+        EnvError::SchedulerUnavailable {
+            environment: self.name.clone(),
+            reason: e.reason,
+        }
     }
 
     /// Whether the released version has a resource on `node` through an adaptor that uses
@@ -366,11 +388,16 @@ impl Environments {
         let settings: EnvironmentSettings = serde_json::from_value(merged).map_err(|e| EnvError::InvalidSettings(e.to_string()))?;
         self.check_settings(&settings)?;
         let running = self.running(&env).await?;
+        running.check_scheduler()?;
         let ctx = outbound::call_context(&running.ctx(), &settings, &self.secrets).map_err(EnvError::InvalidSettings)?;
         let env = self.store.update_settings(&env.id, &settings).await?;
-        running.scheduler.update_settings(scheduler_settings(&env.settings));
         *running.ctx.write().expect("call context") = ctx.clone();
-        running.scheduler.update_context(ctx);
+        // Stored: a scheduler that stopped meanwhile takes them from the store at the next start.
+        running
+            .scheduler
+            .update_settings(scheduler_settings(&env.settings))
+            .and_then(|()| running.scheduler.update_context(ctx))
+            .map_err(|e| running.unavailable(e))?;
         Ok(env)
     }
 
@@ -385,8 +412,9 @@ impl Environments {
     pub async fn set_halted(&self, key: &str, halted: bool) -> Result<Environment, EnvError> {
         let env = self.get(key).await?;
         let running = self.running(&env).await?;
+        running.check_scheduler()?;
         let env = self.store.set_halted(&env.id, halted).await?;
-        running.scheduler.set_halted(halted);
+        running.scheduler.set_halted(halted).map_err(|e| running.unavailable(e))?;
         Ok(env)
     }
 
@@ -405,6 +433,7 @@ impl Environments {
         }
         let running = self.running(&env).await?;
         let _turn = running.releases.lock().await;
+        running.check_scheduler()?;
         let intent = self.with_cluster_tasks(&env, submitted.resources).await?;
         let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &Grants::all()).await?;
         self.check_nodes(&intent, &pinned.plugins, &env)?;
@@ -415,7 +444,7 @@ impl Environments {
         }
         let info = self.store.release_version(&env.id, info.version).await?;
         self.metrics.released(&env.name, info.version);
-        running.release(Version::new(info.version as u64, intent, pinned.plugins));
+        running.release(Version::new(info.version as u64, intent, pinned.plugins)).await?;
         Ok((info, true))
     }
 
@@ -434,6 +463,7 @@ impl Environments {
     /// Stores `intent` (already holding the clusters' current tasks) as a new version and
     /// releases it.
     async fn submit_and_release(&self, env: &Environment, running: &Running, intent: Intent) -> Result<VersionInfo, EnvError> {
+        running.check_scheduler()?;
         let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &Grants::all()).await?;
         // An earlier version may name a node deleted since, or made private to another environment.
         self.check_nodes(&intent, &pinned.plugins, env)?;
@@ -441,7 +471,7 @@ impl Environments {
         let info = self.store.submit_version(&env.id, &document).await?;
         let info = self.store.release_version(&env.id, info.version).await?;
         self.metrics.released(&env.name, info.version);
-        running.release(Version::new(info.version as u64, intent, pinned.plugins));
+        running.release(Version::new(info.version as u64, intent, pinned.plugins)).await?;
         Ok(info)
     }
 
@@ -471,14 +501,36 @@ impl Environments {
     pub async fn start_operation(&self, key: &str, kind: OperationKind) -> Result<Operation, EnvError> {
         let env = self.get(key).await?;
         let running = self.running(&env).await?;
+        running.check_scheduler()?;
         let op = self.store.create_operation(&env.id, kind).await?;
-        match kind {
+        let started = match kind {
             OperationKind::Deploy => running.scheduler.deploy_failed(),
             OperationKind::Repair => running.scheduler.repair(),
+        };
+        if let Err(e) = started {
+            let e = running.unavailable(e);
+            let failed = serde_json::json!({ "error": { "code": "scheduler_unavailable", "message": e.to_string() } });
+            self.store.interrupt_operation(&env.id, &op.id, &failed.to_string()).await?;
+            return Err(e);
         }
         let (store, scheduler, op_id, since) = (self.store.clone(), running.scheduler.clone(), op.id, op.created_at);
+        let name = running.name.clone();
         tokio::spawn(async move {
-            let snapshot = scheduler.settled().await;
+            let snapshot = match scheduler.settled().await {
+                Ok(snapshot) => snapshot,
+                Err(e) => {
+                    // Never `done` for work that will not happen.
+                    let message = format!(
+                        "the scheduler of environment `{name}` stopped before the operation ended: {}",
+                        e.reason
+                    );
+                    let failed = serde_json::json!({ "error": { "code": "scheduler_unavailable", "message": message } });
+                    if let Err(e) = store.interrupt_operation(&env.id, &op_id, &failed.to_string()).await {
+                        tracing::error!(environment = %env.name, operation = %op_id, error = %error_chain(&e), "cannot record the operation's end");
+                    }
+                    return;
+                }
+            };
             // Every action of the operation finished before the settle answer (the writer
             // records events before it replies), so the log counts them all.
             let actions = match store.count_actions(&env.id, since, now_ms() + 1).await {
@@ -537,6 +589,23 @@ impl Environments {
         }
     }
 
+    /// Why the environment's scheduler stopped on its own, if it did (`None` also when it has
+    /// not been started yet).
+    pub async fn scheduler_failure(&self, env: &Environment) -> Option<String> {
+        self.running.lock().await.get(&env.id).and_then(|r| r.scheduler.failure())
+    }
+
+    /// Every environment whose scheduler stopped on its own, with the reason.
+    pub async fn failed_schedulers(&self) -> Vec<(String, String)> {
+        let running = self.running.lock().await;
+        let mut failed: Vec<(String, String)> = running
+            .values()
+            .filter_map(|r| r.scheduler.failure().map(|reason| (r.name.clone(), reason)))
+            .collect();
+        failed.sort();
+        failed
+    }
+
     /// The environment's event stream, from now on.
     pub async fn subscribe(&self, key: &str) -> Result<broadcast::Receiver<Batch>, EnvError> {
         let env = self.get(key).await?;
@@ -555,11 +624,12 @@ impl Environments {
             // Its cluster tasks are not the clusters' current ones: a new version carries them.
             return self.submit_and_release(&env, &running, composed).await;
         }
+        running.check_scheduler()?;
         let loaded = self.load_version(&env.id, version).await?;
         self.check_nodes(&loaded.intent, &loaded.plugins, &env)?;
         let info = self.store.release_version(&env.id, version).await?;
         self.metrics.released(&env.name, info.version);
-        running.release(loaded);
+        running.release(loaded).await?;
         Ok(info)
     }
 
@@ -671,7 +741,20 @@ impl Environments {
             observers,
             counts.clone(),
         ));
-        let scheduler = Scheduler::spawn_halted(ctx.clone(), scheduler_settings(&env.settings), env.halted, sink, known);
+        let metrics = self.metrics.clone();
+        let name = env.name.clone();
+        let scheduler = Scheduler::start(
+            Start {
+                halted: env.halted,
+                known,
+                on_failure: Some(Box::new(move |reason: &str| {
+                    tracing::error!(environment = %name, %reason, "the environment's scheduler stopped; requests that need it answer 503");
+                    metrics.scheduler_failed(&name);
+                })),
+                ..Start::new(ctx.clone(), scheduler_settings(&env.settings))
+            },
+            sink,
+        );
         let r = Arc::new(Running {
             name: env.name.clone(),
             scheduler,
@@ -682,7 +765,13 @@ impl Environments {
             released: std::sync::Mutex::new(None),
         });
         if let Some(version) = released {
-            r.release(version);
+            // Not waited for: a request that needs the environment need not wait for its
+            // states to be rewritten.
+            *r.released.lock().expect("released version") = Some(Arc::new(version));
+            let version = r.released_version().expect("just set");
+            if let Err(e) = r.scheduler.release(version) {
+                tracing::error!(environment = %env.name, error = %e, "cannot resume the released version");
+            }
         }
         running.insert(env.id, r.clone());
         Ok(r)

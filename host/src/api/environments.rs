@@ -55,6 +55,20 @@ pub(super) struct EnvironmentView {
     /// Status → count; statuses with none are left out.
     #[schema(example = json!({"deployed": 10, "failed": 1}))]
     resources: BTreeMap<String, i64>,
+    /// Whether the environment's scheduler runs.
+    scheduler: SchedulerView,
+}
+
+/// The state of an environment's scheduler.
+#[derive(Serialize, ToSchema)]
+pub(super) struct SchedulerView {
+    /// `running`, or `failed`: it stopped on its own, and requests that need it answer 503
+    /// `scheduler_unavailable` until the host restarts.
+    #[schema(example = "running")]
+    status: &'static str,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
 }
 
 #[utoipa::path(post, path = "/environments", tag = "environments", request_body = NewEnvironment,
@@ -81,7 +95,16 @@ async fn get_environment(State(envs): State<AppState>, Path(env): Path<String>) 
     let environment = envs.get(&env).await?;
     let counts = envs.status_counts(&environment).await?;
     let resources = counts.into_iter().map(|(s, n)| (s.as_str().to_string(), n)).collect();
-    Ok(axum::Json(EnvironmentView { environment, resources }))
+    let reason = envs.scheduler_failure(&environment).await;
+    let scheduler = SchedulerView {
+        status: if reason.is_some() { "failed" } else { "running" },
+        reason,
+    };
+    Ok(axum::Json(EnvironmentView {
+        environment,
+        resources,
+        scheduler,
+    }))
 }
 
 /// Changes settings; the scheduler applies them to what it starts or schedules next.

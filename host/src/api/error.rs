@@ -88,7 +88,7 @@ impl From<IntentError> for ApiError {
             IntentError::Json(_) => return ApiError::bad_request("invalid_json", e.to_string()),
             IntentError::DuplicateId(_) => "duplicate_resource",
             IntentError::UnknownRequirement { .. } | IntentError::SelfRequirement(_) => "unknown_requirement",
-            IntentError::Cycle(_) => "dependency_cycle",
+            IntentError::Cycle(_) | IntentError::PurgeOrderCycle(_) => "dependency_cycle",
             IntentError::InvalidId { .. } | IntentError::InvalidPluginRef(_) | IntentError::AttributesNotObject { .. } => "invalid_intent",
         };
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())
@@ -122,6 +122,7 @@ impl From<EnvError> for ApiError {
             EnvError::InvalidSettings(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_settings", e.to_string()),
             EnvError::ReservedType(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "reserved_resource_type", e.to_string()),
             EnvError::NoVersion(_) => ApiError::new(StatusCode::CONFLICT, "no_version", e.to_string()),
+            EnvError::SchedulerUnavailable { .. } => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "scheduler_unavailable", e.to_string()),
             EnvError::Intent(e) => e.into(),
             EnvError::Pin(e) => (*e).into(),
             EnvError::Store(e) => e.into(),

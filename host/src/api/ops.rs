@@ -29,9 +29,17 @@ pub async fn metrics(State(envs): State<Arc<Environments>>) -> Response {
     metrics_response(envs.metrics())
 }
 
-/// `GET /api/v1/ready`: 200 `{"status":"ready"}` when the database answers, else 503
-/// `{code:"not_ready", message}`.
+/// `GET /api/v1/ready`: 200 `{"status":"ready"}` when the database answers and every started
+/// environment's scheduler runs, else 503 `{code:"not_ready", message}`.
 pub async fn ready(State(envs): State<Arc<Environments>>) -> Response {
+    let failed = envs.failed_schedulers().await;
+    if !failed.is_empty() {
+        let names: Vec<String> = failed.iter().map(|(name, _)| format!("`{name}`")).collect();
+        return not_ready(&format!(
+            "the scheduler of environment {} stopped; see the host's log",
+            names.join(", ")
+        ));
+    }
     readiness(envs.store()).await
 }
 

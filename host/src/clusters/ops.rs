@@ -468,7 +468,8 @@ impl Environments {
         };
         let previous = std::mem::take(&mut doc.tasks);
         doc.tasks = plan_for(name, &selected, &doc, &previous, true)?;
-        self.running(&env).await?.scheduler.deploy_failed();
+        let running = self.running(&env).await?;
+        running.scheduler.deploy_failed().map_err(|e| running.unavailable(e))?;
         match self.begin_operation(&env, record, doc, kind, status).await? {
             Outcome::Started(view) => Ok(*view),
             Outcome::Preview(_) => unreachable!("not a preview"),
@@ -661,6 +662,7 @@ impl Environments {
     ) -> Result<Option<ClusterRecord>, ClusterError> {
         let running = self.running(env).await?;
         let _turn = running.releases.lock().await;
+        running.check_scheduler()?;
         let mut resources: Vec<ResourceSpec> = match running.released_version() {
             Some(v) => v
                 .intent
@@ -679,7 +681,7 @@ impl Environments {
         let info = self.store.submit_version(&env.id, &document).await?;
         let info = self.store.release_version(&env.id, info.version).await?;
         self.metrics.released(&env.name, info.version);
-        running.release(Version::new(info.version as u64, intent, pinned.plugins));
+        running.release(Version::new(info.version as u64, intent, pinned.plugins)).await?;
         tracing::debug!(environment = %env.name, cluster, version = info.version, "cluster tasks released");
         Ok(match row {
             RowChange::Keep => None,

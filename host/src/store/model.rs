@@ -224,22 +224,51 @@ pub struct EnvironmentSettings {
 
 /// Longest [`EnvironmentSettings::call_timeout_s`]: a day.
 pub const MAX_CALL_TIMEOUT_S: u64 = 86_400;
+/// Longest [`EnvironmentSettings::repair_interval_s`]: a year.
+pub const MAX_REPAIR_INTERVAL_S: u64 = 365 * 86_400;
+/// Longest [`EnvironmentSettings::retry_interval_s`]: a day (backoff doubles it up to an hour or
+/// to it, whichever is longer).
+pub const MAX_RETRY_INTERVAL_S: u64 = 86_400;
+/// Most [`EnvironmentSettings::env_concurrency`]: the Wasm instance pool's size.
+pub const MAX_ENV_CONCURRENCY: u32 = 1_000;
+/// Most [`EnvironmentSettings::per_node_concurrency`].
+pub const MAX_NODE_CONCURRENCY: u32 = 256;
 
 impl EnvironmentSettings {
-    /// Refuses values the scheduler cannot run with, naming the field (and the entry).
+    /// Refuses values the scheduler cannot run with, naming the field, its bound (and the entry).
     pub fn validate(&self) -> Result<(), String> {
-        for (field, value) in [
-            ("per_node_concurrency", u64::from(self.per_node_concurrency)),
-            ("env_concurrency", u64::from(self.env_concurrency)),
-            ("retry_interval_s", self.retry_interval_s),
-            ("call_timeout_s", self.call_timeout_s),
-        ] {
-            if value == 0 {
-                return Err(format!("`{field}` must be at least 1"));
+        let bounded = [
+            (
+                "per_node_concurrency",
+                u64::from(self.per_node_concurrency),
+                1,
+                u64::from(MAX_NODE_CONCURRENCY),
+                "",
+            ),
+            (
+                "env_concurrency",
+                u64::from(self.env_concurrency),
+                1,
+                u64::from(MAX_ENV_CONCURRENCY),
+                "",
+            ),
+            ("retry_interval_s", self.retry_interval_s, 1, MAX_RETRY_INTERVAL_S, " (a day)"),
+            (
+                "repair_interval_s",
+                self.repair_interval_s,
+                0,
+                MAX_REPAIR_INTERVAL_S,
+                " (a year; 0 turns self-healing off)",
+            ),
+            ("call_timeout_s", self.call_timeout_s, 1, MAX_CALL_TIMEOUT_S, " (a day)"),
+        ];
+        for (field, value, min, max, why) in bounded {
+            if value < min {
+                return Err(format!("`{field}` must be at least {min}"));
             }
-        }
-        if self.call_timeout_s > MAX_CALL_TIMEOUT_S {
-            return Err(format!("`call_timeout_s` must be at most {MAX_CALL_TIMEOUT_S} (a day)"));
+            if value > max {
+                return Err(format!("`{field}` must be at most {max}{why}; it is {value}"));
+            }
         }
         self.http.parse().map(drop)
     }

@@ -84,6 +84,23 @@ impl Store {
         }
     }
 
+    /// Ends a running operation as `interrupted` with `result_json` (why): it will not
+    /// complete (its scheduler stopped). An operation that already ended is left as it is.
+    pub async fn interrupt_operation(&self, env: &EnvironmentId, id: &OperationId, result_json: &str) -> Result<()> {
+        on_pool!(self, pool => {
+            sqlx::query("UPDATE operations SET status = $3, finished_at = $4, result = $5 WHERE id = $1 AND environment_id = $2 AND status = 'running'")
+                .bind(id.to_string())
+                .bind(env.to_string())
+                .bind(OperationStatus::Interrupted.as_str())
+                .bind(now_ms())
+                .bind(result_json)
+                .execute(pool)
+                .await
+                .map_err(backend_with(|| format!("interrupting operation {id} of environment {env}")))?;
+        });
+        Ok(())
+    }
+
     pub async fn get_operation(&self, env: &EnvironmentId, id: &OperationId) -> Result<Operation> {
         let row: Option<Row> = on_pool!(self, pool => {
             sqlx::query_as(concat!("SELECT ", columns!(), " FROM operations WHERE id = $1 AND environment_id = $2"))

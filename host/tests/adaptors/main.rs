@@ -102,8 +102,8 @@ impl Harness {
     /// Releases `version` and waits until every resource has settled in `status`.
     async fn deploy(&self, version: Arc<Version>, status: Status) {
         let n = version.intent.resources.len();
-        self.scheduler.release(version);
-        let snap = self.scheduler.settled().await;
+        self.scheduler.release(version).unwrap();
+        let snap = self.scheduler.settled().await.unwrap();
         assert_eq!(snap.count(status), n, "{snap:?}\n{:#?}", self.failures());
     }
 
@@ -124,7 +124,7 @@ impl Harness {
     /// A repair pass over everything: every resource must be found unchanged.
     async fn assert_idempotent(&self) {
         let before = self.actions();
-        self.scheduler.repair();
+        self.scheduler.repair().unwrap();
         let reports = self.wait_for_actions(before, "the repair pass").await;
         for (trigger, r) in &reports {
             assert_eq!(*trigger, Trigger::Repair);
@@ -136,7 +136,7 @@ impl Harness {
     async fn wait_for_actions(&self, before: usize, what: &str) -> Vec<(Trigger, ActionReport)> {
         let started = Instant::now();
         loop {
-            let snap = self.scheduler.settled().await;
+            let snap = self.scheduler.settled().await.unwrap();
             let n: usize = snap.counts.iter().map(|(_, n)| n).sum();
             let recorded = self.recorder.0.lock().unwrap()[before..].to_vec();
             if recorded.len() >= n {
@@ -150,8 +150,8 @@ impl Harness {
     /// Holds the scheduler (nothing new starts, nothing is in flight) while `drift` runs and a
     /// dryrun of `version` reports the changes to `resource` — which must leave them in place.
     async fn drift_and_dryrun(&self, version: &Version, resource: &str, drift: impl FnOnce()) -> Vec<String> {
-        self.scheduler.set_halted(true);
-        self.scheduler.settled().await;
+        self.scheduler.set_halted(true).unwrap();
+        self.scheduler.settled().await.unwrap();
         drift();
         let reports = scheduler::dryrun(version, &self.ctx, 4).await;
         let report = reports.iter().find(|r| r.resource == resource).unwrap();
@@ -162,7 +162,7 @@ impl Harness {
     /// Resumes the scheduler and waits for self-healing to make `repaired` hold.
     async fn heal(&self, what: &str, repaired: impl Fn() -> bool) {
         let before = self.actions();
-        self.scheduler.set_halted(false);
+        self.scheduler.set_halted(false).unwrap();
         let started = Instant::now();
         while !repaired() {
             assert!(
@@ -173,7 +173,7 @@ impl Harness {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         // The repair's report is recorded once the action is done.
-        self.scheduler.settled().await;
+        self.scheduler.settled().await.unwrap();
         let healed = self.recorder.0.lock().unwrap()[before..]
             .iter()
             .any(|(t, r)| *t == Trigger::Repair && r.outcome == Outcome::Changed);
@@ -279,8 +279,8 @@ async fn symlink_points_repairs_and_respects_files_in_the_way() {
     both.as_array_mut()
         .unwrap()
         .push(json!({ "id": blocked_id, "adaptor": "symlink@0.1.0", "attributes": { "target": "target" } }));
-    h.scheduler.release(h.version(2, both.clone()));
-    let snap = h.scheduler.settled().await;
+    h.scheduler.release(h.version(2, both.clone())).unwrap();
+    let snap = h.scheduler.settled().await.unwrap();
     assert_eq!(snap.count(Status::Failed), 1, "{snap:?}");
     let failures = h.failures();
     assert!(
@@ -338,8 +338,8 @@ async fn command_runs_once_per_guard_and_reports_failures() {
     assert!(!Path::new(&h.path("never")).exists());
     let failing = json!([{ "id": format!("command[{NODE},boom]"), "adaptor": "command@0.1.0", "attributes": {
         "argv": ["sh", "-c", "echo starting; echo 'disk on fire' >&2; exit 3"], "unless": "false" } }]);
-    h.scheduler.release(h.version(3, failing.clone()));
-    assert_eq!(h.scheduler.settled().await.count(Status::Failed), 1);
+    h.scheduler.release(h.version(3, failing.clone())).unwrap();
+    assert_eq!(h.scheduler.settled().await.unwrap().count(Status::Failed), 1);
     let failures = h.failures();
     assert!(
         failures

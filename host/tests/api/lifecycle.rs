@@ -24,13 +24,13 @@ fn resource<'a>(resources: &'a mut [Value], id: &str) -> &'a mut Value {
 }
 
 impl Host {
-    async fn patch(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+    pub(crate) async fn patch(&self, path: &str, body: &Value) -> (StatusCode, Value) {
         self.send(Method::PATCH, path, Some(body.to_string().into_bytes())).await
     }
 
     /// POSTs an action (202 + `Location`), then polls the location until it is no longer
     /// `running`; returns the finished body.
-    async fn run_to_completion(&self, path: &str, body: Option<Value>) -> Value {
+    pub(crate) async fn run_to_completion(&self, path: &str, body: Option<Value>) -> Value {
         let resp = self
             .client
             .post(format!("{}{path}", self.base))
@@ -57,13 +57,13 @@ impl Host {
         }
     }
 
-    async fn counts(&self, env: &str) -> Value {
+    pub(crate) async fn counts(&self, env: &str) -> Value {
         let (status, body) = self.get(&format!("/environments/{env}")).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         body["resources"].clone()
     }
 
-    async fn wait_all_deployed(&self, env: &str, n: usize) {
+    pub(crate) async fn wait_all_deployed(&self, env: &str, n: usize) {
         self.wait_for_resources(env, "status=deployed", |items| items.len() == n).await;
     }
 }

@@ -20,12 +20,14 @@ mod lifecycle;
 mod paths;
 #[path = "../support/pg.rs"]
 mod pg;
+mod promises;
 
 use paths::encode;
 
 use dropped::*;
 use http_policy::*;
 use lifecycle::*;
+use promises::*;
 
 /// One `#[tokio::test]` per case and backend: `sqlite::<case>` and `postgres::<case>`, each
 /// calling `crate::<case>(backend)`.
@@ -68,6 +70,9 @@ on_both_backends!(
     outgoing_http_follows_the_environment_policy_with_a_host_held_secret,
     the_call_timeout_is_an_environment_setting,
     deleting_an_environment_forgets_its_plugin_state,
+    a_repair_requested_while_actions_run_reaches_every_file,
+    the_counts_describe_the_released_version_from_its_201,
+    settings_no_scheduler_can_hold_are_refused_by_name,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");

@@ -186,8 +186,8 @@ async fn objects_converge_repair_drift_and_are_deleted_with_a_host_held_secret()
                "compare": ["/spec/replicas"], "update": "PATCH"}),
     );
     let v1 = json!([a, b, c, p, no_secret, elsewhere]);
-    s.release(h.version(1, v1.clone()));
-    let snap = s.settled().await;
+    s.release(h.version(1, v1.clone())).unwrap();
+    let snap = s.settled().await.unwrap();
     assert_eq!((snap.count(Status::Deployed), snap.count(Status::Failed)), (4, 2), "{snap:?}");
     for (name, size) in [("a", 1), ("b", 2), ("c", 3)] {
         let stored = api.object(name).unwrap_or_else(|| panic!("{name} was created"));
@@ -212,7 +212,7 @@ async fn objects_converge_repair_drift_and_are_deleted_with_a_host_held_secret()
     // A second pass (a user repair, then self-healing) changes nothing, though the server's own
     // fields (`revision`) moved on.
     let revision_a = api.object("a").unwrap()["revision"].clone();
-    s.repair();
+    s.repair().unwrap();
     until(&s, "repair passes", || {
         ["a", "b", "c", "p"].iter().all(|n| {
             h.recorder
@@ -233,8 +233,8 @@ async fn objects_converge_repair_drift_and_are_deleted_with_a_host_held_secret()
 
     // Drift on the server while the environment is halted: a dryrun shows the field, and
     // self-healing puts it back once the environment resumes.
-    s.set_halted(true);
-    s.settled().await;
+    s.set_halted(true).unwrap();
+    s.settled().await.unwrap();
     let version = h.version(2, v1.clone());
     api.store("a", json!({"name": "a", "size": 99, "tags": ["x"]}));
     api.store("p", json!({"name": "p", "spec": {"replicas": 5, "note": "theirs"}}));
@@ -255,7 +255,7 @@ async fn objects_converge_repair_drift_and_are_deleted_with_a_host_held_secret()
         .collect();
     assert_eq!(changes, [("/spec/replicas", Some(json!(5)), Some(json!(2)))]);
     assert_eq!(api.object("a").unwrap()["size"], json!(99), "a dryrun changes nothing");
-    s.set_halted(false);
+    s.set_halted(false).unwrap();
     until(&s, "self-healing", || {
         api.object("a").unwrap()["size"] == json!(1) && api.object("p").unwrap()["spec"]["replicas"] == json!(2)
     })
@@ -274,8 +274,8 @@ async fn objects_converge_repair_drift_and_are_deleted_with_a_host_held_secret()
     // Purge deletes; a purged object already gone is no change.
     let mut purged_c = c.clone();
     purged_c["purged"] = json!(true);
-    s.release(h.version(3, json!([a, b, purged_c, p])));
-    s.settled().await;
+    s.release(h.version(3, json!([a, b, purged_c, p]))).unwrap();
+    s.settled().await.unwrap();
     assert_eq!(api.object("c"), None);
     assert!(api.object("a").is_some() && api.object("b").is_some());
     let report = h.recorder.last_deploy("http-object[api,c]");

@@ -136,7 +136,7 @@ pub fn self_healing(interval: Duration) -> Settings {
 pub async fn until(scheduler: &Scheduler, what: &str, check: impl Fn() -> bool) -> Snapshot {
     let started = Instant::now();
     loop {
-        let snapshot = scheduler.settled().await;
+        let snapshot = scheduler.settled().await.unwrap();
         if check() {
             return snapshot;
         }

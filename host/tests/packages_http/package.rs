@@ -131,8 +131,9 @@ async fn a_package_converges_over_ssh_pins_repairs_and_is_removed() {
 
     // Unpinned: the candidate (2.0) is installed, after the adaptor refreshed the lists it had
     // never read. A package the sources lack fails as invalid input, naming it.
-    s.release(h.version(1, json!([r(json!({})), resource(MISSING, json!({}), &options)])));
-    let snap = s.settled().await;
+    s.release(h.version(1, json!([r(json!({})), resource(MISSING, json!({}), &options)])))
+        .unwrap();
+    let snap = s.settled().await.unwrap();
     assert_eq!(installed().as_deref(), Some("2.0"));
     let report = h.recorder.last_deploy(ID);
     assert_eq!(report.outcome, Outcome::Changed, "{report:?}");
@@ -154,7 +155,7 @@ async fn a_package_converges_over_ssh_pins_repairs_and_is_removed() {
     assert_eq!((snap.count(Status::Deployed), snap.count(Status::Failed)), (1, 1), "{snap:?}");
 
     // A second pass (a user repair, then self-healing) changes nothing.
-    s.repair();
+    s.repair().unwrap();
     until(&s, "repair passes", || {
         h.recorder.count(ID, Trigger::Repair, Outcome::Unchanged) >= 2
     })
@@ -163,8 +164,8 @@ async fn a_package_converges_over_ssh_pins_repairs_and_is_removed() {
     assert_eq!(installed().as_deref(), Some("2.0"));
 
     // Pinned to the older version: a downgrade, shown as a version change.
-    s.release(h.version(2, json!([r(json!({"version": "1.0"}))])));
-    s.settled().await;
+    s.release(h.version(2, json!([r(json!({"version": "1.0"}))]))).unwrap();
+    s.settled().await.unwrap();
     let report = h.recorder.last_deploy(ID);
     assert_eq!(report.outcome, Outcome::Changed, "{report:?}");
     assert_eq!(change(&report, 0), ("version".into(), Some(json!("2.0")), Some(json!("1.0"))));
@@ -176,8 +177,8 @@ async fn a_package_converges_over_ssh_pins_repairs_and_is_removed() {
     assert_eq!(installed().as_deref(), Some("1.0"));
 
     // A version the sources lack: invalid input naming it; nothing changes on the node.
-    s.release(h.version(3, json!([r(json!({"version": "9.9"}))])));
-    s.settled().await;
+    s.release(h.version(3, json!([r(json!({"version": "9.9"}))]))).unwrap();
+    s.settled().await.unwrap();
     let error = h.recorder.last_deploy(ID).error.expect("a missing version fails");
     assert!(
         error.message.contains("InvalidInput") && error.message.contains("version 9.9 of package orc-test-hello is not available"),
@@ -188,11 +189,11 @@ async fn a_package_converges_over_ssh_pins_repairs_and_is_removed() {
     // Back to 1.0 (nothing to do); then drift, removed by hand while the environment is halted:
     // a dryrun shows it, and self-healing repairs it once the environment resumes.
     let pinned = h.version(4, json!([r(json!({"version": "1.0", "purge_config": false}))]));
-    s.release(pinned.clone());
-    s.settled().await;
+    s.release(pinned.clone()).unwrap();
+    s.settled().await.unwrap();
     assert_eq!(h.recorder.last_deploy(ID).outcome, Outcome::Unchanged);
-    s.set_halted(true);
-    s.settled().await;
+    s.set_halted(true).unwrap();
+    s.settled().await.unwrap();
     let repaired_before = h.recorder.count(ID, Trigger::Repair, Outcome::Changed);
     run("dpkg", &["-r", PACKAGE], dir.path());
     assert_eq!(installed(), None);
@@ -206,24 +207,24 @@ async fn a_package_converges_over_ssh_pins_repairs_and_is_removed() {
         )
     );
     assert_eq!(installed(), None, "a dryrun changes nothing");
-    s.set_halted(false);
+    s.set_halted(false).unwrap();
     until(&s, "self-healing reinstalls 1.0", || installed().as_deref() == Some("1.0")).await;
     assert_eq!(h.recorder.count(ID, Trigger::Repair, Outcome::Changed), repaired_before + 1);
 
     // `absent` removes it; present again installs it; purge removes it.
-    s.release(h.version(5, json!([r(json!({"state": "absent"}))])));
-    s.settled().await;
+    s.release(h.version(5, json!([r(json!({"state": "absent"}))]))).unwrap();
+    s.settled().await.unwrap();
     let report = h.recorder.last_deploy(ID);
     assert_eq!(report.outcome, Outcome::Changed, "{report:?}");
     assert_eq!(change(&report, 0), ("state".into(), Some(json!("present")), Some(json!("absent"))));
     assert_eq!(installed(), None);
-    s.release(h.version(6, json!([r(json!({"version": "2.0"}))])));
-    s.settled().await;
+    s.release(h.version(6, json!([r(json!({"version": "2.0"}))]))).unwrap();
+    s.settled().await.unwrap();
     assert_eq!(installed().as_deref(), Some("2.0"));
     let mut purged = r(json!({"version": "2.0"}));
     purged["purged"] = json!(true);
-    s.release(h.version(7, json!([purged])));
-    s.settled().await;
+    s.release(h.version(7, json!([purged]))).unwrap();
+    s.settled().await.unwrap();
     let report = h.recorder.last_deploy(ID);
     assert_eq!(report.outcome, Outcome::Changed, "{report:?}");
     assert!(

@@ -15,6 +15,8 @@ use orc_runtime::capability::{LocalNode, MemoryKv, NodeBackend, NodeError, NodeE
 use orc_runtime::{CallContext, Grants, Runtime, RuntimeConfig};
 use serde_json::json;
 
+mod model;
+
 #[derive(Default)]
 struct Recorder(Mutex<Vec<Event>>);
 
@@ -121,7 +123,7 @@ fn quick() -> Settings {
 async fn until(scheduler: &Scheduler, what: &str, check: impl Fn(&Snapshot) -> bool) -> Snapshot {
     let started = Instant::now();
     loop {
-        let snapshot = scheduler.settled().await;
+        let snapshot = scheduler.settled().await.unwrap();
         if check(&snapshot) {
             return snapshot;
         }
@@ -150,8 +152,8 @@ async fn a_failed_requirement_skips_dependents_which_deploy_once_it_recovers() {
             memory("c", 1, &["bench-memory[local,b]"]),
             memory("free", 1, &[]),
         ]),
-    ));
-    let first = s.settled().await;
+    )).unwrap();
+    let first = s.settled().await.unwrap();
     assert_eq!(first.count(Status::Failed), 1, "{first:?}");
     assert_eq!(first.count(Status::Skipped), 2, "{first:?}");
     assert_eq!(first.count(Status::Deployed), 1, "{first:?}");
@@ -179,15 +181,15 @@ async fn user_deploy_retries_failures_now_and_repair_restores_drift() {
             { "id": "misbehave[local,a]", "adaptor": "misbehave@0.1.0", "attributes": { "behave": "fail_times", "times": 1, "counter": "once" } },
             memory("b", 7, &["misbehave[local,a]"]),
         ]),
-    ));
-    let snap = s.settled().await;
+    )).unwrap();
+    let snap = s.settled().await.unwrap();
     assert_eq!((snap.count(Status::Failed), snap.count(Status::Skipped)), (1, 1), "{snap:?}");
-    s.deploy_failed();
+    s.deploy_failed().unwrap();
     until(&s, "user deploy", |snap| snap.count(Status::Deployed) == 2).await;
 
     // Drift behind the scheduler's back, then a user repair.
     h.kv.set("test/bench-memory", "bench-memory[local,b]", b"{\"v\":99}").unwrap();
-    s.repair();
+    s.repair().unwrap();
     until(&s, "repair", |_| {
         h.recorder
             .actions("bench-memory[local,b]")
@@ -208,7 +210,7 @@ async fn self_healing_repairs_drift_on_its_own() {
         repair_interval: Some(Duration::from_millis(100)),
         ..quick()
     });
-    s.release(h.version(1, json!([memory("x", 1, &[])])));
+    s.release(h.version(1, json!([memory("x", 1, &[])]))).unwrap();
     until(&s, "deployed", |snap| snap.count(Status::Deployed) == 1).await;
     h.kv.set("test/bench-memory", "bench-memory[local,x]", b"{\"v\":2}").unwrap();
     let started = Instant::now();
@@ -222,8 +224,10 @@ async fn self_healing_repairs_drift_on_its_own() {
 async fn a_new_version_supersedes_the_old_one() {
     let h = Harness::new();
     let s = h.scheduler(quick());
-    s.release(h.version(1, json!([memory("m", 1, &[]), memory("n", 1, &["bench-memory[local,m]"])])));
-    s.release(h.version(2, json!([memory("m", 2, &[]), memory("n", 2, &["bench-memory[local,m]"])])));
+    s.release(h.version(1, json!([memory("m", 1, &[]), memory("n", 1, &["bench-memory[local,m]"])])))
+        .unwrap();
+    s.release(h.version(2, json!([memory("m", 2, &[]), memory("n", 2, &["bench-memory[local,m]"])])))
+        .unwrap();
     let snap = until(&s, "v2 deployed", |snap| {
         snap.version == Some(2) && snap.count(Status::Deployed) == 2
     })
@@ -246,14 +250,14 @@ async fn purged_resources_are_removed_dependents_first() {
     let dir = json!({ "id": "directory[local,/d]", "adaptor": "directory@0.1.0", "attributes": {} });
     let file =
         json!({ "id": "file[local,/d/f]", "adaptor": "file@0.1.0", "attributes": { "content": "x" }, "requires": ["directory[local,/d]"] });
-    s.release(h.version(1, json!([dir, file])));
+    s.release(h.version(1, json!([dir, file]))).unwrap();
     until(&s, "created", |snap| snap.count(Status::Deployed) == 2).await;
     assert!(h.root.path().join("d/f").exists());
     let mut dir = dir.clone();
     dir["purged"] = true.into();
     let mut file = file.clone();
     file["purged"] = true.into();
-    s.release(h.version(2, json!([dir, file])));
+    s.release(h.version(2, json!([dir, file]))).unwrap();
     until(&s, "purged", |snap| snap.version == Some(2) && snap.count(Status::Deployed) == 2).await;
     assert!(
         !h.root.path().join("d").exists(),
@@ -304,7 +308,7 @@ fn a_deploy_interrupted_mid_flight_resumes_from_the_store() {
             Arc::new(StoreSink::new(store.clone(), env)),
             HashMap::new(),
         );
-        s.release(version.clone());
+        s.release(version.clone()).unwrap();
         // Wait until some resources are confirmed deployed in the store and some are in flight.
         let started = Instant::now();
         loop {
@@ -344,8 +348,8 @@ fn a_deploy_interrupted_mid_flight_resumes_from_the_store() {
             "recovery leaves nothing deploying"
         );
         let s = Scheduler::spawn(h.ctx.clone(), settings.clone(), Arc::new(StoreSink::new(store.clone(), env)), known);
-        s.release(version.clone());
-        let snap = s.settled().await;
+        s.release(version.clone()).unwrap();
+        let snap = s.settled().await.unwrap();
         assert_eq!(snap.count(Status::Deployed), 40, "{snap:?}");
         let states = store.load_states(&env).await.unwrap();
         assert!(states.iter().all(|s| s.status == Status::Deployed), "all deployed in the store");
@@ -360,25 +364,27 @@ fn a_deploy_interrupted_mid_flight_resumes_from_the_store() {
 async fn a_halted_scheduler_starts_nothing_until_resumed() {
     let h = Harness::new();
     let s = Scheduler::spawn_halted(h.ctx.clone(), quick(), true, h.recorder.clone(), HashMap::new());
-    s.release(h.version(1, json!([memory("a", 1, &[]), memory("b", 1, &["bench-memory[local,a]"])])));
+    s.release(h.version(1, json!([memory("a", 1, &[]), memory("b", 1, &["bench-memory[local,a]"])])))
+        .unwrap();
     // Halted: settled answers at once (nothing in flight) and nothing ran.
-    let snap = s.settled().await;
+    let snap = s.settled().await.unwrap();
     assert_eq!(snap.count(Status::Available), 2, "{snap:?}");
     assert!(h.recorder.actions("bench-memory[local,a]").is_empty());
-    s.repair();
-    s.deploy_failed();
-    assert_eq!(s.settled().await.count(Status::Deployed), 0);
+    s.repair().unwrap();
+    s.deploy_failed().unwrap();
+    assert_eq!(s.settled().await.unwrap().count(Status::Deployed), 0);
 
-    s.set_halted(false);
+    s.set_halted(false).unwrap();
     until(&s, "deployed after resume", |snap| snap.count(Status::Deployed) == 2).await;
 
     // Halted again before a new version is released: nothing of it starts.
-    s.set_halted(true);
-    s.release(h.version(2, json!([memory("a", 2, &[]), memory("b", 2, &["bench-memory[local,a]"])])));
-    let snap = s.settled().await;
+    s.set_halted(true).unwrap();
+    s.release(h.version(2, json!([memory("a", 2, &[]), memory("b", 2, &["bench-memory[local,a]"])])))
+        .unwrap();
+    let snap = s.settled().await.unwrap();
     assert_eq!(snap.count(Status::Deploying), 0, "{snap:?}");
     assert_eq!(snap.count(Status::Available), 2, "{snap:?}");
-    s.set_halted(false);
+    s.set_halted(false).unwrap();
     until(&s, "v2 deployed", |snap| {
         snap.version == Some(2) && snap.count(Status::Deployed) == 2
     })
@@ -390,7 +396,8 @@ async fn stop_lets_actions_in_flight_finish_and_records_them() {
     let h = Harness::new();
     let s = h.scheduler(quick());
     let slow = |key: &str| json!({ "id": format!("misbehave[local,{key}]"), "adaptor": "misbehave@0.1.0", "attributes": { "behave": "slow", "ms": 300 } });
-    s.release(h.version(1, json!([slow("a"), slow("b"), memory("after", 1, &["misbehave[local,a]"])])));
+    s.release(h.version(1, json!([slow("a"), slow("b"), memory("after", 1, &["misbehave[local,a]"])])))
+        .unwrap();
     // Wait until both slow actions are in flight.
     let started = Instant::now();
     while h
@@ -413,9 +420,11 @@ async fn stop_lets_actions_in_flight_finish_and_records_them() {
     assert_eq!(h.recorder.actions("misbehave[local,a]").len(), 1);
     assert_eq!(h.recorder.actions("misbehave[local,b]").len(), 1);
     assert!(h.recorder.actions("bench-memory[local,after]").is_empty());
-    // The scheduler has ended: later commands are ignored, and settled answers empty.
-    s.repair();
-    assert_eq!(s.settled().await, Snapshot::default());
+    // The scheduler has ended: later requests are refused (it stopped; it did not fail).
+    assert!(s.repair().is_err());
+    let refused = s.settled().await.unwrap_err();
+    assert_eq!(refused.reason, "it has stopped");
+    assert_eq!(s.failure(), None);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -429,29 +438,32 @@ async fn new_settings_apply_to_what_is_scheduled_next() {
     });
     h.kv.set("test/misbehave", "twice", b"0").unwrap();
     let flaky = json!({ "id": "misbehave[local,f]", "adaptor": "misbehave@0.1.0", "attributes": { "behave": "fail_times", "times": 2, "counter": "twice" } });
-    s.release(h.version(1, json!([flaky])));
-    assert_eq!(s.settled().await.count(Status::Failed), 1);
+    s.release(h.version(1, json!([flaky]))).unwrap();
+    assert_eq!(s.settled().await.unwrap().count(Status::Failed), 1);
     // A short interval from now on: the next failure is retried within it.
-    s.update_settings(quick());
-    s.deploy_failed();
+    s.update_settings(quick()).unwrap();
+    s.deploy_failed().unwrap();
     until(&s, "retried under the new interval", |snap| snap.count(Status::Deployed) == 1).await;
     assert_eq!(h.recorder.actions("misbehave[local,f]").len(), 3);
 }
 
 /// Self-healing switched on after the deploy: resources already deployed get their repair timers
 /// from the new setting, not only after their next action.
-#[tokio::test(flavor = "multi_thread")]
+/// On a paused clock: the windows below are the scheduler's own time, so a loaded machine
+/// cannot stretch them.
+#[tokio::test(start_paused = true)]
 async fn self_healing_switched_on_later_covers_what_is_already_deployed() {
     let h = Harness::new();
     let s = h.scheduler(quick());
-    s.release(h.version(1, json!([memory("x", 1, &[]), memory("y", 1, &[])])));
+    s.release(h.version(1, json!([memory("x", 1, &[]), memory("y", 1, &[])]))).unwrap();
     until(&s, "deployed", |snap| snap.count(Status::Deployed) == 2).await;
     h.kv.set("test/bench-memory", "bench-memory[local,x]", b"{\"v\":2}").unwrap();
     s.update_settings(Settings {
         repair_interval: Some(Duration::from_millis(100)),
         ..quick()
-    });
-    let started = Instant::now();
+    })
+    .unwrap();
+    let started = tokio::time::Instant::now();
     while h.kv.get("test/bench-memory", "bench-memory[local,x]").unwrap().unwrap() != b"{\"v\":1}" {
         assert!(started.elapsed() < Duration::from_secs(20), "drift never repaired");
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -466,19 +478,21 @@ async fn self_healing_switched_on_later_covers_what_is_already_deployed() {
     s.update_settings(Settings {
         repair_interval: Some(Duration::from_millis(50)),
         ..quick()
-    });
+    })
+    .unwrap();
     s.update_settings(Settings {
         repair_interval: Some(Duration::from_millis(200)),
         ..quick()
-    });
-    let spread = Instant::now();
+    })
+    .unwrap();
+    let spread = tokio::time::Instant::now();
     for k in 0..3u32 {
         until(&s, "the next user repair", |_| spread.elapsed() >= Duration::from_millis(60) * k).await;
-        s.repair();
-        s.settled().await;
+        s.repair().unwrap();
+        s.settled().await.unwrap();
     }
     let before = repairs("bench-memory[local,y]");
-    let window = Instant::now();
+    let window = tokio::time::Instant::now();
     // The window is measured, not assumed: the count is compared with what its length allows.
     until(&s, "a window of 1 s", |_| window.elapsed() >= Duration::from_secs(1)).await;
     let elapsed = window.elapsed();
@@ -488,10 +502,10 @@ async fn self_healing_switched_on_later_covers_what_is_already_deployed() {
     assert!(during >= 2, "self-healing kept going: {during} repairs in {elapsed:?}");
 
     // Switched off: the pending repairs are cancelled.
-    s.update_settings(quick());
-    s.settled().await;
+    s.update_settings(quick()).unwrap();
+    s.settled().await.unwrap();
     let off = repairs("bench-memory[local,y]");
-    let window = Instant::now();
+    let window = tokio::time::Instant::now();
     until(&s, "another 0.5 s", |_| window.elapsed() >= Duration::from_millis(500)).await;
     assert_eq!(
         repairs("bench-memory[local,y]"),
@@ -561,7 +575,9 @@ impl NodeBackend for CountingNode {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
+/// On a paused clock: every read that may start has started before the 30 ms of the first
+/// end, whatever the machine's load.
+#[tokio::test(start_paused = true)]
 async fn a_dryrun_keeps_to_the_per_node_limit() {
     let h = Harness::new();
     // The misbehave fixture's `node` mode runs a command on node `local` while it reads.
@@ -627,7 +643,7 @@ async fn actions_wait_for_a_sink_that_falls_behind() {
     let s = Scheduler::spawn(h.ctx.clone(), settings, sink.clone(), HashMap::new());
     let n = 15_000;
     let resources: Vec<_> = (0..n).map(|i| memory(&format!("r{i}"), 1, &[])).collect();
-    s.release(h.version(1, json!(resources)));
+    s.release(h.version(1, json!(resources))).unwrap();
     until(&s, "all deployed", |snap| snap.count(Status::Deployed) == n).await;
     // Each resource is three events (deploying, its action, deployed): the scheduler stops
     // starting actions while 16,384 events wait, so it is never more than ~5,500 resources

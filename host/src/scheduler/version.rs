@@ -1,0 +1,72 @@
+//! A released intent version as the scheduler runs it: the intent, one loaded adaptor per
+//! resource, each resource's desired hash, and the dependency edges in the direction actions
+//! must follow.
+
+use std::sync::Arc;
+
+use orc_manifest::Digest;
+use orc_runtime::Plugin;
+
+use crate::intent::{Intent, ResourceSpec};
+
+/// A released intent version with its adaptors loaded (one per resource, by index).
+#[derive(Debug)]
+pub struct Version {
+    pub number: u64,
+    pub intent: Intent,
+    pub plugins: Vec<Arc<Plugin>>,
+    hashes: Vec<Digest>,
+    /// `waits_for[i]`: what must be deployed before `i` runs ([`Intent::waits_for`]).
+    pub(super) waits_for: Vec<Vec<usize>>,
+    /// The reverse of `waits_for`.
+    pub(super) blocks: Vec<Vec<usize>>,
+}
+
+impl Version {
+    pub fn new(number: u64, intent: Intent, plugins: Vec<Arc<Plugin>>) -> Version {
+        assert_eq!(intent.resources.len(), plugins.len(), "one plugin per resource");
+        let hashes = intent
+            .resources
+            .iter()
+            .zip(&plugins)
+            .map(|(r, p)| desired_hash(r, &p.digest))
+            .collect();
+        let waits_for = intent.waits_for();
+        let mut blocks = vec![Vec::new(); waits_for.len()];
+        for (after, befores) in waits_for.iter().enumerate() {
+            for &before in befores {
+                blocks[before].push(after);
+            }
+        }
+        Version {
+            number,
+            intent,
+            plugins,
+            hashes,
+            waits_for,
+            blocks,
+        }
+    }
+
+    pub fn desired_hash(&self, index: usize) -> Digest {
+        self.hashes[index]
+    }
+
+    /// What must be deployed before resource `index` runs (indices into this version).
+    pub fn waits_for(&self, index: usize) -> &[usize] {
+        &self.waits_for[index]
+    }
+}
+
+/// The hash of what a resource should be: its adaptor, attributes and purge mark. JSON objects
+/// serialise with sorted keys, so equal desired states hash equally.
+pub fn desired_hash(spec: &ResourceSpec, adaptor: &Digest) -> Digest {
+    // Exactly the text of `{"adaptor": …, "attributes": …, "purged": …}` serialised as a JSON
+    // value (keys in order, no whitespace), without building one.
+    let canonical = format!(
+        r#"{{"adaptor":"{adaptor}","attributes":{},"purged":{}}}"#,
+        spec.attributes.as_json(),
+        spec.purged
+    );
+    Digest::of(canonical.as_bytes())
+}
