@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use orc_manifest::PluginKind;
 use orc_runtime::wit::{Action, Level, Target, Task};
-use orc_runtime::{CallContext, CallError, Change, Plugin, PluginErrorKind};
+use orc_runtime::{CallContext, CallError, Change, Plugin, PluginErrorKind, bounded};
 use serde::Serialize;
 use tracing::Instrument;
 
@@ -170,15 +170,40 @@ async fn execute_in_span(plugin: &Plugin, ctx: &CallContext, spec: &ResourceSpec
                 Some(pe) if pe.kind == PluginErrorKind::Unavailable => Outcome::Unavailable,
                 _ => Outcome::Failed,
             };
-            tracing::warn!(code = e.code(), error = %e, "action failed");
+            let mut message = e.to_string();
+            bounded::truncate(&mut message, bounded::MAX_ERROR);
+            tracing::warn!(code = e.code(), error = %message, "action failed");
             report.error = Some(ActionError {
                 code: e.code().to_string(),
-                message: e.to_string(),
+                message,
             });
         }
     }
+    bound(&mut report);
     report.duration = started.elapsed();
     report
+}
+
+/// What a plugin handed back, bounded before it is printed, logged or stored (the changes were
+/// used whole by `apply`).
+fn bound(report: &mut ActionReport) {
+    report.messages = bounded::messages(std::mem::take(&mut report.messages));
+    let total = report.changes.len();
+    if total > bounded::MAX_CHANGES {
+        report.changes.truncate(bounded::MAX_CHANGES);
+        report
+            .messages
+            .push(format!("… [{} more changes not kept]", total - bounded::MAX_CHANGES));
+    }
+    for change in &mut report.changes {
+        bounded::truncate(&mut change.field, bounded::MAX_MESSAGE);
+        for value in [&mut change.current, &mut change.desired].into_iter().flatten() {
+            let text = value.to_string();
+            if text.len() > bounded::MAX_VALUE {
+                *value = serde_json::Value::String(format!("[a value of {} bytes, not kept]", text.len()));
+            }
+        }
+    }
 }
 
 async fn run(

@@ -10,6 +10,7 @@
 //! `memory-limit`). The runtime keeps serving after each.
 
 mod bindings;
+pub mod bounded;
 mod cache;
 mod calls;
 pub mod capability;

@@ -656,3 +656,35 @@ async fn actions_wait_for_a_sink_that_falls_behind() {
     );
     assert_eq!(*sink.recorded.lock().unwrap(), n);
 }
+
+/// A plugin that answers with a 20 MB error costs a bounded report: the message is cut, says
+/// how long it was, and the resource fails as it should.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flooding_plugin_costs_a_bounded_report() {
+    let h = Harness::new();
+    let s = h.scheduler(quick());
+    let flood =
+        json!({ "id": "misbehave[local,flood]", "adaptor": "misbehave@0.1.0", "attributes": { "behave": "flood", "bytes": 20_000_000 } });
+    s.release(h.version(1, json!([flood]))).unwrap();
+    until(&s, "the flood failed", |snap| snap.count(Status::Failed) == 1).await;
+    let events = h.recorder.0.lock().unwrap();
+    let report = events
+        .iter()
+        .find_map(|e| match e {
+            Event::Action { report, .. } => Some(report),
+            _ => None,
+        })
+        .unwrap();
+    let error = report.error.as_ref().unwrap();
+    assert_eq!(error.code, "failed");
+    assert!(
+        error.message.len() <= orc_runtime::bounded::MAX_ERROR + 64,
+        "{} bytes kept",
+        error.message.len()
+    );
+    assert!(
+        error.message.contains("bytes in all]"),
+        "{}",
+        &error.message[error.message.len() - 80..]
+    );
+}

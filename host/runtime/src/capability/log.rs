@@ -7,19 +7,10 @@ use crate::state::CallState;
 
 /// At most this many lines are kept per instance; later ones are counted, not stored.
 const MAX_LINES: usize = 1000;
-/// Longer messages are cut.
-const MAX_MESSAGE: usize = 4096;
 
 impl Host for CallState {
     async fn log(&mut self, level: Level, mut message: String) {
-        if message.len() > MAX_MESSAGE {
-            let mut cut = MAX_MESSAGE;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            message.truncate(cut);
-            message.push('…');
-        }
+        crate::bounded::truncate(&mut message, crate::bounded::MAX_MESSAGE);
         let plugin = self.plugin_name.as_str();
         match level {
             Level::Trace => tracing::trace!(plugin, "{message}"),
