@@ -90,7 +90,9 @@ impl MemoryKv {
 }
 
 /// Persisted in a directory: one file per key, named by the hex of scope and key so no key can
-/// name a path; written through a temporary file and a rename.
+/// name a path; written through a temporary file and a rename. A key whose hex would not fit a
+/// file name (over [`LONG_KEY`] bytes) is kept in a file named `~` and the sha256 of the key,
+/// whose content starts with the key itself (its length as 4 bytes, little-endian, then the key).
 #[derive(Debug)]
 pub struct DirKv {
     root: PathBuf,
@@ -109,6 +111,36 @@ impl DirKv {
     fn scope_dir(&self, scope: &str) -> PathBuf {
         self.root.join(hex_name(scope))
     }
+}
+
+/// Keys longer than this many bytes are stored under a hashed file name (the hex of a key is
+/// twice its length, and a file name holds 255 bytes with room for the temporary prefix).
+pub const LONG_KEY: usize = 100;
+
+/// The file name of `key` in its scope's directory.
+fn key_file(key: &str) -> String {
+    if key.len() <= LONG_KEY {
+        hex_name(key)
+    } else {
+        let digest = orc_manifest::Digest::of(key.as_bytes()).to_string();
+        format!("~{}", digest.trim_start_matches("sha256:"))
+    }
+}
+
+/// The content of a long key's file: the key, then the value.
+fn long_key_content(key: &str, value: &[u8]) -> Vec<u8> {
+    let mut content = Vec::with_capacity(4 + key.len() + value.len());
+    content.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    content.extend_from_slice(key.as_bytes());
+    content.extend_from_slice(value);
+    content
+}
+
+/// The key and value of a long key's file, if it is well formed.
+fn split_long_key(content: &[u8]) -> Option<(String, &[u8])> {
+    let len = u32::from_le_bytes(content.get(..4)?.try_into().ok()?) as usize;
+    let key = std::str::from_utf8(content.get(4..4 + len)?).ok()?;
+    Some((key.to_string(), &content[4 + len..]))
 }
 
 fn hex_name(s: &str) -> String {
@@ -130,8 +162,11 @@ fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> KvError {
 
 impl DirKv {
     pub fn get(&self, scope: &str, key: &str) -> Result<Option<Vec<u8>>, KvError> {
-        let path = self.scope_dir(scope).join(hex_name(key));
+        let path = self.scope_dir(scope).join(key_file(key));
         match std::fs::read(&path) {
+            Ok(v) if key.len() > LONG_KEY => Ok(split_long_key(&v)
+                .filter(|(stored, _)| stored == key)
+                .map(|(_, value)| value.to_vec())),
             Ok(v) => Ok(Some(v)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io(format!("cannot read {}", path.display()))(e)),
@@ -140,13 +175,19 @@ impl DirKv {
     pub fn set(&self, scope: &str, key: &str, value: &[u8]) -> Result<(), KvError> {
         let dir = self.scope_dir(scope);
         std::fs::create_dir_all(&dir).map_err(io(format!("cannot create {}", dir.display())))?;
-        let path = dir.join(hex_name(key));
-        let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), hex_name(key)));
-        std::fs::write(&tmp, value).map_err(io(format!("cannot write {}", tmp.display())))?;
+        let name = key_file(key);
+        let path = dir.join(&name);
+        let tmp = dir.join(format!(".tmp-{}-{name}", std::process::id()));
+        let written = if key.len() > LONG_KEY {
+            std::fs::write(&tmp, long_key_content(key, value))
+        } else {
+            std::fs::write(&tmp, value)
+        };
+        written.map_err(io(format!("cannot write {}", tmp.display())))?;
         std::fs::rename(&tmp, &path).map_err(io(format!("cannot rename into {}", path.display())))
     }
     pub fn delete(&self, scope: &str, key: &str) -> Result<bool, KvError> {
-        let path = self.scope_dir(scope).join(hex_name(key));
+        let path = self.scope_dir(scope).join(key_file(key));
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
@@ -162,7 +203,16 @@ impl DirKv {
         };
         let mut keys: Vec<String> = entries
             .filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().to_str().and_then(unhex))
+            .filter_map(|e| {
+                let name = e.file_name();
+                let name = name.to_str()?;
+                if name.starts_with('~') {
+                    let content = std::fs::read(e.path()).ok()?;
+                    split_long_key(&content).map(|(key, _)| key)
+                } else {
+                    unhex(name)
+                }
+            })
             .filter(|k| k.starts_with(prefix))
             .collect();
         keys.sort();
@@ -235,6 +285,18 @@ mod tests {
         assert_eq!(kv.get("env/b", "k1").await.unwrap().unwrap(), b"other");
         kv.set("env/a", "../../etc/passwd", b"x").await.unwrap();
         assert_eq!(kv.get("env/a", "../../etc/passwd").await.unwrap().unwrap(), b"x");
+        // Every key up to the documented limit works (a file name holds 255 bytes: hex names
+        // failed from 127 bytes on).
+        for len in [LONG_KEY, LONG_KEY + 1, 127, 128, MAX_KEY] {
+            let key = format!("long/{}", "k".repeat(len - 5));
+            kv.set("env/a", &key, format!("value {len}").as_bytes()).await.unwrap();
+            assert_eq!(kv.get("env/a", &key).await.unwrap().unwrap(), format!("value {len}").as_bytes());
+        }
+        let long = kv.list("env/a", "long/").await.unwrap();
+        assert_eq!(long.len(), 5, "{long:?}");
+        let key = format!("long/{}", "k".repeat(MAX_KEY - 5));
+        assert!(kv.delete("env/a", &key).await.unwrap());
+        assert_eq!(kv.get("env/a", &key).await.unwrap(), None);
     }
 
     #[tokio::test]
