@@ -376,13 +376,21 @@ impl Host for CallState {
         let method = reqwest::Method::from_bytes(request.method.as_bytes())
             .map_err(|_| wit_error(ErrorKind::InvalidInput, format!("`{}` is not an HTTP method", request.method)))?;
         let mut builder = client.request(method, url.clone());
+        if let Some((name, _)) = request.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            // The host names the server from the URL the policy checked; a plugin's own `Host`
+            // would send the request (and any secret) to another virtual host behind it.
+            return Err(wit_error(
+                ErrorKind::Denied,
+                format!("a plugin may not set the `{name}` header: it follows from the URL"),
+            ));
+        }
         for (k, v) in &request.headers {
             if k.eq_ignore_ascii_case("authorization") && secret.is_some() {
                 continue;
             }
             builder = builder.header(k, v);
         }
-        if let Some(value) = secret {
+        if let Some(value) = &secret {
             builder = builder.header(reqwest::header::AUTHORIZATION, value);
         }
         if let Some(body) = request.body {
@@ -403,7 +411,7 @@ impl Host for CallState {
             wit_error(kind, format!("{} {}: {e}", request.method, url))
         })?;
         let status = response.status().as_u16();
-        let headers = response
+        let mut headers: Vec<(String, String)> = response
             .headers()
             .iter()
             .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
@@ -420,13 +428,66 @@ impl Host for CallState {
             }
             body.extend_from_slice(&chunk);
         }
+        // A server that echoes the request (many do, on errors) must not hand the secret to the
+        // plugin that was not to hold it.
+        if let Some(value) = &secret {
+            for (_, v) in &mut headers {
+                let mut bytes = std::mem::take(v).into_bytes();
+                redact(&mut bytes, value);
+                *v = String::from_utf8_lossy(&bytes).into_owned();
+            }
+            redact(&mut body, value);
+        }
         Ok(Response { status, headers, body })
+    }
+}
+
+/// What replaces a secret in what the plugin is handed.
+const REDACTED: &[u8] = b"[redacted]";
+
+/// Replaces in `bytes` every occurrence of the secret `value` (an `Authorization` header value)
+/// and of its credential alone (after a scheme such as `Bearer `), when that is long enough to be
+/// a secret rather than a common word.
+fn redact(bytes: &mut Vec<u8>, value: &str) {
+    let mut needles = vec![value.as_bytes()];
+    if let Some((_, credential)) = value.split_once(' ')
+        && credential.len() >= 8
+    {
+        needles.push(credential.as_bytes());
+    }
+    for needle in needles {
+        if needle.is_empty() || bytes.len() < needle.len() {
+            continue;
+        }
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i..].starts_with(needle) {
+                out.extend_from_slice(REDACTED);
+                i += needle.len();
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        *bytes = out;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_echoed_back_are_redacted() {
+        let mut body = br#"{"headers":{"authorization":"Bearer s3cr3t-token-value"},"again":"s3cr3t-token-value"}"#.to_vec();
+        redact(&mut body, "Bearer s3cr3t-token-value");
+        let text = String::from_utf8(body).unwrap();
+        assert_eq!(text, r#"{"headers":{"authorization":"[redacted]"},"again":"[redacted]"}"#);
+        let mut short = b"Basic ab and ab".to_vec();
+        redact(&mut short, "Basic ab");
+        assert_eq!(short, b"[redacted] and ab", "a short credential alone is not a secret worth hiding");
+    }
 
     fn kind(ip: &str) -> AddressKind {
         AddressKind::of(ip.parse().unwrap())

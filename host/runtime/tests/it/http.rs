@@ -151,3 +151,86 @@ async fn a_plugin_reaching_an_origin_it_was_not_granted_is_refused_before_connec
     assert_eq!(server.connections(), 1);
     assert_eq!(other.connections(), 0);
 }
+
+/// A server that echoes the request's headers in its answer (as many do on errors).
+async fn echo_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&request).to_string();
+                let auth = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("authorization: ").or_else(|| l.strip_prefix("Authorization: ")))
+                    .unwrap_or("")
+                    .to_string();
+                let body = serde_json::to_vec(&json!({ "seen": auth })).unwrap();
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-echo: {auth}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+                let _ = stream.write_all(&body).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    base
+}
+
+/// The host sends the secret; an endpoint that echoes it hands the plugin `[redacted]`, never the
+/// value. And a plugin cannot point a request at another virtual host with its own `Host`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_secret_echoed_back_never_reaches_the_plugin_and_host_cannot_be_set() {
+    const SECRET: &str = "Bearer echo-me-not-7f3a9c";
+    let base = echo_server().await;
+    let policy = HttpPolicy {
+        allowed: vec![Origin::parse(&base).unwrap()],
+        addresses: networks(&["127.0.0.0/8"]),
+        secrets: std::collections::HashMap::from([("token".to_string(), SECRET.to_string())]),
+        ..HttpPolicy::default()
+    };
+    let ctx = CallContext {
+        http: Arc::new(HttpAccess::new(policy).unwrap()),
+        ..CallContext::new("test")
+    };
+    let rt = runtime();
+    let plugin = load(&rt, &HTTP_OBJECT, &Grants::all());
+    let mut instance = plugin.adaptor(&ctx).await.unwrap();
+    let current = instance
+        .read(&target(
+            "http-object",
+            "o",
+            json!({"url": format!("{base}/o"), "body": {}, "secret": "token"}),
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!current.contains("echo-me-not"), "the plugin saw the secret: {current}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&current).unwrap(),
+        json!({ "seen": "[redacted]" })
+    );
+
+    let mut instance = plugin.adaptor(&ctx).await.unwrap();
+    let err = instance
+        .read(&target(
+            "http-object",
+            "o",
+            json!({"url": format!("{base}/o"), "body": {}, "secret": "token", "headers": {"Host": "internal.example"}}),
+        ))
+        .await
+        .unwrap_err();
+    let e = err.plugin_error().expect("a plugin error");
+    assert_eq!(e.kind, PluginErrorKind::Denied, "{e:?}");
+    assert!(e.message.contains("may not set the `Host` header"), "{}", e.message);
+}
