@@ -395,7 +395,7 @@ async fn a_halted_scheduler_starts_nothing_until_resumed() {
 async fn stop_lets_actions_in_flight_finish_and_records_them() {
     let h = Harness::new();
     let s = h.scheduler(quick());
-    let slow = |key: &str| json!({ "id": format!("misbehave[local,{key}]"), "adaptor": "misbehave@0.1.0", "attributes": { "behave": "slow", "ms": 300 } });
+    let slow = |key: &str| json!({ "id": format!("misbehave[local,{key}]"), "adaptor": "misbehave@0.1.0", "attributes": { "behave": "slow", "ms": 3000 } });
     s.release(h.version(1, json!([slow("a"), slow("b"), memory("after", 1, &["misbehave[local,a]"])])))
         .unwrap();
     // Wait until both slow actions are in flight.
@@ -413,6 +413,8 @@ async fn stop_lets_actions_in_flight_finish_and_records_them() {
         assert!(started.elapsed() < Duration::from_secs(20), "the slow actions never started");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // (The slow actions take 3 s, so that a loaded machine cannot let `a` finish, and its
+    // dependent start, before the stop below arrives.)
     let snap = s.stop().await;
     // Both finished and were recorded before stop returned; the dependent never started.
     assert_eq!(snap.count(Status::Deployed), 2, "{snap:?}");

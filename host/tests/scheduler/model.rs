@@ -30,6 +30,8 @@ use proptest::prelude::*;
 use serde_json::json;
 use tokio::sync::oneshot;
 
+use crate::Recorder;
+
 /// Resources the versions draw from: `R` ids on two nodes.
 const R: usize = 6;
 const ENV_LIMIT: usize = 3;
@@ -183,16 +185,6 @@ impl Controlled {
     }
 }
 
-#[derive(Default)]
-struct Recorder(Mutex<Vec<Event>>);
-
-impl Sink for Recorder {
-    fn record(&self, events: Vec<Event>) -> BoxFuture<'_, ()> {
-        self.0.lock().unwrap().extend(events);
-        Box::pin(std::future::ready(()))
-    }
-}
-
 /// What the model knows.
 #[derive(Default)]
 struct Model {
@@ -212,17 +204,25 @@ struct Run {
     log: Vec<String>,
 }
 
+/// The limits and intervals of the runs, with `env` and `node` as the concurrency limits.
+fn settings(env: usize, node: usize) -> Settings {
+    Settings {
+        env_concurrency: env,
+        node_concurrency: node,
+        retry_interval: RETRY,
+        max_retry_interval: MAX_RETRY,
+        repair_interval: Some(REPAIR),
+    }
+}
+
 impl Run {
     fn new() -> Run {
+        Run::with(settings(ENV_LIMIT, NODE_LIMIT))
+    }
+
+    fn with(settings: Settings) -> Run {
         let actions = Arc::new(Controlled::default());
         let recorder = Arc::new(Recorder::default());
-        let settings = Settings {
-            env_concurrency: ENV_LIMIT,
-            node_concurrency: NODE_LIMIT,
-            retry_interval: RETRY,
-            max_retry_interval: MAX_RETRY,
-            repair_interval: Some(REPAIR),
-        };
         let scheduler = Scheduler::start(
             Start {
                 actions: Arc::new(TestActions(actions.clone())),
@@ -547,30 +547,7 @@ fn a_panicking_action_fails_its_resource_and_frees_its_slot() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let actions = Arc::new(Controlled::default());
-        let recorder = Arc::new(Recorder::default());
-        let settings = Settings {
-            env_concurrency: 1,
-            node_concurrency: 1,
-            retry_interval: RETRY,
-            max_retry_interval: MAX_RETRY,
-            repair_interval: Some(REPAIR),
-        };
-        let scheduler = Scheduler::start(
-            Start {
-                actions: Arc::new(TestActions(actions.clone())),
-                ..Start::new(CallContext::new("panic"), settings)
-            },
-            recorder.clone(),
-        );
-        let mut run = Run {
-            scheduler,
-            actions,
-            recorder,
-            model: Model::default(),
-            number: 0,
-            log: Vec::new(),
-        };
+        let mut run = Run::with(settings(1, 1));
         let mut two = vec![None; R];
         two[0] = Some((1, false));
         two[2] = Some((1, false));
@@ -612,11 +589,10 @@ fn extreme_intervals_do_not_stop_the_scheduler() {
         let mut run = Run::new();
         run.scheduler
             .update_settings(Settings {
-                env_concurrency: ENV_LIMIT,
-                node_concurrency: NODE_LIMIT,
                 retry_interval: Duration::MAX,
                 max_retry_interval: Duration::MAX,
                 repair_interval: Some(Duration::MAX),
+                ..settings(ENV_LIMIT, NODE_LIMIT)
             })
             .unwrap();
         let all = vec![Some((1, false)); R];
