@@ -11,9 +11,19 @@
 //! - dryrun (`POST …/dryrun`) → its report `done` (`GET …/dryruns/{id}`);
 //! - the server's resident memory (`VmRSS`, peak `VmHWM` from `/proc/<pid>/status`).
 //!
+//! With `--file`, the resources are real files instead: COUNT `file` resources (the first-party
+//! `file` adaptor, content and mode 0644) in one directory (a `directory` resource they all
+//! require) on the environment's `local` node, whose root is `DATA_DIR/nodes/<env>/local`
+//! (`server::node_root`). Each phase is timed — deploy (intent `POST` → all deployed), update (a
+//! new version changing every file's content → all deployed at that version), repair with
+//! nothing to change (→ operation done), dryrun (→ report done) — and after each one, untimed,
+//! every file is read back from disk (content, mode, nothing missing, nothing left beside them).
+//! Then the `bench-memory` case runs on the same server for comparison: the host's own overhead.
+//!
 //! ```text
 //! cargo build --release -p orc-host --bins --examples
 //! target/release/examples/api-bench [COUNT [STORE]] [--rss]
+//! target/release/examples/api-bench --file [COUNT [STORE]]
 //! ```
 //!
 //! STORE: `sqlite` (default; a file in a temporary data directory) or a `postgres://…` URL of a
@@ -26,7 +36,10 @@
 #[path = "support/serve.rs"]
 mod serve;
 
-use anyhow::{Context as _, Result, bail};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::{Value, json};
 use serve::Host;
 
@@ -116,6 +129,196 @@ async fn run_case(host: &Host, env: &str, n: usize, graph: bool, at_rest: bool) 
     Ok(())
 }
 
+/// The directory on the local node that holds the benchmark's files.
+const FILE_DIR: &str = "/srv/bench";
+
+/// The content of file `i` in round `round` (1: the first deploy, 2: the update).
+fn file_content(i: usize, round: u32) -> String {
+    if round == 1 {
+        format!("orc bench file {i}\n")
+    } else {
+        format!("orc bench file {i}, round {round}\n")
+    }
+}
+
+fn file_name(i: usize) -> String {
+    format!("f{i:05}.conf")
+}
+
+/// `n` files in [`FILE_DIR`], each requiring the directory, with round `round`'s content.
+fn file_intent(n: usize, round: u32) -> Vec<u8> {
+    let dir_id = format!("directory[local,{FILE_DIR}]");
+    let mut resources = vec![json!({ "id": dir_id, "adaptor": "directory@0.1.0", "attributes": { "mode": "0755" } })];
+    resources.extend((0..n).map(|i| {
+        json!({
+            "id": format!("file[local,{FILE_DIR}/{}]", file_name(i)),
+            "adaptor": "file@0.1.0",
+            "attributes": { "content": file_content(i, round), "mode": "0644" },
+            "requires": [dir_id],
+        })
+    }));
+    serde_json::to_vec(&json!({ "resources": resources })).expect("JSON")
+}
+
+/// Every one of the `n` files is in `dir` (the directory on the host's disk) with round
+/// `round`'s content and mode 0644, and nothing else is there (no temporary file left behind).
+fn check_files(dir: &Path, n: usize, round: u32) -> Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    for i in 0..n {
+        let path = dir.join(file_name(i));
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        ensure!(text == file_content(i, round), "{} holds {text:?}", path.display());
+        let mode = std::fs::metadata(&path)?.mode() & 0o7777;
+        ensure!(mode == 0o644, "{} has mode {mode:o}", path.display());
+    }
+    let entries = std::fs::read_dir(dir)?.count();
+    ensure!(entries == n, "{} holds {entries} entries, not {n}", dir.display());
+    Ok(())
+}
+
+/// Load average of the machine (`/proc/loadavg`'s first three fields), for the figures.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// Server CPU and context switches over a phase.
+struct Usage {
+    cpu: Duration,
+    switches: u64,
+}
+
+impl Usage {
+    fn start(host: &Host) -> Result<(Duration, u64)> {
+        Ok((host.cpu()?, host.switches()?))
+    }
+
+    fn since(host: &Host, (cpu, switches): (Duration, u64)) -> Result<Usage> {
+        Ok(Usage {
+            cpu: host.cpu()?.saturating_sub(cpu),
+            switches: host.switches()?.saturating_sub(switches),
+        })
+    }
+}
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "server CPU {:.2} s, {} context switches", self.cpu.as_secs_f64(), self.switches)
+    }
+}
+
+/// A new version of `env` changing every resource: from just before its `POST` until every one
+/// of `total` resources is deployed again. Counts alone cannot tell the old version's
+/// `deployed` from the new one's, so it first waits until the release shows (fewer than all
+/// deployed) — a 10,000-file update cannot finish between two polls — then until all are
+/// deployed; afterwards, untimed, the listing must show every resource deployed at `version`.
+async fn update(host: &Host, env: &str, body: Vec<u8>, total: usize) -> Result<(Duration, u64)> {
+    let t = Instant::now();
+    let (status, submitted) = host.post(&format!("/api/v1/environments/{env}/intents"), body).await?;
+    ensure!(status == reqwest::StatusCode::CREATED, "submitting: {status} {submitted}");
+    let version = submitted
+        .get("version")
+        .and_then(Value::as_i64)
+        .ok_or_else(|| anyhow::anyhow!("the intent was stored without a version: {submitted}"))?;
+    let deadline = Instant::now() + serve::PATIENCE;
+    loop {
+        let counts = host.counts(env).await?;
+        if counts.get("deployed").copied().unwrap_or(0) < total as u64 {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the release of version {version} never showed: {counts:?}"
+        );
+        tokio::time::sleep(serve::poll_interval()).await;
+    }
+    let polls = host.until_deployed(env, total as u64).await?;
+    let elapsed = t.elapsed();
+    let resources = host.all_resources(env).await?;
+    let at_version = resources
+        .iter()
+        .filter(|r| r.get("status").and_then(Value::as_str) == Some("deployed"))
+        .filter(|r| r.get("version").and_then(Value::as_i64) == Some(version))
+        .count();
+    ensure!(
+        at_version == total,
+        "after the update only {at_version} of {total} resources are deployed at version {version}"
+    );
+    Ok((elapsed, polls))
+}
+
+/// `n` real files on the local node: deploy, update, repair, dryrun, each checked on disk.
+async fn run_files(host: &Host, data_dir: &Path, env: &str, n: usize) -> Result<()> {
+    let settings = json!({
+        "per_node_concurrency": 64,
+        "env_concurrency": 64,
+        "repair_interval_s": 0,
+        "retry_interval_s": 60,
+        "auto_deploy": true,
+    });
+    host.create_environment(env, settings).await?;
+    let dir: PathBuf = orc_host::server::node_root(data_dir, env).join(FILE_DIR.trim_start_matches('/'));
+    let total = n + 1;
+    let rate = |d: Duration| n as f64 / d.as_secs_f64();
+
+    let since = serve::now_ms();
+    let body = file_intent(n, 1);
+    let deployed = serve::deploy(host, env, body, total).await?;
+    println!(
+        "  deploy: POST intent → all {total} deployed: {:.3} s ({:.0} files/s); the POST answered 201 after {:.3} s; \
+         server CPU {:.2} s, {} context switches; load {}",
+        deployed.elapsed.as_secs_f64(),
+        rate(deployed.elapsed),
+        deployed.answered.as_secs_f64(),
+        deployed.server_cpu.as_secs_f64(),
+        deployed.server_switches,
+        load_average(),
+    );
+    println!("    {}", serve::action_profile(host, env, since).await?);
+    check_files(&dir, n, 1)?;
+    println!("    checked on disk: {n} files with their content and mode 0644, nothing else in {FILE_DIR}");
+
+    let since = serve::now_ms();
+    let usage = Usage::start(host)?;
+    let (updated, _) = update(host, env, file_intent(n, 2), total).await?;
+    let usage = Usage::since(host, usage)?;
+    println!(
+        "  update: POST intent changing every file → all {total} deployed: {:.3} s ({:.0} files/s); {usage}; load {}",
+        updated.as_secs_f64(),
+        rate(updated),
+        load_average(),
+    );
+    println!("    {}", serve::action_profile(host, env, since).await?);
+    check_files(&dir, n, 2)?;
+    println!("    checked on disk: {n} files with the new content");
+
+    let usage = Usage::start(host)?;
+    let (repair, actions) = serve::repair(host, env, total).await?;
+    let usage = Usage::since(host, usage)?;
+    println!(
+        "  repair, nothing to change: POST repair → operation done: {:.3} s ({:.0} files/s; actions {actions}); {usage}; load {}",
+        repair.as_secs_f64(),
+        rate(repair),
+        load_average(),
+    );
+    check_files(&dir, n, 2)?;
+
+    let usage = Usage::start(host)?;
+    let (dryrun, summary) = serve::dryrun(host, env, total).await?;
+    let usage = Usage::since(host, usage)?;
+    println!(
+        "  dryrun: POST dryrun → report done: {:.3} s ({:.0} files/s; {summary}); {usage}; load {}",
+        dryrun.as_secs_f64(),
+        rate(dryrun),
+        load_average(),
+    );
+    check_files(&dir, n, 2)?;
+    println!("    checked on disk after repair and dryrun: {n} files unchanged");
+    println!("  server after the file case: {}", host.memory()?);
+    Ok(())
+}
+
 /// A throwaway PostgreSQL database on the server `admin_url` points at.
 struct PgDatabase {
     admin_url: String,
@@ -169,7 +372,8 @@ async fn main() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let rss_only = args.iter().any(|a| a == "--rss");
-    args.retain(|a| a != "--rss");
+    let files = args.iter().any(|a| a == "--file");
+    args.retain(|a| a != "--rss" && a != "--file");
     let n: usize = match args.first() {
         Some(a) => a.parse().with_context(|| format!("COUNT `{a}` is not a number"))?,
         None => 10_000,
@@ -193,25 +397,30 @@ async fn main() -> Result<()> {
         host.base,
         published.get("digest").and_then(Value::as_str).unwrap_or("bench-memory"),
     );
-    let cases: &[(&str, bool)] = if rss_only {
+    println!("load average at start: {}", load_average());
+    let cases: &[(&str, bool)] = if rss_only || files {
         &[("independent", false)]
     } else {
         &[("independent", false), ("graph", true)]
     };
     let mut outcome = Ok(());
+    if files {
+        println!("{n} file resources (file@0.1.0) in {FILE_DIR} on node `local`, 64 actions at once:");
+        outcome = run_files(&host, data.path(), "files", n).await;
+    }
     for &(env, graph) in cases {
-        println!(
-            "{}:",
-            if graph {
-                "dependency graph (chains of 10, fan-in)"
-            } else {
-                "independent resources"
-            }
-        );
-        outcome = run_case(&host, env, n, graph, rss_only).await;
         if outcome.is_err() {
             break;
         }
+        println!(
+            "{}:",
+            match (graph, files) {
+                (true, _) => "dependency graph (chains of 10, fan-in)",
+                (false, true) => "the host's own overhead: the same count of bench-memory resources (state in kv, no file system)",
+                (false, false) => "independent resources",
+            }
+        );
+        outcome = run_case(&host, env, n, graph, rss_only).await;
     }
     let stopped = host.stop().await;
     if let Some(db) = pg {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use orc_manifest::Digest;
 use orc_registry::{RegistryError, Store, StoreOptions};
-use orc_runtime::capability::{DirKv, LocalNode, Nodes};
+use orc_runtime::capability::{DirKv, LocalNode, NodeDirectory, Nodes};
 use orc_runtime::{CallContext, EngineError, Grants, Runtime, RuntimeConfig};
 use std::sync::Mutex;
 
@@ -87,6 +87,8 @@ pub enum EmbeddedError {
     Secret(#[from] SecretError),
     #[error("invalid settings: {0}")]
     Settings(String),
+    #[error("cannot make the changes on the local node durable")]
+    NotDurable(#[source] orc_runtime::capability::NodeError),
 }
 
 impl From<PinError> for EmbeddedError {
@@ -166,12 +168,12 @@ pub async fn deploy(
 
     let local_root = config.local_root.clone().unwrap_or_else(|| data_dir.join("nodes").join(LOCAL_NODE));
     let node = LocalNode::open(&local_root).map_err(dir_err(local_root.clone()))?;
-    let nodes = Nodes::default();
+    let nodes = Arc::new(Nodes::default());
     nodes.insert(LOCAL_NODE, Arc::new(node));
     let kv = DirKv::open(data_dir.join("kv")).map_err(EmbeddedError::Kv)?;
     let base = CallContext {
         kv: Arc::new(kv),
-        nodes: Arc::new(nodes),
+        nodes: nodes.clone(),
         ..CallContext::new("embedded")
     };
     let ctx = outbound::call_context(&base, &settings, &secrets).map_err(EmbeddedError::Settings)?;
@@ -186,7 +188,13 @@ pub async fn deploy(
             }
             reports
         }
-        Mode::Deploy => run_once(version, ctx, config.concurrency, Arc::new(progress)).await,
+        Mode::Deploy => {
+            let reports = run_once(version, ctx, config.concurrency, Arc::new(progress)).await;
+            // Nothing is reported done before it is durable: the sink passed the fence before
+            // each batch; this one also covers a batch whose fence failed.
+            nodes.durable().await.map_err(EmbeddedError::NotDurable)?;
+            reports
+        }
     };
     let mut pinned: Vec<(String, Digest)> = pinned.into_iter().map(|(r, p)| (r.to_string(), p.digest)).collect();
     pinned.sort();
@@ -205,6 +213,7 @@ type Progress = Arc<dyn Fn(&str, usize, usize) + Send + Sync>;
 async fn run_once(version: Arc<Version>, ctx: CallContext, concurrency: usize, progress: Progress) -> Vec<ActionReport> {
     let total = version.intent.resources.len();
     let sink = Arc::new(CollectingSink {
+        nodes: ctx.nodes.clone(),
         progress,
         total,
         seen: Mutex::new(Collected::default()),
@@ -256,8 +265,10 @@ struct Collected {
     done: usize,
 }
 
-/// Keeps the last action report and status of every resource, and reports progress.
+/// Keeps the last action report and status of every resource, and reports progress once the
+/// node's durability fence has passed for them.
 struct CollectingSink {
+    nodes: Arc<dyn NodeDirectory>,
     progress: Progress,
     total: usize,
     seen: Mutex<Collected>,
@@ -265,6 +276,18 @@ struct CollectingSink {
 
 impl Sink for CollectingSink {
     fn record(&self, events: Vec<Event>) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Err(e) = self.nodes.durable().await {
+                // `deploy` passes the fence again at the end and fails if it still cannot.
+                tracing::error!(error = %e, "cannot make the local node's changes durable");
+            }
+            self.collect(events);
+        })
+    }
+}
+
+impl CollectingSink {
+    fn collect(&self, events: Vec<Event>) {
         let mut seen = self.seen.lock().expect("sink");
         for event in events {
             match event {
@@ -294,6 +317,5 @@ impl Sink for CollectingSink {
                 Event::Released { .. } => {}
             }
         }
-        Box::pin(std::future::ready(()))
     }
 }

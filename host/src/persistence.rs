@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use orc_manifest::Digest;
+use orc_runtime::capability::{NodeDirectory, NodeError};
 
 use crate::scheduler::{BoxFuture, Event, Sink, Trigger};
 use crate::store::{ActionId, ActionKind, ActionRecord, DbKv, EnvironmentId, ErrorInfo, ResourceState, Store, StoreError};
@@ -16,11 +17,23 @@ use crate::store::{ActionId, ActionKind, ActionRecord, DbKv, EnvironmentId, Erro
 const WRITE_ATTEMPTS: u32 = 7;
 const FIRST_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// Why a batch was not stored.
+#[derive(Debug, thiserror::Error)]
+enum BatchError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The nodes' durability fence failed: the batch waits, since it may record changes that
+    /// are not durable on their node.
+    #[error(transparent)]
+    Nodes(NodeError),
+}
+
 /// Writes scheduler events of one environment to the store.
 pub struct StoreSink {
     store: Store,
     environment: EnvironmentId,
     plugin_state: Option<Arc<DbKv>>,
+    nodes: Option<Arc<dyn NodeDirectory>>,
 }
 
 impl StoreSink {
@@ -29,7 +42,35 @@ impl StoreSink {
             store,
             environment,
             plugin_state: None,
+            nodes: None,
         }
+    }
+
+    /// Stores a batch only once the nodes' durability fence has passed
+    /// ([`NodeDirectory::durable`]): nodes answer writes before they are durable, so that one
+    /// sync covers a batch instead of one per file, and a resource must not be stored
+    /// `deployed` ahead of the files its action wrote.
+    pub fn after_nodes(self, nodes: Arc<dyn NodeDirectory>) -> StoreSink {
+        StoreSink {
+            nodes: Some(nodes),
+            ..self
+        }
+    }
+
+    /// Both fences at once: plugin state committed, node changes durable.
+    async fn fences(&self) -> Result<(), NodeError> {
+        let kv = async {
+            if let Some(kv) = &self.plugin_state {
+                kv.durable().await;
+            }
+        };
+        let nodes = async {
+            match &self.nodes {
+                Some(nodes) => nodes.durable().await,
+                None => Ok(()),
+            }
+        };
+        tokio::join!(kv, nodes).1
     }
 
     /// Stores a batch only once the plugin state written before it is committed: plugins'
@@ -42,7 +83,7 @@ impl StoreSink {
         }
     }
 
-    async fn write(&self, events: Vec<Event>) -> Result<(), StoreError> {
+    async fn write(&self, events: Vec<Event>) -> Result<(), BatchError> {
         // The last state of a resource in a batch is the one that counts.
         let mut states: HashMap<String, ResourceState> = HashMap::new();
         let mut actions = Vec::new();
@@ -97,9 +138,6 @@ impl StoreSink {
             }
         }
         let states: Vec<ResourceState> = states.into_values().collect();
-        if let Some(kv) = &self.plugin_state {
-            kv.durable().await;
-        }
         // One transaction: a crash keeps a batch whole or drops it whole, so no resource is
         // stored `deployed` without the action that deployed it. A time the scheduler leaves
         // `None` (unchanged) keeps the stored one, also across a restart's re-release. Being one
@@ -109,15 +147,25 @@ impl StoreSink {
         let mut attempt = 1;
         let started = std::time::Instant::now();
         loop {
-            let written = match self.store.record_progress(&self.environment, &states, &actions).await {
-                // Every state of the released version is stored by now (the scheduler hands
-                // them over before the release), so what is left outside it was dropped. A
-                // crash before this runs is made good by the release at the next start.
-                Ok(()) => match released {
-                    Some(version) => self.store.delete_states_outside(&self.environment, version).await.map(drop),
-                    None => Ok(()),
+            // The fences first, on every attempt (a failed node fence is tried again): nothing
+            // in this batch is stored before what its actions wrote is durable.
+            let written = match self.fences().await {
+                Err(e) => Err(BatchError::Nodes(e)),
+                Ok(()) => match self.store.record_progress(&self.environment, &states, &actions).await {
+                    // Every state of the released version is stored by now (the scheduler hands
+                    // them over before the release), so what is left outside it was dropped. A
+                    // crash before this runs is made good by the release at the next start.
+                    Ok(()) => match released {
+                        Some(version) => self
+                            .store
+                            .delete_states_outside(&self.environment, version)
+                            .await
+                            .map(drop)
+                            .map_err(BatchError::from),
+                        None => Ok(()),
+                    },
+                    Err(e) => Err(BatchError::from(e)),
                 },
-                Err(e) => Err(e),
             };
             match written {
                 Ok(()) => {
@@ -191,4 +239,92 @@ pub async fn resume(store: &Store, environment: &EnvironmentId) -> Result<Resume
         .filter_map(|s| Some((s.resource_id.clone(), s.deployed_hash.as_deref()?.parse().ok()?)))
         .collect();
     Ok(Resumed { known, states })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use orc_runtime::capability::node::BoxFuture as NodeFuture;
+    use orc_runtime::capability::{NodeBackend, NodeErrorKind};
+
+    use super::*;
+    use crate::scheduler::{ResourceState as SchedulerState, Status};
+    use crate::store::EnvironmentSettings;
+
+    /// Nodes whose durability fence says when it is entered, then waits to be let through; the
+    /// first `failures` fences fail.
+    struct GatedNodes {
+        entered: tokio::sync::mpsc::UnboundedSender<()>,
+        through: tokio::sync::Semaphore,
+        failures: AtomicUsize,
+    }
+
+    impl NodeDirectory for GatedNodes {
+        fn node(&self, name: &str) -> Result<Arc<dyn NodeBackend>, NodeError> {
+            Err(NodeError::new(NodeErrorKind::InvalidInput, format!("unknown node `{name}`")))
+        }
+
+        fn durable(&self) -> NodeFuture<'_, Result<(), NodeError>> {
+            Box::pin(async move {
+                let _ = self.entered.send(());
+                self.through.acquire().await.expect("open").forget();
+                if self.failures.load(Ordering::SeqCst) > 0 {
+                    self.failures.fetch_sub(1, Ordering::SeqCst);
+                    return Err(NodeError::new(NodeErrorKind::Failed, "disk on fire"));
+                }
+                Ok(())
+            })
+        }
+    }
+
+    fn deployed(resource: &str) -> Event {
+        let hash = Digest::of(resource.as_bytes());
+        Event::State(SchedulerState {
+            resource: resource.to_string(),
+            version: 1,
+            status: Status::Deployed,
+            desired_hash: hash,
+            deployed_hash: Some(hash),
+            attempts: 0,
+            last_error: None,
+            last_deploy_at: Some(1),
+            last_verified_at: Some(1),
+            next_retry_at: None,
+        })
+    }
+
+    /// Architecture invariant: no state is stored before the nodes' durability fence has passed
+    /// for it, and a fence that fails holds the batch back (here until it is retried).
+    #[tokio::test]
+    async fn a_batch_is_stored_only_after_the_nodes_durability_fence() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(dir.path().join("orc.db")).await.unwrap();
+        let env = store.create_environment("fenced", &EnvironmentSettings::default()).await.unwrap();
+        let (entered, mut fences) = tokio::sync::mpsc::unbounded_channel();
+        let nodes = Arc::new(GatedNodes {
+            entered,
+            through: tokio::sync::Semaphore::new(0),
+            failures: AtomicUsize::new(1),
+        });
+        let sink = Arc::new(StoreSink::new(store.clone(), env.id).after_nodes(nodes.clone()));
+        let writing = tokio::spawn({
+            let sink = sink.clone();
+            async move { sink.persist(vec![deployed("file[local,/a]")]).await }
+        });
+
+        // The fence is waiting: nothing is stored.
+        fences.recv().await.unwrap();
+        assert!(store.load_states(&env.id).await.unwrap().is_empty());
+        // It fails: still nothing, and the batch tries again behind a new fence.
+        nodes.through.add_permits(1);
+        fences.recv().await.unwrap();
+        assert!(store.load_states(&env.id).await.unwrap().is_empty());
+        // It passes: the batch is stored.
+        nodes.through.add_permits(1);
+        assert!(writing.await.unwrap());
+        let states = store.load_states(&env.id).await.unwrap();
+        assert_eq!(states.len(), 1);
+        assert_eq!(states[0].status, crate::store::ResourceStatus::Deployed);
+    }
 }

@@ -704,10 +704,10 @@ impl Environments {
         }
         let root = node_root(&self.data_dir, &env.name);
         let node = LocalNode::open(&root).map_err(|source| EnvError::NodeRoot { path: root, source })?;
-        let nodes = self.nodes.directory(env.id, &env.name, Arc::new(node));
+        let nodes = Arc::new(self.nodes.directory(env.id, &env.name, Arc::new(node)));
         let base = CallContext {
             kv: self.kv.clone(),
-            nodes: Arc::new(nodes),
+            nodes: nodes.clone(),
             ..CallContext::new(env.id.to_string())
         };
         // Stored settings were valid when stored; what can still fail (a client that cannot be
@@ -736,7 +736,9 @@ impl Environments {
             resumed.states.iter().map(|s| (s.resource_id.as_str(), s.status, s.version)),
         ));
         let sink = Arc::new(EnvironmentSink::new(
-            StoreSink::new(self.store.clone(), env.id).after_plugin_state(self.kv.clone()),
+            StoreSink::new(self.store.clone(), env.id)
+                .after_plugin_state(self.kv.clone())
+                .after_nodes(nodes),
             stream.clone(),
             observers,
             counts.clone(),

@@ -108,6 +108,10 @@ impl Runtime {
                 // initial memory stays resident and is not faulted back in on every instance
                 // (and the mapping never changes, see `memory_init_cow`).
                 .linear_memory_keep_resident(config.keep_resident_bytes)
+                // ... and only the pages the instance wrote (`PAGEMAP_SCAN`, Linux 6.7+): without
+                // it every reset cleared the whole initial memory (~1 MiB for a Rust plugin), a
+                // quarter of the server's CPU in a 10,000-file deploy (api-bench --file).
+                .pagemap_scan(wasmtime::Enabled::Auto)
                 .table_keep_resident(16 << 10);
             wasm.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         }

@@ -336,6 +336,7 @@ impl NodeRegistry {
             env_name: env_name.to_string(),
             local,
             registry: self.clone(),
+            reached: Mutex::default(),
         }
     }
 
@@ -566,6 +567,17 @@ pub struct EnvironmentNodes {
     env_name: String,
     local: Arc<dyn NodeBackend>,
     registry: NodeRegistry,
+    /// Every SSH node handed out, by name, for the durability fence. Kept, not drained by a
+    /// fence: a call may resolve its node before a fence and write after it.
+    reached: Mutex<Reached>,
+}
+
+#[derive(Default)]
+struct Reached {
+    current: HashMap<String, Arc<dyn NodeBackend>>,
+    /// Connections replaced in the registry (a node verified again) since the last fence, whose
+    /// changes may still be unsynced: fenced once more, then forgotten.
+    retired: Vec<Arc<dyn NodeBackend>>,
 }
 
 impl NodeDirectory for EnvironmentNodes {
@@ -573,7 +585,55 @@ impl NodeDirectory for EnvironmentNodes {
         if name == LOCAL_NODE {
             return Ok(self.local.clone());
         }
-        self.registry.resolve(name, &self.env, &self.env_name)
+        let node = self.registry.resolve(name, &self.env, &self.env_name)?;
+        let mut reached = self.reached.lock().expect("reached nodes");
+        match reached.current.get(name) {
+            Some(known) if Arc::ptr_eq(known, &node) => {}
+            _ => {
+                if let Some(old) = reached.current.insert(name.to_string(), node.clone()) {
+                    reached.retired.push(old);
+                }
+            }
+        }
+        Ok(node)
+    }
+
+    /// The local node's fence and that of every SSH node reached, at once (a node with nothing
+    /// unsynced answers at once). An SSH node that cannot be reached now is not waited for: its
+    /// writes were accepted by the node's kernel, its changes stay marked for the next fence,
+    /// and one node away must not stop the environment's states from being stored. Any other
+    /// failure is the fence's.
+    fn durable(&self) -> BoxFuture<'_, Result<(), NodeError>> {
+        let nodes: Vec<(bool, Arc<dyn NodeBackend>)> = {
+            let mut reached = self.reached.lock().expect("reached nodes");
+            let retired = std::mem::take(&mut reached.retired);
+            reached
+                .current
+                .values()
+                .map(|n| (false, n.clone()))
+                .chain(retired.into_iter().map(|n| (true, n)))
+                .collect()
+        };
+        Box::pin(async move {
+            let remote = futures::future::join_all(nodes.into_iter().map(|(retired, node)| async move {
+                let fenced = node.durable().await;
+                (retired, node, fenced)
+            }));
+            let (local, remote) = tokio::join!(self.local.durable(), remote);
+            let mut failed = local.err();
+            for (retired, node, fenced) in remote {
+                let Err(e) = fenced else { continue };
+                if retired {
+                    self.reached.lock().expect("reached nodes").retired.push(node);
+                }
+                if e.kind == NodeErrorKind::Unavailable {
+                    tracing::warn!(environment = %self.env_name, error = %e, "cannot sync a node's files now; tried again at the next fence");
+                } else if failed.is_none() {
+                    failed = Some(e);
+                }
+            }
+            failed.map_or(Ok(()), Err)
+        })
     }
 }
 
@@ -740,6 +800,14 @@ impl NodeBackend for WatchedNode {
     fn set_owner<'a>(&'a self, path: &'a str, user: Option<&'a str>, group: Option<&'a str>) -> BoxFuture<'a, Result<(), NodeError>> {
         Box::pin(async move {
             let r = self.ssh.set_owner(path, user, group).await;
+            self.observe(&r);
+            r
+        })
+    }
+
+    fn durable(&self) -> BoxFuture<'_, Result<(), NodeError>> {
+        Box::pin(async move {
+            let r = self.ssh.durable().await;
             self.observe(&r);
             r
         })

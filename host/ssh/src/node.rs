@@ -2,6 +2,7 @@
 //! lost (always against the host key verified first), with calls failing as `Unavailable` while
 //! the node cannot be reached.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,20 @@ use crate::{HostKeyPolicy, NodeFacts, SshError, SshOptions, SshTarget, Verified}
 
 /// Extra time the local deadline allows beyond the remote `timeout` and its kill delay.
 const LOCAL_GRACE: Duration = Duration::from_secs(3);
+/// How long a durability fence waits for the node's `sync`; past it the node counts as
+/// unreachable for the fence (which then does not wait for it) and its changes stay marked.
+const SYNC_DEADLINE: Duration = Duration::from_secs(30);
+/// Directories named to one `sync -f`; more than that many changed since the last fence and the
+/// node syncs every file system instead.
+const MAX_SYNC_DIRS: usize = 64;
+
+/// Where the node's file changes since its last durability fence are (the directories they
+/// touched, which name the file systems to sync), and the turn of the fences.
+#[derive(Default)]
+struct Unsynced {
+    dirs: Mutex<BTreeSet<String>>,
+    turn: tokio::sync::Mutex<()>,
+}
 
 #[derive(Clone)]
 pub struct SshNode {
@@ -38,6 +53,8 @@ struct Inner {
     /// The last failed attempt to connect: callers that were already waiting for it share its
     /// answer instead of each trying (and waiting out the connect timeout) in turn.
     last_failure: Mutex<Option<(Instant, SshError)>>,
+    /// File changes not synced yet: marked after each change, synced by [`SshNode::durable`].
+    unsynced: Unsynced,
 }
 
 impl std::fmt::Debug for SshNode {
@@ -71,6 +88,7 @@ impl SshNode {
                 conn: tokio::sync::Mutex::new(Some(Arc::new(conn))),
                 connects: Mutex::new(1),
                 last_failure: Mutex::new(None),
+                unsynced: Unsynced::default(),
             }),
         };
         Ok((node, verified))
@@ -276,6 +294,48 @@ impl SshNode {
 }
 
 impl SshNode {
+    /// Records that `dir` (or what is in it) changed, after the change: the next fence syncs
+    /// its file system. A change marked after a fence took the set is left for the next one;
+    /// fences take turns, so one that finds nothing marked never passes a sync still running.
+    fn changed(&self, dir: &str) {
+        self.inner.unsynced.dirs.lock().expect("unsynced").insert(dir.to_string());
+    }
+
+    /// The durability fence: one `sync -f` of the file systems holding the directories changed
+    /// since the last fence (`sync` of all of them when there are many, or when the node's
+    /// `sync` has no `-f`), instead of an fsync round trip per file. On failure the directories
+    /// stay marked for the next fence.
+    async fn sync_changes(&self) -> Result<(), NodeError> {
+        let unsynced = &self.inner.unsynced;
+        let _turn = unsynced.turn.lock().await;
+        let dirs = std::mem::take(&mut *unsynced.dirs.lock().expect("unsynced"));
+        if dirs.is_empty() {
+            return Ok(());
+        }
+        let line = if dirs.len() <= MAX_SYNC_DIRS {
+            let quoted: Vec<String> = dirs.iter().map(|d| quote(d)).collect();
+            format!("sync -f -- {} 2>/dev/null || exec sync", quoted.join(" "))
+        } else {
+            "exec sync".to_string()
+        };
+        let synced = match self.exec_line(line, None, SYNC_DEADLINE).await {
+            Ok(done) if done.exit_status == Some(0) => Ok(()),
+            Ok(done) => Err(NodeError::new(
+                NodeErrorKind::Failed,
+                format!(
+                    "cannot sync the file systems of node {}: {}",
+                    self.inner.node,
+                    String::from_utf8_lossy(&done.stderr).trim()
+                ),
+            )),
+            Err(e) => Err(NodeError::from(e)),
+        };
+        if synced.is_err() {
+            unsynced.dirs.lock().expect("unsynced").extend(dirs);
+        }
+        synced
+    }
+
     /// Runs a shell line of ours (quoted by `quote`), failing on a non-zero exit with its stderr.
     async fn shell(&self, what: &str, path: &str, line: String) -> Result<Vec<u8>, NodeError> {
         let done = self.exec_line(line, None, DEFAULT_COMMAND_TIMEOUT).await.map_err(NodeError::from)?;
@@ -394,7 +454,9 @@ impl NodeBackend for SshNode {
                 check_path(path)?;
                 let content = &content;
                 self.with_sftp(|s| Box::pin(async move { s.write_file(path, content, mode).await }))
-                    .await
+                    .await?;
+                self.changed(crate::sftp::split(path).0);
+                Ok(())
             }
             .instrument(span),
         )
@@ -413,7 +475,9 @@ impl NodeBackend for SshNode {
             async move {
                 check_path(path)?;
                 self.with_sftp(|s| Box::pin(async move { s.create_dir(path, mode, parents).await }))
-                    .await
+                    .await?;
+                self.changed(path);
+                Ok(())
             }
             .instrument(span),
         )
@@ -422,7 +486,9 @@ impl NodeBackend for SshNode {
     fn set_mode<'a>(&'a self, path: &'a str, mode: u32) -> BoxFuture<'a, Result<(), NodeError>> {
         Box::pin(async move {
             check_path(path)?;
-            self.with_sftp(|s| Box::pin(async move { s.set_mode(path, mode).await })).await
+            self.with_sftp(|s| Box::pin(async move { s.set_mode(path, mode).await })).await?;
+            self.changed(path);
+            Ok(())
         })
     }
 
@@ -439,7 +505,9 @@ impl NodeBackend for SshNode {
             async move {
                 check_path(path)?;
                 check_link_target(target)?;
-                self.with_sftp(|s| Box::pin(async move { s.symlink(target, path).await })).await
+                self.with_sftp(|s| Box::pin(async move { s.symlink(target, path).await })).await?;
+                self.changed(crate::sftp::split(path).0);
+                Ok(())
             }
             .instrument(span),
         )
@@ -457,7 +525,9 @@ impl NodeBackend for SshNode {
         Box::pin(
             async move {
                 check_path(path)?;
-                self.chown(path, user, group).await
+                self.chown(path, user, group).await?;
+                self.changed(path);
+                Ok(())
             }
             .instrument(span),
         )
@@ -468,9 +538,18 @@ impl NodeBackend for SshNode {
         Box::pin(
             async move {
                 check_path(path)?;
-                self.remove_path(path, recursive).await
+                let removed = self.remove_path(path, recursive).await?;
+                if removed {
+                    self.changed(crate::sftp::split(path).0);
+                }
+                Ok(removed)
             }
             .instrument(span),
         )
+    }
+
+    fn durable(&self) -> BoxFuture<'_, Result<(), NodeError>> {
+        let span = tracing::debug_span!("ssh.durable", node = %self.inner.node);
+        Box::pin(self.sync_changes().instrument(span))
     }
 }

@@ -33,7 +33,6 @@ pub(crate) struct Sftp {
     /// Open handles at once (see `SshOptions::max_open_files`).
     files: Semaphore,
     posix_rename: bool,
-    fsync: bool,
 }
 
 impl Sftp {
@@ -51,7 +50,6 @@ impl Sftp {
         Ok(Sftp {
             node: conn.node.clone(),
             posix_rename: has("posix-rename@openssh.com"),
-            fsync: has("fsync@openssh.com"),
             raw,
             files: Semaphore::new(conn.max_open_files),
         })
@@ -169,7 +167,8 @@ impl Sftp {
     }
 
     /// Atomic replace: a temporary file in the same directory, created exclusively, written in
-    /// pipelined chunks, chmod, fsync, closed, then `posix-rename` over the target.
+    /// pipelined chunks, chmod, closed, then `posix-rename` over the target. Not synced: the
+    /// node's durability fence (`SshNode::durable`) syncs a whole batch of writes at once.
     pub async fn write_file(&self, path: &str, content: &[u8], mode: Option<u32>) -> Result<(), NodeError> {
         let existing = self.lstat(path).await?;
         if existing.as_ref().is_some_and(|s| s.kind == FileKind::Directory) {
@@ -231,9 +230,6 @@ impl Sftp {
                 .fsetstat(handle.as_str(), attrs)
                 .await
                 .map_err(|e| self.error("chmod", tmp, e))?;
-            if self.fsync {
-                self.raw.fsync(handle.as_str()).await.map_err(|e| self.error("sync", tmp, e))?;
-            }
             Ok(())
         }
         .await;
@@ -386,7 +382,7 @@ impl Sftp {
 }
 
 /// `/a/b` → (`/a`, `b`); `/a` → (`/`, `a`).
-fn split(path: &str) -> (&str, &str) {
+pub(crate) fn split(path: &str) -> (&str, &str) {
     let trimmed = path.trim_end_matches('/');
     match trimmed.rfind('/') {
         Some(0) => ("/", &trimmed[1..]),

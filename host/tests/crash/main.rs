@@ -3,8 +3,16 @@
 //! persisted at the moment of the kill is read straight from the database (the host is dead, so
 //! it cannot change); after the restart every resource must end `deployed` with its file on the
 //! node, nothing may be stuck, and nothing that was confirmed deployed before the kill may run
-//! again or lose what the store knew of it. Once on SQLite, once on PostgreSQL (a database on
-//! the cluster this test binary starts; see `support/pg.rs`). The test polls, never sleeps.
+//! again or lose what the store knew of it. Then a second version changing every file is
+//! released and the host killed again in the middle of that update, and restarted. At each kill,
+//! every resource the store holds `deployed` must have its file on the node with the content of
+//! the version it is stored deployed at: the durability fence (`StoreSink::after_nodes`) comes
+//! before a batch is stored. Once on SQLite, once on PostgreSQL (a database on the cluster this
+//! test binary starts; see `support/pg.rs`). The test polls, never sleeps.
+//!
+//! What SIGKILL tests is the order: no state is stored ahead of the file it records. A killed
+//! process's writes are still in the kernel's page cache, so they survive it whether synced or
+//! not; a power loss, which the fence's `syncfs` is there for, cannot be simulated here.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::process::ExitStatusExt as _;
@@ -48,8 +56,18 @@ const ENV: &str = "crash";
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const DEPLOY_TIMEOUT: Duration = Duration::from_secs(240);
 
-/// The intent: `directory[local,/dNN]` and `file[local,/dNN/fNNNNN.txt]` requiring it.
-fn intent() -> (Value, Vec<(String, String)>) {
+/// The content of file `i` in version `round` of the intent.
+fn content(i: usize, round: i64) -> String {
+    if round == 1 {
+        format!("resource {i}\n")
+    } else {
+        format!("resource {i}, version {round}\n")
+    }
+}
+
+/// The intent: `directory[local,/dNN]` and `file[local,/dNN/fNNNNN.txt]` requiring it, with
+/// version `round`'s content.
+fn intent(round: i64) -> (Value, Vec<(String, String)>) {
     let mut resources = Vec::with_capacity(RESOURCES);
     let mut files = Vec::with_capacity(RESOURCES - DIRECTORIES);
     for d in 0..DIRECTORIES {
@@ -59,7 +77,7 @@ fn intent() -> (Value, Vec<(String, String)>) {
     for i in 0..RESOURCES - DIRECTORIES {
         let d = i % DIRECTORIES;
         let path = format!("/d{d:02}/f{i:05}.txt");
-        let content = format!("resource {i}\n");
+        let content = content(i, round);
         resources.push(json!({
             "id": format!("file[local,{path}]"),
             "adaptor": "file@0.1.0",
@@ -212,6 +230,45 @@ async fn persisted(location: &str, env: &EnvironmentId) -> (HashMap<String, Reso
     (states.into_iter().map(|s| (s.resource_id.clone(), s)).collect(), newest)
 }
 
+/// Every resource `states` holds `deployed` is on the node under `root`: a directory is there,
+/// a file holds the content of the version it is stored deployed at. Returns how many files.
+fn deployed_are_on_disk(states: &HashMap<String, ResourceState>, root: &Path) -> usize {
+    let mut files = 0;
+    for (id, state) in states.iter().filter(|(_, s)| s.status == ResourceStatus::Deployed) {
+        assert_eq!(state.deployed_hash.as_ref(), Some(&state.desired_hash), "{id}: {state:?}");
+        let path = id.split_once(',').and_then(|(_, p)| p.strip_suffix(']')).expect("type[node,path]");
+        let on_disk = root.join(&path[1..]);
+        if id.starts_with("directory[") {
+            assert!(
+                on_disk.is_dir(),
+                "{id} is stored deployed, but {} is not a directory",
+                on_disk.display()
+            );
+            continue;
+        }
+        let i: usize = path
+            .rsplit_once("/f")
+            .and_then(|(_, f)| f.strip_suffix(".txt"))
+            .expect("fNNNNN.txt")
+            .parse()
+            .unwrap();
+        let text = std::fs::read_to_string(&on_disk).unwrap_or_else(|e| {
+            panic!(
+                "{id} is stored deployed at version {}, but its file cannot be read: {e}",
+                state.version
+            )
+        });
+        assert_eq!(
+            text,
+            content(i, state.version),
+            "{id} is stored deployed at version {}",
+            state.version
+        );
+        files += 1;
+    }
+    files
+}
+
 /// Every action in the environment's log after `seq`, oldest first.
 async fn actions_after(location: &str, env: &EnvironmentId, seq: i64) -> Vec<orc_host::store::LoggedAction> {
     let store = Store::connect(location).await.unwrap();
@@ -266,7 +323,8 @@ async fn killed_mid_deploy(backend: Backend) {
     let location = database
         .clone()
         .unwrap_or_else(|| format!("sqlite:{}", data_dir.join(SQLITE_FILE).display()));
-    let (intent, files) = intent();
+    let (first, files) = intent(1);
+    let root = orc_host::server::node_root(&data_dir, ENV);
 
     // First run: submit, and kill the host once the deploy is under way.
     let host = Host::spawn(1, &data_dir, database.as_deref(), None).await;
@@ -276,7 +334,7 @@ async fn killed_mid_deploy(backend: Backend) {
     assert_eq!(status, StatusCode::CREATED, "{env}");
     let env_id: EnvironmentId = env["id"].as_str().unwrap().parse().unwrap();
     let (status, submitted) = host
-        .request(reqwest::Method::POST, &format!("/environments/{ENV}/intents"), Some(&intent))
+        .request(reqwest::Method::POST, &format!("/environments/{ENV}/intents"), Some(&first))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{submitted}");
     assert_eq!(submitted, json!({ "version": 1, "released": true }));
@@ -301,6 +359,8 @@ async fn killed_mid_deploy(backend: Backend) {
     for s in at_kill.values() {
         *statuses.entry(s.status.as_str()).or_default() += 1;
     }
+    // Nothing confirmed that is not on the node.
+    let on_disk_at_kill = deployed_are_on_disk(&at_kill, &root);
     // Nothing confirmed without a trace: each deployed resource's successful action is logged.
     let log_at_kill = actions_per_resource(&location, &env_id).await;
     for (id, state) in &confirmed {
@@ -334,6 +394,7 @@ async fn killed_mid_deploy(backend: Backend) {
     assert_eq!(view["state"]["status"], "deployed", "{view}");
     assert_eq!(view["actions"].as_array().map(Vec::len), Some(1), "{view}");
     assert!(view["actions"][0]["seq"].as_i64().unwrap() <= last_seq_at_kill, "{view}");
+    let token = host.token.clone();
     host.kill().await;
 
     // The database after convergence, read with the host gone.
@@ -378,7 +439,6 @@ async fn killed_mid_deploy(backend: Backend) {
         assert!(matches!(a.action.outcome.as_str(), "changed" | "unchanged"), "{a:?}");
     }
     // And the node holds every file.
-    let root = orc_host::server::node_root(&data_dir, ENV);
     for d in 0..DIRECTORIES {
         assert!(root.join(format!("d{d:02}")).is_dir(), "/d{d:02}");
     }
@@ -387,9 +447,57 @@ async fn killed_mid_deploy(backend: Backend) {
         assert_eq!(&on_disk, content, "{path}");
     }
 
+    // Third run: version 2 changes every file; the host is killed in the middle of the update.
+    let host = Host::spawn(3, &data_dir, database.as_deref(), Some(token.clone())).await;
+    let (second, files) = intent(2);
+    let (status, submitted) = host
+        .request(reqwest::Method::POST, &format!("/environments/{ENV}/intents"), Some(&second))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{submitted}");
+    assert_eq!(submitted, json!({ "version": 2, "released": true }));
+    let files_at_v2 = (RESOURCES - DIRECTORIES) as i64;
+    // The release shows (the files are no longer deployed), then the update gets under way.
+    host.wait_for_counts("the release of version 2", DEPLOY_TIMEOUT, |c| {
+        c.get("deployed").copied().unwrap_or(0) < RESOURCES as i64 - files_at_v2 / 2
+    })
+    .await;
+    host.wait_for_counts("the update under way", DEPLOY_TIMEOUT, |c| {
+        c.get("deployed").copied().unwrap_or(0) >= DIRECTORIES as i64 + KILL_AFTER
+    })
+    .await;
+    host.kill().await;
+    let (at_update_kill, _) = persisted(&location, &env_id).await;
+    let updated = at_update_kill
+        .values()
+        .filter(|s| s.status == ResourceStatus::Deployed && s.version == 2 && s.resource_type == "file")
+        .count();
+    assert!(
+        updated >= KILL_AFTER as usize && updated < files_at_v2 as usize,
+        "the kill came in the middle of the update: {updated} files deployed at version 2"
+    );
+    let on_disk_at_update_kill = deployed_are_on_disk(&at_update_kill, &root);
+
+    // Fourth run: the update converges.
+    let host = Host::spawn(4, &data_dir, database.as_deref(), Some(token)).await;
+    let counts = host
+        .wait_for_counts("every resource deployed after the update's restart", DEPLOY_TIMEOUT, |c| {
+            c.get("deployed").copied().unwrap_or(0) == RESOURCES as i64 || c.keys().any(|s| s == "failed" || s == "skipped")
+        })
+        .await;
+    assert_eq!(counts, BTreeMap::from([("deployed".to_string(), RESOURCES as i64)]));
+    host.kill().await;
+    let (after_update, _) = persisted(&location, &env_id).await;
+    assert!(after_update.values().all(|s| s.version == 2), "every state is of version 2");
+    assert_eq!(deployed_are_on_disk(&after_update, &root), files.len());
+    for (path, content) in &files {
+        let on_disk = std::fs::read_to_string(root.join(&path[1..])).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(&on_disk, content, "{path}");
+    }
+
     eprintln!(
-        "{backend}: deploy under way for {:.2} s, killed with {statuses:?}; restart converged in {:.2} s \
-         ({} resources ran again); whole test {:.2} s",
+        "{backend}: deploy under way for {:.2} s, killed with {statuses:?} ({on_disk_at_kill} files stored deployed, \
+         all on disk); restart converged in {:.2} s ({} resources ran again); update killed with {updated} files \
+         deployed at version 2 ({on_disk_at_update_kill} stored deployed files on disk) and converged; whole test {:.2} s",
         (killed_at - submitted_at).as_secs_f64(),
         (converged_at - restarted_at).as_secs_f64(),
         unconfirmed,

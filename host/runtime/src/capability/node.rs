@@ -130,6 +130,58 @@ pub trait NodeBackend: Send + Sync + 'static {
     /// Changes owner and/or group (names resolved on the node, digits are ids) of a file or
     /// directory; a symlink or a missing path is `InvalidInput`.
     fn set_owner<'a>(&'a self, path: &'a str, user: Option<&'a str>, group: Option<&'a str>) -> BoxFuture<'a, Result<(), NodeError>>;
+    /// The durability fence: resolves once every change the file functions above made before
+    /// the call is durable on the node (would survive the node losing power). Writes are
+    /// answered before they are durable, so that a batch of them is made durable at once (one
+    /// `syncfs` instead of an `fsync` per file); whoever records a change as done must pass
+    /// this fence first. Commands (`run`) are not covered: what a command writes is its own.
+    fn durable(&self) -> BoxFuture<'_, Result<(), NodeError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// What a backend changed since its last durability fence, and the turn of its fences.
+///
+/// A change is marked *after* it is made; a fence swaps the mark off, then syncs. So a change
+/// made before a fence is called is either still marked (this fence syncs it) or was unmarked
+/// by an earlier fence whose sync started after the change — and fences take turns, so that
+/// earlier sync has finished before this one looks at the mark.
+#[derive(Debug, Default)]
+pub struct Unsynced {
+    /// Bits of [`Unsynced::mark`]; 0 when nothing is pending.
+    pending: std::sync::atomic::AtomicU8,
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl Unsynced {
+    /// Records a change made; `scope` is a backend's own bit (say, which file system).
+    pub fn mark(&self, scope: u8) {
+        self.pending.fetch_or(scope, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Whether anything is pending.
+    pub fn is_marked(&self) -> bool {
+        self.pending.load(std::sync::atomic::Ordering::Acquire) != 0
+    }
+
+    /// Makes what was marked before the call durable with `sync` (given the marked bits); does
+    /// nothing when nothing was. A failed sync leaves its bits marked for the next fence.
+    pub async fn fence<F, Fut>(&self, sync: F) -> Result<(), NodeError>
+    where
+        F: FnOnce(u8) -> Fut,
+        Fut: Future<Output = Result<(), NodeError>>,
+    {
+        let _turn = self.turn.lock().await;
+        let pending = self.pending.swap(0, std::sync::atomic::Ordering::AcqRel);
+        if pending == 0 {
+            return Ok(());
+        }
+        let synced = sync(pending).await;
+        if synced.is_err() {
+            self.mark(pending);
+        }
+        synced
+    }
 }
 
 /// Checks a symlink target a plugin gives: not empty, no NUL byte.
@@ -167,6 +219,19 @@ pub fn check_account_name(what: &str, name: &str) -> Result<(), NodeError> {
 /// Finds a node by name for a call.
 pub trait NodeDirectory: Send + Sync + 'static {
     fn node(&self, name: &str) -> Result<Arc<dyn NodeBackend>, NodeError>;
+
+    /// The durability fence of every node reached through this directory
+    /// ([`NodeBackend::durable`]): resolves once every change made through it before the call
+    /// is durable. A scheduler's sink passes it before it records actions as done.
+    fn durable(&self) -> BoxFuture<'_, Result<(), NodeError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// Passes the fences of `nodes` at once; the first error, if any, after all have ended.
+pub async fn all_durable(nodes: impl IntoIterator<Item = Arc<dyn NodeBackend>>) -> Result<(), NodeError> {
+    let fences = nodes.into_iter().map(|node| async move { node.durable().await });
+    futures::future::join_all(fences).await.into_iter().collect()
 }
 
 /// A fixed map of node names to backends.
@@ -190,16 +255,36 @@ impl NodeDirectory for Nodes {
             .cloned()
             .ok_or_else(|| NodeError::new(NodeErrorKind::InvalidInput, format!("unknown node `{name}`")))
     }
+
+    fn durable(&self) -> BoxFuture<'_, Result<(), NodeError>> {
+        let nodes: Vec<_> = self.nodes.read().expect("nodes").values().cloned().collect();
+        Box::pin(all_durable(nodes))
+    }
 }
 
 /// The machine the host runs on, confined to a root directory: the node's `/etc/motd` is
 /// `<root>/etc/motd`. Commands run on the host with the root as working directory, a cleared
 /// environment (only `PATH` and what the plugin passes) and a timeout.
+///
+/// File changes are not synced one by one: each is marked ([`Unsynced`]) and the durability
+/// fence ([`NodeBackend::durable`]) makes them all durable with one `syncfs(2)` of the root's
+/// file system — or one `sync(2)` when a change landed on another file system mounted inside
+/// the root.
 #[derive(Debug, Clone)]
 pub struct LocalNode {
     root: Arc<Dir>,
     root_path: PathBuf,
+    /// The device of the root's file system: changes there are synced by `syncfs` on the root.
+    root_dev: u64,
+    /// The root opened for reading, for `syncfs` (`root` is an `O_PATH` handle, which the
+    /// kernel refuses there).
+    sync_handle: Arc<std::fs::File>,
+    unsynced: Arc<Unsynced>,
 }
+
+/// [`Unsynced`] bits of the local node: a change on the root's file system, or elsewhere.
+const ON_ROOT_FS: u8 = 1;
+const ON_OTHER_FS: u8 = 2;
 
 impl LocalNode {
     /// Opens (and creates if missing) the root directory.
@@ -207,9 +292,36 @@ impl LocalNode {
         let root_path: PathBuf = root.into();
         std::fs::create_dir_all(&root_path)?;
         let root = Dir::open_ambient_dir(&root_path, ambient_authority())?;
+        let root_dev = root.dir_metadata()?.dev();
+        let sync_handle = Arc::new(std::fs::File::open(&root_path)?);
         Ok(LocalNode {
             root: Arc::new(root),
             root_path,
+            root_dev,
+            sync_handle,
+            unsynced: Arc::default(),
+        })
+    }
+
+    /// Runs blocking file work that changes what is at `path` off the async threads, then marks
+    /// the change for the next fence: `changed(root, rel)` names the directory entry or inode it
+    /// touched (for its file system), or `None` when nothing changed.
+    fn changing<'a, T: Send + 'static>(
+        &'a self,
+        path: &'a str,
+        inline: bool,
+        f: impl FnOnce(&Dir, &Path) -> Result<(T, Option<PathBuf>), NodeError> + Send + 'static,
+    ) -> BoxFuture<'a, Result<T, NodeError>> {
+        let unsynced = self.unsynced.clone();
+        let root_dev = self.root_dev;
+        self.file_work(path, inline, move |root, rel| {
+            let (value, touched) = f(root, rel)?;
+            if let Some(touched) = touched {
+                // Unknown (vanished meanwhile): count it as elsewhere, which syncs everything.
+                let dev = root.symlink_metadata(&touched).map(|m| m.dev()).ok();
+                unsynced.mark(if dev == Some(root_dev) { ON_ROOT_FS } else { ON_OTHER_FS });
+            }
+            Ok(value)
         })
     }
 
@@ -217,22 +329,51 @@ impl LocalNode {
         &self.root_path
     }
 
-    /// Runs blocking file work off the async threads.
+    /// Runs file work off the async threads: work whose size is not bounded (a large file, a
+    /// recursive remove).
     fn blocking<'a, T: Send + 'static>(
         &'a self,
         path: &'a str,
+        f: impl FnOnce(&Dir, &Path) -> Result<T, NodeError> + Send + 'static,
+    ) -> BoxFuture<'a, Result<T, NodeError>> {
+        self.file_work(path, false, f)
+    }
+
+    /// Runs a few file system calls on the local disk where the call is (`inline`), or off the
+    /// async threads. A handful of syscalls on small files takes microseconds, less than the
+    /// hand-over to a blocking thread and back (two wake-ups and context switches per call,
+    /// the largest cost of a 10,000-file deploy once files were no longer synced one by one).
+    fn file_work<'a, T: Send + 'static>(
+        &'a self,
+        path: &'a str,
+        inline: bool,
         f: impl FnOnce(&Dir, &Path) -> Result<T, NodeError> + Send + 'static,
     ) -> BoxFuture<'a, Result<T, NodeError>> {
         let root = self.root.clone();
         let rel = relative(path);
         Box::pin(async move {
             let rel = rel?;
+            if inline {
+                return f(&root, &rel);
+            }
             tokio::task::spawn_blocking(move || f(&root, &rel))
                 .await
                 .map_err(|e| NodeError::new(NodeErrorKind::Failed, format!("file task failed: {e}")))?
         })
     }
+
+    /// Quick file work (see [`LocalNode::file_work`]): metadata, links, small files.
+    fn quick<'a, T: Send + 'static>(
+        &'a self,
+        path: &'a str,
+        f: impl FnOnce(&Dir, &Path) -> Result<T, NodeError> + Send + 'static,
+    ) -> BoxFuture<'a, Result<T, NodeError>> {
+        self.file_work(path, true, f)
+    }
 }
+
+/// Files up to this size are read and written inline (see [`LocalNode::file_work`]).
+const INLINE_BYTES: u64 = 256 << 10;
 
 /// `/etc/motd` → `etc/motd`; `/` → `.`. Refuses relative paths and NUL bytes; `..` that would leave
 /// the root is refused by `cap-std` itself.
@@ -355,28 +496,41 @@ impl NodeBackend for LocalNode {
     }
 
     fn read_file<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Vec<u8>>, NodeError>> {
-        self.blocking(path, |root, rel| {
-            match root.symlink_metadata(rel) {
-                Ok(m) if m.is_dir() => {
-                    return Err(NodeError::new(
-                        NodeErrorKind::InvalidInput,
-                        format!("{} is a directory", Path::new("/").join(rel).display()),
-                    ));
-                }
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                Err(e) => return Err(io_error(rel, "read", e)),
-            }
+        fn read(root: &Dir, rel: &Path) -> Result<Option<Vec<u8>>, NodeError> {
             match root.read(rel) {
                 Ok(b) => Ok(Some(b)),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
                 Err(e) => Err(io_error(rel, "read", e)),
             }
+        }
+        Box::pin(async move {
+            // Metadata first, where the call is; the content too unless it is large.
+            let small = self
+                .quick(path, |root, rel| match root.symlink_metadata(rel) {
+                    Ok(m) if m.is_dir() => Err(NodeError::new(
+                        NodeErrorKind::InvalidInput,
+                        format!("{} is a directory", Path::new("/").join(rel).display()),
+                    )),
+                    Ok(m) if m.len() > INLINE_BYTES => Ok(None),
+                    Ok(_) => read(root, rel).map(Some),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(None)),
+                    Err(e) => Err(io_error(rel, "read", e)),
+                })
+                .await?;
+            match small {
+                Some(content) => Ok(content),
+                None => self.blocking(path, read).await,
+            }
         })
     }
 
     fn write_file<'a>(&'a self, path: &'a str, content: Vec<u8>, mode: Option<u32>) -> BoxFuture<'a, Result<(), NodeError>> {
-        self.blocking(path, move |root, rel| {
+        // Replacing a file frees the old one's blocks inside the rename, which can wait for the
+        // disk (a file system mounted with `discard` issues it there and then): off the async
+        // threads. Creating one stays inline unless it is large.
+        let replacing = relative(path).is_ok_and(|rel| self.root.symlink_metadata(&rel).is_ok());
+        let inline = content.len() as u64 <= INLINE_BYTES && !replacing;
+        self.changing(path, inline, move |root, rel| {
             let existing = lstat(root, rel)?;
             if let Some(s) = &existing
                 && s.kind == FileKind::Directory
@@ -412,22 +566,24 @@ impl NodeBackend for LocalNode {
                 file.write_all(&content).map_err(|e| io_error(&tmp, "write", e))?;
                 file.set_permissions(Permissions::from_mode(mode))
                     .map_err(|e| io_error(&tmp, "chmod", e))?;
-                file.sync_all().map_err(|e| io_error(&tmp, "sync", e))?;
+                // No `fsync` here: the rename is atomic for readers, and the node's durability
+                // fence makes a whole batch of writes durable at once before any is recorded.
                 root.rename(&tmp, root, rel).map_err(|e| io_error(rel, "replace", e))
             })();
             if result.is_err() {
                 let _ = root.remove_file(&tmp);
             }
-            result
+            result.map(|()| ((), Some(parent.to_path_buf())))
         })
     }
 
     fn stat<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<FileStat>, NodeError>> {
-        self.blocking(path, lstat)
+        self.quick(path, lstat)
     }
 
     fn create_dir<'a>(&'a self, path: &'a str, mode: Option<u32>, parents: bool) -> BoxFuture<'a, Result<(), NodeError>> {
-        self.blocking(path, move |root, rel| {
+        self.changing(path, true, move |root, rel| {
+            let mut changed = mode.is_some();
             match lstat(root, rel)? {
                 Some(s) if s.kind == FileKind::Directory => {}
                 Some(_) => {
@@ -439,43 +595,50 @@ impl NodeBackend for LocalNode {
                 None => {
                     let made = if parents { root.create_dir_all(rel) } else { root.create_dir(rel) };
                     made.map_err(|e| io_error(rel, "create directory", e))?;
+                    changed = true;
                 }
             }
             if let Some(mode) = mode {
                 root.set_permissions(rel, Permissions::from_mode(mode))
                     .map_err(|e| io_error(rel, "chmod", e))?;
             }
-            Ok(())
+            // Every directory it made is on the file system of the new one.
+            Ok(((), changed.then(|| rel.to_path_buf())))
         })
     }
 
     fn set_mode<'a>(&'a self, path: &'a str, mode: u32) -> BoxFuture<'a, Result<(), NodeError>> {
-        self.blocking(path, move |root, rel| {
+        self.changing(path, true, move |root, rel| {
             root.set_permissions(rel, Permissions::from_mode(mode))
-                .map_err(|e| io_error(rel, "chmod", e))
+                .map_err(|e| io_error(rel, "chmod", e))?;
+            Ok(((), Some(rel.to_path_buf())))
         })
     }
 
     fn remove<'a>(&'a self, path: &'a str, recursive: bool) -> BoxFuture<'a, Result<bool, NodeError>> {
-        self.blocking(path, move |root, rel| {
+        self.changing(path, !recursive, move |root, rel| {
             if rel == Path::new(".") {
                 return Err(NodeError::new(
                     NodeErrorKind::Denied,
                     "refusing to remove the node's root directory",
                 ));
             }
-            let Some(stat) = lstat(root, rel)? else { return Ok(false) };
+            let Some(stat) = lstat(root, rel)? else { return Ok((false, None)) };
             let done = match (stat.kind, recursive) {
                 (FileKind::Directory, true) => root.remove_dir_all(rel),
                 (FileKind::Directory, false) => root.remove_dir(rel),
                 _ => root.remove_file(rel),
             };
-            done.map(|()| true).map_err(|e| io_error(rel, "remove", e))
+            done.map_err(|e| io_error(rel, "remove", e))?;
+            // The entry is gone from its parent's file system (a recursive remove also emptied
+            // whatever was mounted below, which `sync` covers: the parent then names no mount).
+            let parent = rel.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            Ok((true, Some(parent.to_path_buf())))
         })
     }
 
     fn read_link<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<String>, NodeError>> {
-        self.blocking(path, |root, rel| {
+        self.quick(path, |root, rel| {
             match lstat(root, rel)? {
                 None => return Ok(None),
                 Some(s) if s.kind != FileKind::Symlink => {
@@ -498,7 +661,7 @@ impl NodeBackend for LocalNode {
 
     fn create_symlink<'a>(&'a self, target: &'a str, path: &'a str) -> BoxFuture<'a, Result<(), NodeError>> {
         let target = target.to_string();
-        self.blocking(path, move |root, rel| {
+        self.changing(path, true, move |root, rel| {
             check_link_target(&target)?;
             if let Some(s) = lstat(root, rel)?
                 && s.kind != FileKind::Symlink
@@ -522,12 +685,13 @@ impl NodeBackend for LocalNode {
             root.rename(&tmp, root, rel).map_err(|e| {
                 let _ = root.remove_file(&tmp);
                 io_error(rel, "replace", e)
-            })
+            })?;
+            Ok(((), Some(parent)))
         })
     }
 
     fn owner<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Ownership>, NodeError>> {
-        self.blocking(path, |root, rel| {
+        self.quick(path, |root, rel| {
             Ok(lstat(root, rel)?.map(|s| Ownership {
                 uid: s.uid,
                 gid: s.gid,
@@ -540,7 +704,7 @@ impl NodeBackend for LocalNode {
     fn set_owner<'a>(&'a self, path: &'a str, user: Option<&'a str>, group: Option<&'a str>) -> BoxFuture<'a, Result<(), NodeError>> {
         let user = user.map(str::to_string);
         let group = group.map(str::to_string);
-        self.blocking(path, move |root, rel| {
+        self.changing(path, true, move |root, rel| {
             let uid = user.as_deref().map(|u| account_id(PASSWD, "user", u)).transpose()?;
             let gid = group.as_deref().map(|g| account_id(GROUP, "group", g)).transpose()?;
             match lstat(root, rel)? {
@@ -564,8 +728,28 @@ impl NodeBackend for LocalNode {
             options.read(true);
             cap_fs_ext::OpenOptionsFollowExt::follow(&mut options, cap_fs_ext::FollowSymlinks::No);
             let file = root.open_with(rel, &options).map_err(|e| io_error(rel, "open", e))?;
-            std::os::unix::fs::fchown(&file, uid, gid).map_err(|e| io_error(rel, "chown", e))
+            std::os::unix::fs::fchown(&file, uid, gid).map_err(|e| io_error(rel, "chown", e))?;
+            Ok(((), Some(rel.to_path_buf())))
         })
+    }
+
+    fn durable(&self) -> BoxFuture<'_, Result<(), NodeError>> {
+        Box::pin(self.unsynced.fence(|pending| {
+            let root = self.sync_handle.clone();
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    if pending & ON_OTHER_FS != 0 {
+                        // A file system mounted inside the root: which one is not tracked.
+                        rustix::fs::sync();
+                        return Ok(());
+                    }
+                    rustix::fs::syncfs(&*root)
+                        .map_err(|e| NodeError::new(NodeErrorKind::Failed, format!("cannot sync the local node's file system: {e}")))
+                })
+                .await
+                .map_err(|e| NodeError::new(NodeErrorKind::Failed, format!("sync task failed: {e}")))?
+            }
+        }))
     }
 }
 
@@ -745,6 +929,64 @@ impl wit::Host for CallState {
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt as _;
+
+    #[tokio::test]
+    async fn a_fence_syncs_only_what_was_marked_before_it_and_keeps_a_failed_sync_marked() {
+        let unsynced = Unsynced::default();
+        let synced = std::sync::Mutex::new(Vec::new());
+        let sync = |bits: u8| {
+            synced.lock().unwrap().push(bits);
+            std::future::ready(Ok(()))
+        };
+        unsynced.fence(sync).await.unwrap();
+        assert!(synced.lock().unwrap().is_empty(), "nothing marked, nothing synced");
+        unsynced.mark(1);
+        unsynced.mark(2);
+        unsynced.fence(sync).await.unwrap();
+        assert_eq!(*synced.lock().unwrap(), [3]);
+        assert!(!unsynced.is_marked());
+        unsynced.mark(1);
+        let err = unsynced
+            .fence(|_| std::future::ready(Err(NodeError::new(NodeErrorKind::Failed, "EIO"))))
+            .await
+            .unwrap_err();
+        assert_eq!(err.message, "EIO");
+        assert!(unsynced.is_marked(), "a failed sync leaves its changes for the next fence");
+        unsynced.fence(sync).await.unwrap();
+        assert_eq!(*synced.lock().unwrap(), [3, 1]);
+    }
+
+    #[tokio::test]
+    async fn local_changes_are_marked_until_the_fence_syncs_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = LocalNode::open(dir.path()).unwrap();
+        node.durable().await.unwrap();
+        // Reading changes nothing.
+        assert_eq!(node.read_file("/f").await.unwrap(), None);
+        assert!(!node.unsynced.is_marked());
+        node.write_file("/f", b"x".to_vec(), None).await.unwrap();
+        assert!(node.unsynced.is_marked());
+        node.durable().await.unwrap();
+        assert!(!node.unsynced.is_marked());
+        // Every kind of change is marked; a directory that already exists is no change.
+        node.create_dir("/d", None, false).await.unwrap();
+        node.durable().await.unwrap();
+        node.create_dir("/d", None, false).await.unwrap();
+        assert!(!node.unsynced.is_marked());
+        for change in [
+            Box::pin(node.set_mode("/f", 0o600)) as BoxFuture<'_, Result<(), NodeError>>,
+            Box::pin(node.create_symlink("f", "/l")),
+            Box::pin(async { node.remove("/l", false).await.map(drop) }),
+        ] {
+            change.await.unwrap();
+            assert!(node.unsynced.is_marked());
+            node.durable().await.unwrap();
+        }
+        // The root's own file system: one `syncfs`, nothing elsewhere.
+        node.write_file("/f", b"y".to_vec(), None).await.unwrap();
+        assert_eq!(node.unsynced.pending.load(std::sync::atomic::Ordering::SeqCst), ON_ROOT_FS);
+        node.durable().await.unwrap();
+    }
 
     #[tokio::test]
     async fn local_node_stays_inside_its_root() {

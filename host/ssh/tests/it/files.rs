@@ -196,3 +196,27 @@ async fn symlinks_and_owners() {
     assert_eq!(owner.user.as_deref(), Some("root"));
     assert!(owner.group.is_some(), "{owner:?}");
 }
+
+/// The durability fence: writes are not synced one by one; `durable` syncs the file systems of
+/// the directories changed since the last fence with one `sync -f` (falling back to `sync` when
+/// one of them is gone), and with nothing changed it has nothing to do.
+#[tokio::test]
+async fn the_durability_fence_syncs_what_changed_since_the_last_one() {
+    let sshd = Sshd::start();
+    let scratch = sshd.scratch_dir("fence");
+    let node = connect(&sshd).await;
+    node.durable().await.unwrap();
+    for dir in ["a", "b"] {
+        node.create_dir(&path(&scratch, dir), None, false).await.unwrap();
+        node.write_file(&path(&scratch, &format!("{dir}/f")), b"x".to_vec(), None)
+            .await
+            .unwrap();
+    }
+    node.durable().await.unwrap();
+    node.durable().await.unwrap();
+    // A directory changed and then removed: `sync -f` cannot open it, `sync` covers it.
+    node.write_file(&path(&scratch, "b/g"), b"y".to_vec(), None).await.unwrap();
+    node.remove(&path(&scratch, "b"), true).await.unwrap();
+    node.durable().await.unwrap();
+    assert_eq!(std::fs::read(path(&scratch, "a/f")).unwrap(), b"x");
+}
