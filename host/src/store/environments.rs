@@ -170,3 +170,23 @@ impl Store {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(settings: &str) -> Row {
+        let id = uuid::Uuid::new_v4().to_string();
+        (id, "dev".into(), settings.into(), false, 0, None, 0, 0)
+    }
+
+    #[test]
+    fn settings_stored_before_capability_grants_keep_every_capability() {
+        let old = environment(row(r#"{"call_timeout_s": 60}"#)).unwrap();
+        assert_eq!(old.settings.capabilities, CapabilitySettings::everything());
+        assert_eq!(old.settings.call_timeout_s, 60);
+        let stored = settings_json(&EnvironmentSettings::default());
+        let new = environment(row(&stored)).unwrap();
+        assert_eq!(new.settings.capabilities, CapabilitySettings::default());
+    }
+}
