@@ -17,7 +17,7 @@ use std::sync::Arc;
 use orc_manifest::Digest;
 use orc_registry::{RegistryError, Store, StoreOptions};
 use orc_runtime::capability::{DirKv, LocalNode, NodeDirectory, Nodes};
-use orc_runtime::{CallContext, EngineError, Grants, Runtime, RuntimeConfig};
+use orc_runtime::{CallContext, EngineError, Runtime, RuntimeConfig};
 use std::sync::Mutex;
 
 use crate::executor::{self, ActionReport, Mode, Outcome};
@@ -25,7 +25,7 @@ use crate::intent::{Intent, IntentError, ResourceId};
 use crate::outbound::{self, HostSecrets, SecretError, SecretSource};
 use crate::pinning::{self, PinError};
 use crate::scheduler::{self, BoxFuture, Event, Scheduler, Settings, Sink, Status, Version};
-use crate::store::{EnvironmentSettings, HttpSettings};
+use crate::store::{CapabilitySettings, EnvironmentSettings, HttpSettings};
 
 pub use crate::pinning::LOCAL_NODE;
 
@@ -132,6 +132,10 @@ pub async fn deploy(
     let settings = EnvironmentSettings {
         http,
         call_timeout_s: config.call_timeout_s,
+        // Embedded mode deploys the operator's own intent on their own machine, as their own
+        // user: there is no environment for them to be denied by. Outgoing HTTP is still bound
+        // by `http`'s allowed origins.
+        capabilities: CapabilitySettings::everything(),
         ..EnvironmentSettings::default()
     };
     settings
@@ -152,13 +156,13 @@ pub async fn deploy(
         max_instances: (config.concurrency * 2).max(16) as u32,
         ..RuntimeConfig::default()
     })?;
-    let pinned = pinning::load_adaptors(&intent, &store, &runtime, &Grants::all()).await?;
+    let pinned = pinning::load_adaptors(&intent, &store, &runtime, &settings.capabilities.grants()).await?;
     let plugins = pinned.plugins;
     let pinned = pinned.by_reference;
     // Resources whose adaptor uses nodes are on `local`; the others (`http-object`) name
     // something else there.
     for (r, plugin) in intent.resources.iter().zip(&plugins) {
-        if r.id.node != LOCAL_NODE && plugin.manifest.capabilities.contains(&orc_manifest::Capability::Node) {
+        if r.id.node != LOCAL_NODE && pinning::uses_nodes(&plugin.manifest) {
             return Err(EmbeddedError::UnknownNode {
                 resource: r.id.clone(),
                 node: r.id.node.clone(),

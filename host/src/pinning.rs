@@ -29,6 +29,16 @@ pub enum PinError {
         plugin: String,
         handles: String,
     },
+    #[error(
+        "resource `{resource}`: plugin `{plugin}` ({digest}) requests capability `{capability}`, which this environment does not grant: set `{setting}` to true to allow it",
+        setting = crate::store::CapabilitySettings::setting(*capability)
+    )]
+    NotGranted {
+        resource: ResourceId,
+        plugin: String,
+        digest: Digest,
+        capability: orc_manifest::Capability,
+    },
     #[error("resource `{resource}`: cannot load its adaptor")]
     Load {
         resource: ResourceId,
@@ -62,7 +72,9 @@ impl Pinned {
     }
 }
 
-/// Resolves and loads every adaptor `intent` names (each reference once) with `grants`.
+/// Resolves and loads every adaptor `intent` names (each reference once) with `grants` (the
+/// environment's `capabilities`): a plugin requesting one not granted is refused here, at
+/// submission, release and resume alike ([`PinError::NotGranted`]).
 pub async fn load_adaptors(intent: &Intent, registry: &Store, runtime: &Runtime, grants: &Grants) -> Result<Pinned, PinError> {
     let mut by_reference: HashMap<PluginRef, Arc<Plugin>> = HashMap::new();
     let mut plugins = Vec::with_capacity(intent.resources.len());
@@ -81,13 +93,20 @@ pub async fn load_adaptors(intent: &Intent, registry: &Store, runtime: &Runtime,
             } else {
                 PluginKind::Adaptor
             };
-            let plugin = runtime
-                .load(&digest, kind, registry, grants)
-                .await
-                .map_err(|source| PinError::Load {
+            let plugin = runtime.load(&digest, kind, registry, grants).await.map_err(|source| match source {
+                // The runtime refuses a plugin requesting what the grants lack; said here with
+                // the resource and the setting that would allow it.
+                LoadError::NotGranted { digest, name, capability } => PinError::NotGranted {
+                    resource: r.id.clone(),
+                    plugin: name,
+                    digest,
+                    capability,
+                },
+                source => PinError::Load {
                     resource: r.id.clone(),
                     source,
-                })?;
+                },
+            })?;
             by_reference.insert(r.adaptor.clone(), plugin);
         }
         let plugin = by_reference[&r.adaptor].clone();
@@ -103,6 +122,15 @@ pub async fn load_adaptors(intent: &Intent, registry: &Store, runtime: &Runtime,
         plugins.push(plugin);
     }
     Ok(Pinned { plugins, by_reference })
+}
+
+/// Whether a plugin works on nodes (its resources' node part names a node, not an API): it
+/// requests either node capability.
+pub fn uses_nodes(manifest: &orc_manifest::Manifest) -> bool {
+    manifest
+        .capabilities
+        .iter()
+        .any(|c| matches!(c, orc_manifest::Capability::NodeFiles | orc_manifest::Capability::NodeCommands))
 }
 
 /// `name@version`, a bare name (highest version) or a digest → the digest, which must be stored.

@@ -31,8 +31,8 @@ use crate::persistence::{self, StoreSink};
 use crate::pinning::{self, PinError};
 use crate::scheduler::{Scheduler, Settings, Start, Unavailable, Version};
 use crate::store::{
-    DbKv, DryrunReport, DryrunStatus, Environment, EnvironmentId, EnvironmentSettings, Operation, OperationKind, ResourceStatus, Store,
-    StoreError, VersionInfo, now_ms,
+    CapabilitySettings, DbKv, DryrunReport, DryrunStatus, Environment, EnvironmentId, EnvironmentSettings, Operation, OperationKind,
+    ResourceStatus, Store, StoreError, VersionInfo, now_ms,
 };
 
 pub use crate::pinning::LOCAL_NODE;
@@ -62,6 +62,16 @@ pub enum EnvError {
     },
     #[error("invalid settings: {0}")]
     InvalidSettings(String),
+    #[error(
+        "`{setting}` cannot be turned off: the released version of environment `{environment}` uses capability `{capability}` (resources {resources}); release a version without them first"
+    )]
+    CapabilityInUse {
+        environment: String,
+        setting: &'static str,
+        capability: orc_manifest::Capability,
+        /// The first few resources, quoted.
+        resources: String,
+    },
     #[error("resource `{0}`: the type `task` is reserved for the tasks of clusters (see /api/v1/environments/{{env}}/clusters)")]
     ReservedType(ResourceId),
     #[error("environment `{0}` has no intent version yet")]
@@ -123,6 +133,10 @@ pub(crate) struct Running {
     /// What the environment's plugins are called with (nodes, kv, HTTP, deadline); dryruns use
     /// it too. Replaced when the settings change.
     ctx: std::sync::RwLock<CallContext>,
+    /// What the environment grants its plugins, as stored; changed only while holding
+    /// `releases`, so a submission reads it under its turn and never pins against grants a
+    /// concurrent settings change is revoking.
+    capabilities: std::sync::Mutex<CapabilitySettings>,
     pub(crate) stream: EventStream,
     /// Resources per status as persisted, kept by the scheduler's sink.
     counts: Arc<StatusCounts>,
@@ -134,6 +148,11 @@ pub(crate) struct Running {
 impl Running {
     pub(crate) fn ctx(&self) -> CallContext {
         self.ctx.read().expect("call context").clone()
+    }
+
+    /// The grants of the environment's settings (read under the release turn when pinning).
+    pub(crate) fn grants(&self) -> Grants {
+        self.capabilities.lock().expect("capabilities").grants()
     }
 
     /// The version last released.
@@ -173,7 +192,42 @@ impl Running {
                 .resources
                 .iter()
                 .zip(&v.plugins)
-                .any(|(r, p)| r.id.node == node && p.manifest.capabilities.contains(&orc_manifest::Capability::Node))
+                .any(|(r, p)| r.id.node == node && pinning::uses_nodes(&p.manifest))
+        })
+    }
+
+    /// Refuses capabilities that the released version's plugins request and `granted` lacks
+    /// (its resources would fail at their next load), naming the setting and the resources.
+    fn check_revocation(&self, granted: &CapabilitySettings) -> Result<(), EnvError> {
+        let Some(version) = self.released_version() else {
+            return Ok(());
+        };
+        let users = |capability| {
+            version
+                .intent
+                .resources
+                .iter()
+                .zip(&version.plugins)
+                .filter(move |(_, p)| p.manifest.capabilities.contains(&capability))
+                .map(|(r, _)| r)
+        };
+        let revoked = orc_manifest::Capability::ALL
+            .into_iter()
+            .find(|c| !granted.allows(*c) && users(*c).next().is_some());
+        let Some(capability) = revoked else {
+            return Ok(());
+        };
+        const SHOWN: usize = 5;
+        let mut resources: Vec<String> = users(capability).take(SHOWN).map(|r| format!("`{}`", r.id)).collect();
+        let total = users(capability).count();
+        if total > SHOWN {
+            resources.push(format!("and {} more", total - SHOWN));
+        }
+        Err(EnvError::CapabilityInUse {
+            environment: self.name.clone(),
+            setting: CapabilitySettings::setting(capability),
+            capability,
+            resources: resources.join(", "),
         })
     }
 
@@ -388,10 +442,15 @@ impl Environments {
         let settings: EnvironmentSettings = serde_json::from_value(merged).map_err(|e| EnvError::InvalidSettings(e.to_string()))?;
         self.check_settings(&settings)?;
         let running = self.running(&env).await?;
+        // Held until the settings are stored: no version using a capability being revoked is
+        // released in between.
+        let _turn = running.releases.lock().await;
         running.check_scheduler()?;
+        running.check_revocation(&settings.capabilities)?;
         let ctx = outbound::call_context(&running.ctx(), &settings, &self.secrets).map_err(EnvError::InvalidSettings)?;
         let env = self.store.update_settings(&env.id, &settings).await?;
         *running.ctx.write().expect("call context") = ctx.clone();
+        *running.capabilities.lock().expect("capabilities") = env.settings.capabilities;
         // Stored: a scheduler that stopped meanwhile takes them from the store at the next start.
         running
             .scheduler
@@ -435,7 +494,7 @@ impl Environments {
         let _turn = running.releases.lock().await;
         running.check_scheduler()?;
         let intent = self.with_cluster_tasks(&env, submitted.resources).await?;
-        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &Grants::all()).await?;
+        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &running.grants()).await?;
         self.check_nodes(&intent, &pinned.plugins, &env)?;
         let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
         let info = self.store.submit_version(&env.id, &document).await?;
@@ -464,7 +523,7 @@ impl Environments {
     /// releases it.
     async fn submit_and_release(&self, env: &Environment, running: &Running, intent: Intent) -> Result<VersionInfo, EnvError> {
         running.check_scheduler()?;
-        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &Grants::all()).await?;
+        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &running.grants()).await?;
         // An earlier version may name a node deleted since, or made private to another environment.
         self.check_nodes(&intent, &pinned.plugins, env)?;
         let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
@@ -561,7 +620,7 @@ impl Environments {
         let running = self.running(&env).await?;
         let loaded = match running.released(version) {
             Some(shared) => shared,
-            None => Arc::new(self.load_version(&env.id, version).await?),
+            None => Arc::new(self.load_version(&env.id, version, &running.grants()).await?),
         };
         let report = self.store.create_dryrun(&env.id, version).await?;
         let (store, ctx, id) = (self.store.clone(), running.ctx(), report.id);
@@ -625,7 +684,7 @@ impl Environments {
             return self.submit_and_release(&env, &running, composed).await;
         }
         running.check_scheduler()?;
-        let loaded = self.load_version(&env.id, version).await?;
+        let loaded = self.load_version(&env.id, version, &running.grants()).await?;
         self.check_nodes(&loaded.intent, &loaded.plugins, &env)?;
         let info = self.store.release_version(&env.id, version).await?;
         self.metrics.released(&env.name, info.version);
@@ -655,11 +714,12 @@ impl Environments {
         self.store.close().await;
     }
 
-    /// A stored version with its adaptors loaded from their pinned digests.
-    async fn load_version(&self, env: &EnvironmentId, version: i64) -> Result<Version, EnvError> {
+    /// A stored version with its adaptors loaded from their pinned digests, under the
+    /// environment's grants.
+    async fn load_version(&self, env: &EnvironmentId, version: i64, grants: &Grants) -> Result<Version, EnvError> {
         let stored = self.store.get_version(env, version).await?;
         let intent = Intent::parse(stored.document.as_bytes())?;
-        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &Grants::all()).await?;
+        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, grants).await?;
         Ok(Version::new(version as u64, intent, pinned.plugins))
     }
 
@@ -673,7 +733,7 @@ impl Environments {
             .resources
             .iter()
             .zip(plugins)
-            .filter(|(_, p)| p.manifest.capabilities.contains(&orc_manifest::Capability::Node))
+            .filter(|(_, p)| pinning::uses_nodes(&p.manifest))
             .map(|(r, _)| r);
         for r in on_nodes.filter(|r| r.id.node != LOCAL_NODE) {
             match self.nodes.check(&r.id.node, &env.id) {
@@ -723,7 +783,7 @@ impl Environments {
         let interrupted = serde_json::json!({ "error": { "code": "interrupted", "message": "the host stopped before it finished" } });
         self.store.interrupt_unfinished(&env.id, &interrupted.to_string()).await?;
         let released = match env.released_version {
-            Some(v) => Some(self.load_version(&env.id, v).await?),
+            Some(v) => Some(self.load_version(&env.id, v, &env.settings.capabilities.grants()).await?),
             None => None,
         };
         self.metrics
@@ -762,6 +822,7 @@ impl Environments {
             scheduler,
             releases: Mutex::new(()),
             ctx: std::sync::RwLock::new(ctx),
+            capabilities: std::sync::Mutex::new(env.settings.capabilities),
             stream,
             counts,
             released: std::sync::Mutex::new(None),

@@ -62,7 +62,8 @@ pub struct Entry {
     pub size: u64,
     #[serde(default)]
     pub description: String,
-    #[serde(default)]
+    /// `node` in an entry written before the split reads as both node capabilities.
+    #[serde(default, deserialize_with = "orc_manifest::deserialize_capabilities")]
     pub capabilities: BTreeSet<Capability>,
     #[serde(default)]
     pub resource_types: Vec<String>,

@@ -92,6 +92,7 @@ async fn new_build_publish_and_load_by_digest() {
         ..RuntimeConfig::default()
     })
     .unwrap();
+    // A scaffolded plugin's author tests it with everything granted; environments narrow that.
     let loaded = runtime.load(&digest, PluginKind::Adaptor, &client, &Grants::all()).await.unwrap();
     let node_root = work.path().join("node");
     let nodes = orc_runtime::capability::Nodes::default();
@@ -221,6 +222,7 @@ async fn solver_and_automator_scaffolds_build_and_run() {
     }
 
     let (digest, bytes) = &built[1];
+    // As above: the author's own test, everything granted.
     let automator = runtime.load_bytes(digest, bytes, PluginKind::Automator, &Grants::all()).unwrap();
     let node_root = work.path().join("node");
     let nodes = orc_runtime::capability::Nodes::default();

@@ -59,7 +59,10 @@ impl Session {
             .memory_limit_bytes
             .unwrap_or(config.memory_limit_bytes)
             .min(config.memory_limit_bytes);
-        let mut store = Store::new(&plugin.engine, CallState::new(&plugin.manifest.name, ctx.clone(), memory));
+        let mut store = Store::new(
+            &plugin.engine,
+            CallState::new(&plugin.manifest.name, ctx.clone(), plugin.capabilities, memory),
+        );
         store.limiter(|s| &mut s.limiter);
         // At every epoch tick the guest either yields to the async executor (so a long call never
         // starves other tasks on the same thread) or, past its deadline, is interrupted.

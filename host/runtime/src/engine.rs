@@ -227,28 +227,33 @@ impl Runtime {
                 required,
             });
         }
+        // Every capability the manifest requests must be granted, imported or not: the rule the
+        // host applies at submission, so load refuses exactly what submission refuses.
+        if let Some(cap) = manifest.capabilities.iter().find(|c| !grants.allows(**c)) {
+            return Err(LoadError::NotGranted {
+                digest: *digest,
+                name: manifest.reference(),
+                capability: *cap,
+            });
+        }
         let mut set = CapabilitySet::default().with(Capability::Log);
         for (name, _) in ty.imports(engine) {
-            if let Some(cap) = Capability::from_interface(name) {
-                if cap == Capability::Log {
+            let serves = Capability::for_interface(name);
+            if !serves.is_empty() {
+                if serves == [Capability::Log] {
                     continue;
                 }
-                if !manifest.capabilities.contains(&cap) {
+                // `node` serves two capabilities; the plugin needs at least one of them.
+                let requested: Vec<Capability> = serves.iter().copied().filter(|c| manifest.capabilities.contains(c)).collect();
+                if requested.is_empty() {
                     return Err(LoadError::NotRequested {
                         digest: *digest,
                         name: manifest.reference(),
                         interface: name.to_string(),
-                        capability: cap,
+                        capability: serves.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(" or "),
                     });
                 }
-                if !grants.allows(cap) {
-                    return Err(LoadError::NotGranted {
-                        digest: *digest,
-                        name: manifest.reference(),
-                        capability: cap,
-                    });
-                }
-                set = set.with(cap);
+                set = requested.into_iter().fold(set, CapabilitySet::with);
             } else if !(capability::is_wasi_import(name) || name == "orc:plugin/types@0.1.0") {
                 return Err(LoadError::UnknownImport {
                     digest: *digest,

@@ -38,12 +38,13 @@ pub enum LoadError {
         exports: String,
         required: String,
     },
-    #[error("plugin {digest} (`{name}`) imports `{interface}`, but its manifest does not request capability `{capability}`")]
+    #[error("plugin {digest} (`{name}`) imports `{interface}`, but its manifest does not request capability {capability}")]
     NotRequested {
         digest: Digest,
         name: String,
         interface: String,
-        capability: Capability,
+        /// The capabilities the interface serves, quoted (`node-files` or `node-commands`).
+        capability: String,
     },
     #[error("plugin {digest} (`{name}`) needs capability `{capability}`, which this environment does not grant")]
     NotGranted {

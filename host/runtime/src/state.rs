@@ -8,7 +8,7 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::calls::LogLine;
-use crate::capability::CallContext;
+use crate::capability::{CallContext, CapabilitySet};
 
 /// How much of a plugin's stderr (where a Rust panic message goes) is kept.
 const STDERR_CAPACITY: usize = 64 << 10;
@@ -17,6 +17,8 @@ pub struct CallState {
     pub(crate) plugin_name: String,
     pub(crate) kv_scope: String,
     pub(crate) ctx: CallContext,
+    /// What the plugin was linked with; the node functions check their part against it.
+    pub(crate) caps: CapabilitySet,
     pub(crate) logs: Vec<LogLine>,
     pub(crate) dropped_logs: usize,
     pub(crate) limiter: MemoryLimiter,
@@ -28,8 +30,9 @@ pub struct CallState {
 }
 
 impl CallState {
-    pub(crate) fn new(plugin_name: &str, ctx: CallContext, memory_limit: usize) -> CallState {
+    pub(crate) fn new(plugin_name: &str, ctx: CallContext, caps: CapabilitySet, memory_limit: usize) -> CallState {
         CallState {
+            caps,
             kv_scope: format!("{}/{}", ctx.environment, plugin_name),
             plugin_name: plugin_name.to_string(),
             ctx,

@@ -44,6 +44,7 @@ impl From<ClusterError> for ApiError {
             ClusterError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_cluster_request"),
             ClusterError::UnknownPlugin { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "unknown_plugin"),
             ClusterError::PluginRejected { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "plugin_rejected"),
+            ClusterError::CapabilityNotGranted { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "capability_not_granted"),
             ClusterError::TemplateInUse(_) => (StatusCode::CONFLICT, "template_in_use"),
             ClusterError::NoValidLayout { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "no_valid_layout"),
             ClusterError::SolverFailed { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "solver_failed"),

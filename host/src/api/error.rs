@@ -100,6 +100,7 @@ impl From<PinError> for ApiError {
         let code = match &e {
             PinError::UnknownPlugin { .. } => "unknown_plugin",
             PinError::WrongResourceType { .. } => "wrong_resource_type",
+            PinError::NotGranted { .. } => "capability_not_granted",
             PinError::Load { source, .. } => {
                 // The load error's own line names the plugin and what is wrong with it (world,
                 // capability, digest); what lies beneath (compiler, I/O) stays in the log.
@@ -120,6 +121,7 @@ impl From<EnvError> for ApiError {
             EnvError::UnknownNode { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "unknown_node", e.to_string()),
             EnvError::NodeNotAllowed { .. } => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "node_not_allowed", e.to_string()),
             EnvError::InvalidSettings(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_settings", e.to_string()),
+            EnvError::CapabilityInUse { .. } => ApiError::new(StatusCode::CONFLICT, "capability_in_use", e.to_string()),
             EnvError::ReservedType(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "reserved_resource_type", e.to_string()),
             EnvError::NoVersion(_) => ApiError::new(StatusCode::CONFLICT, "no_version", e.to_string()),
             EnvError::SchedulerUnavailable { .. } => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "scheduler_unavailable", e.to_string()),

@@ -162,6 +162,16 @@ pub enum ClusterError {
         reference: String,
         message: String,
     },
+    #[error(
+        "template `{template}`: plugin `{plugin}` ({digest}) requests capability `{capability}`, which this environment does not grant: set `{setting}` to true to allow it",
+        setting = crate::store::CapabilitySettings::setting(*capability)
+    )]
+    CapabilityNotGranted {
+        template: String,
+        plugin: String,
+        digest: orc_manifest::Digest,
+        capability: orc_manifest::Capability,
+    },
     /// The store's message names the template and the cluster that uses it.
     #[error("{0}")]
     TemplateInUse(String),

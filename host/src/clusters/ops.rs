@@ -192,15 +192,21 @@ impl Environments {
         validate_name("template", name)?;
         let mut template = Template::from_json(body)?;
         let solver = template.solver.clone().unwrap_or_else(|| DEFAULT_SOLVER.to_string());
-        template.solver = Some(self.pin_plugin(name, &solver, PluginKind::Solver).await?.to_string());
+        let grants = env.settings.capabilities.grants();
+        template.solver = Some(self.pin_plugin(name, &solver, PluginKind::Solver, &grants).await?.to_string());
         for service in template.services.values_mut() {
-            service.automator = self.pin_plugin(name, &service.automator, PluginKind::Automator).await?.to_string();
+            service.automator = self
+                .pin_plugin(name, &service.automator, PluginKind::Automator, &grants)
+                .await?
+                .to_string();
         }
         let document = serde_json::to_string(&template).expect("a template serialises");
         Ok(self.store.insert_template(&env.id, name, &document).await?)
     }
 
-    async fn pin_plugin(&self, template: &str, reference: &str, kind: PluginKind) -> Result<Digest, ClusterError> {
+    /// Resolves and loads a template's plugin under the environment's `grants`: one that requests
+    /// a capability not granted is refused now, not when a cluster is made from the template.
+    async fn pin_plugin(&self, template: &str, reference: &str, kind: PluginKind, grants: &Grants) -> Result<Digest, ClusterError> {
         let parsed: PluginRef = reference
             .parse()
             .map_err(|e: crate::intent::IntentError| ClusterError::PluginRejected {
@@ -213,12 +219,20 @@ impl Environments {
             reference: reference.to_string(),
         })?;
         self.runtime
-            .load(&digest, kind, &self.registry, &Grants::all())
+            .load(&digest, kind, &self.registry, grants)
             .await
-            .map_err(|e| ClusterError::PluginRejected {
-                template: template.to_string(),
-                reference: reference.to_string(),
-                message: e.to_string(),
+            .map_err(|e| match e {
+                orc_runtime::LoadError::NotGranted { digest, name, capability } => ClusterError::CapabilityNotGranted {
+                    template: template.to_string(),
+                    plugin: name,
+                    digest,
+                    capability,
+                },
+                e => ClusterError::PluginRejected {
+                    template: template.to_string(),
+                    reference: reference.to_string(),
+                    message: e.to_string(),
+                },
             })?;
         Ok(digest)
     }
@@ -606,7 +620,7 @@ impl Environments {
         };
         let plugin = self
             .runtime
-            .load(&digest, PluginKind::Solver, &self.registry, &Grants::all())
+            .load(&digest, PluginKind::Solver, &self.registry, &env.settings.capabilities.grants())
             .await
             .map_err(|e| failed(e.to_string()))?;
         let request = wit::LayoutRequest {
@@ -675,7 +689,7 @@ impl Environments {
         };
         resources.extend(tasks.iter().cloned());
         let intent = Intent::validate(IntentDocument { resources })?;
-        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &Grants::all()).await?;
+        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &running.grants()).await?;
         self.check_nodes(&intent, &pinned.plugins, env)?;
         let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
         let info = self.store.submit_version(&env.id, &document).await?;

@@ -2,7 +2,7 @@
 //! them, by cascade). Names are unique.
 
 use super::error::{backend, backend_with};
-use super::{Environment, EnvironmentId, EnvironmentSettings, Result, Store, StoreError, now_ms, parse_id};
+use super::{CapabilitySettings, Environment, EnvironmentId, EnvironmentSettings, Result, Store, StoreError, now_ms, parse_id};
 
 type Row = (String, String, String, bool, i64, Option<i64>, i64, i64);
 
@@ -14,8 +14,18 @@ macro_rules! columns {
 
 fn environment(row: Row) -> Result<Environment> {
     let (id, name, settings, halted, latest_version, released_version, created_at, updated_at) = row;
-    let settings = serde_json::from_str(&settings)
-        .map_err(|e| StoreError::corrupt(format!("the settings of environment `{name}` cannot be read: {e}")))?;
+    let corrupt = |e: serde_json::Error| StoreError::corrupt(format!("the settings of environment `{name}` cannot be read: {e}"));
+    let mut settings: serde_json::Value = serde_json::from_str(&settings).map_err(corrupt)?;
+    // Stored before capability grants existed: it had every capability, and its released version
+    // may use them all. Keeping them means an upgrade stops nothing (a version using a revoked
+    // capability could not even be resumed); the operator narrows them with a settings PATCH.
+    if let Some(fields) = settings.as_object_mut()
+        && !fields.contains_key("capabilities")
+    {
+        let everything = serde_json::to_value(CapabilitySettings::everything()).expect("settings serialise");
+        fields.insert("capabilities".into(), everything);
+    }
+    let settings = serde_json::from_value(settings).map_err(corrupt)?;
     Ok(Environment {
         id: parse_id(&id, "environment")?,
         name,
@@ -158,5 +168,25 @@ impl Store {
             return Err(environment_not_found(id));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(settings: &str) -> Row {
+        let id = uuid::Uuid::new_v4().to_string();
+        (id, "dev".into(), settings.into(), false, 0, None, 0, 0)
+    }
+
+    #[test]
+    fn settings_stored_before_capability_grants_keep_every_capability() {
+        let old = environment(row(r#"{"call_timeout_s": 60}"#)).unwrap();
+        assert_eq!(old.settings.capabilities, CapabilitySettings::everything());
+        assert_eq!(old.settings.call_timeout_s, 60);
+        let stored = settings_json(&EnvironmentSettings::default());
+        let new = environment(row(&stored)).unwrap();
+        assert_eq!(new.settings.capabilities, CapabilitySettings::default());
     }
 }

@@ -6,6 +6,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use orc_manifest::Capability;
+use orc_runtime::Grants;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -220,6 +222,83 @@ pub struct EnvironmentSettings {
     pub call_timeout_s: u64,
     /// Outgoing HTTP of the environment's plugins; none by default.
     pub http: HttpSettings,
+    /// Which capabilities the environment's plugins may have (`log` always): by default node
+    /// files and `kv`, not node commands nor HTTP.
+    pub capabilities: CapabilitySettings,
+}
+
+/// Which host capabilities an environment grants its plugins (`log` is always granted). A plugin
+/// whose manifest requests one not granted is refused when an intent, a template or a cluster
+/// naming it is submitted (422 `capability_not_granted`), and again when it is loaded. Revoking
+/// one that the released version's plugins use is refused (409 `capability_in_use`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct CapabilitySettings {
+    /// `node-files`: read and write files, directories, links, modes and owners on the
+    /// environment's nodes (the `file`, `directory` and `symlink` adaptors). Default: granted.
+    pub node_files: bool,
+    /// `node-commands`: run commands on the environment's nodes (`command`, `process`,
+    /// `package`, the `shell` and `redis` automators). Default: not granted — a command reaches
+    /// far more of a node than the files an intent names.
+    pub node_commands: bool,
+    /// `http`: outgoing HTTP, within `http.allowed_origins` (`http-object`). Default: not granted.
+    pub http: bool,
+    /// `kv`: the plugin's own key/value state, scoped to the environment. Default: granted.
+    pub kv: bool,
+}
+
+impl Default for CapabilitySettings {
+    fn default() -> Self {
+        CapabilitySettings {
+            node_files: true,
+            node_commands: false,
+            http: false,
+            kv: true,
+        }
+    }
+}
+
+impl CapabilitySettings {
+    /// Every capability: embedded mode (the operator runs their own intent) and environments
+    /// stored before grants existed (they had everything; see `store::environments`).
+    pub fn everything() -> CapabilitySettings {
+        CapabilitySettings {
+            node_files: true,
+            node_commands: true,
+            http: true,
+            kv: true,
+        }
+    }
+
+    /// Whether `capability` is granted (`log` always is).
+    pub fn allows(&self, capability: Capability) -> bool {
+        match capability {
+            Capability::Log => true,
+            Capability::Kv => self.kv,
+            Capability::NodeFiles => self.node_files,
+            Capability::NodeCommands => self.node_commands,
+            Capability::Http => self.http,
+        }
+    }
+
+    /// What the runtime is given at load.
+    pub fn grants(&self) -> Grants {
+        Capability::ALL
+            .into_iter()
+            .filter(|c| self.allows(*c))
+            .fold(Grants::none(), Grants::with)
+    }
+
+    /// The setting that grants `capability`, as an operator writes it (`capabilities.http`).
+    pub fn setting(capability: Capability) -> &'static str {
+        match capability {
+            Capability::Log => "(always granted)",
+            Capability::Kv => "capabilities.kv",
+            Capability::NodeFiles => "capabilities.node_files",
+            Capability::NodeCommands => "capabilities.node_commands",
+            Capability::Http => "capabilities.http",
+        }
+    }
 }
 
 /// Longest [`EnvironmentSettings::call_timeout_s`]: a day.
@@ -284,6 +363,7 @@ impl Default for EnvironmentSettings {
             auto_deploy: true,
             call_timeout_s: 30,
             http: HttpSettings::default(),
+            capabilities: CapabilitySettings::default(),
         }
     }
 }

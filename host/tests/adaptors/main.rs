@@ -91,6 +91,8 @@ impl Harness {
                 let name = r.adaptor.to_string();
                 let artifact = orc_plugin_artifacts::by_name(name.split('@').next().unwrap()).unwrap();
                 let digest: Digest = artifact.digest.parse().unwrap();
+                // Every first-party adaptor under test, each needing its own capabilities; the
+                // environment's grants are tested through the API (`api::grants`).
                 self.runtime
                     .load_bytes(&digest, artifact.bytes, PluginKind::Adaptor, &Grants::all())
                     .unwrap()

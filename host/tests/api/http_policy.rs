@@ -130,6 +130,10 @@ pub async fn outgoing_http_follows_the_environment_policy_with_a_host_held_secre
         "`nope`",
     );
 
+    // `http-object` requests capability `http`, which environments do not grant by default.
+    let (status, env) = host.patch_settings("web", json!({ "capabilities": { "http": true } })).await;
+    assert_eq!(status, StatusCode::OK, "{env}");
+
     // The node part of an `http-object` id names the API: no node is registered for it.
     let intent = json!({ "resources": [{
         "id": "http-object[billing,a]", "adaptor": "http-object@0.1.0",
@@ -265,7 +269,11 @@ pub async fn the_call_timeout_is_an_environment_setting(backend: Backend) {
             says,
         );
     }
-    let (status, env) = host.patch_settings("slow", json!({ "call_timeout_s": 1 })).await;
+    // The fixture requests every capability.
+    let everything = json!({ "node_files": true, "node_commands": true, "http": true, "kv": true });
+    let (status, env) = host
+        .patch_settings("slow", json!({ "call_timeout_s": 1, "capabilities": everything }))
+        .await;
     assert_eq!((status, &env["settings"]["call_timeout_s"]), (StatusCode::OK, &json!(1)), "{env}");
 
     // Reading takes 2.5 s: longer than 1 s, shorter than 10.

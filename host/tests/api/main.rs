@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
 mod dropped;
+mod grants;
 mod http_policy;
 mod lifecycle;
 #[path = "../support/paths.rs"]
@@ -25,6 +26,7 @@ mod promises;
 use paths::encode;
 
 use dropped::*;
+use grants::*;
 use http_policy::*;
 use lifecycle::*;
 use promises::*;
@@ -73,6 +75,8 @@ on_both_backends!(
     a_repair_requested_while_actions_run_reaches_every_file,
     the_counts_describe_the_released_version_from_its_201,
     settings_no_scheduler_can_hold_are_refused_by_name,
+    capabilities_are_granted_per_environment_and_checked_at_submission,
+    a_cluster_template_needs_the_capabilities_its_automators_request,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");

@@ -118,7 +118,7 @@ fn fields(changes: &[Change]) -> Vec<&str> {
 // shell
 
 fn shell_grants() -> Grants {
-    Grants::none().with(Capability::Node).with(Capability::Kv)
+    Grants::none().with(Capability::NodeCommands).with(Capability::Kv)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -266,7 +266,7 @@ async fn shell_without_check_scripts_uses_performed_records() {
     );
 
     // The default check needs kv: without the grant the plugin is refused at load, naming it.
-    let e = h.load("shell", &Grants::none().with(Capability::Node)).unwrap_err();
+    let e = h.load("shell", &Grants::none().with(Capability::NodeCommands)).unwrap_err();
     assert!(e.to_string().contains("capability `kv`"), "{e}");
 }
 
@@ -385,7 +385,7 @@ async fn redis_lifecycle_on_a_real_server() {
     );
     let h = Harness::start("redis").await;
     // No kv: every check of the redis automator looks at the node.
-    let redis = h.load("redis", &Grants::none().with(Capability::Node)).unwrap();
+    let redis = h.load("redis", &Grants::none().with(Capability::NodeCommands)).unwrap();
     let cluster = format!("t{}", std::process::id());
     let instance = RedisInstance {
         name: format!("{cluster}-cache"),

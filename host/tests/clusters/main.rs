@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use host::Host;
 use orc_host::store::Backend;
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use sshd::Sshd;
 
@@ -137,6 +137,10 @@ fn stack(root: &Path) -> Value {
 async fn start_host(retry_interval_s: u64) -> Host {
     let host = Host::start(Backend::Sqlite).await;
     host.create_environment(ENV, retry_interval_s).await;
+    // The `shell` and `redis` automators run commands: not granted by default.
+    let patch = json!({ "settings": { "capabilities": { "node_commands": true } } });
+    let (status, env, _) = host.send(Method::PATCH, &format!("/environments/{ENV}"), Some(&patch)).await;
+    assert_eq!(status, StatusCode::OK, "{env}");
     host
 }
 

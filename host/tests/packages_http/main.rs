@@ -108,6 +108,8 @@ impl Harness {
                 let name = name.split('@').next().unwrap();
                 let artifact = orc_plugin_artifacts::by_name(name).unwrap();
                 let digest: Digest = artifact.digest.parse().unwrap();
+                // Every first-party adaptor under test, each needing its own capabilities; the
+                // environment's grants are tested through the API (`api::grants`).
                 self.runtime
                     .load_bytes(&digest, artifact.bytes, PluginKind::Adaptor, &Grants::all())
                     .unwrap()

@@ -16,7 +16,7 @@ pub fn manifest(name: &str, version: &str, description: &str) -> Manifest {
         version: version.into(),
         kind: PluginKind::Adaptor,
         world: PluginKind::Adaptor.world(),
-        capabilities: [Capability::Node].into(),
+        capabilities: [Capability::NodeFiles].into(),
         resource_types: vec!["file".into()],
         description: description.into(),
     }

@@ -63,7 +63,8 @@ pub fn build(dir: &Path, out: Option<&Path>, profile: &str) -> Result<Built> {
     Ok(Built { plugin, path })
 }
 
-/// Loads the component in the host's runtime with every capability granted: this refuses a
+/// Loads the component in the host's runtime with every capability granted (what is checked here
+/// is the component against its own manifest; environments grant at submission): this refuses a
 /// component that does not export its kind's interface, or that imports a capability its manifest
 /// does not request, with the same message the host would give.
 pub fn check(plugin: &BuiltPlugin) -> Result<()> {

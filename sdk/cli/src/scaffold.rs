@@ -29,10 +29,10 @@ fn write(path: &Path, text: &str) -> Result<()> {
 
 fn cargo_toml(kind: PluginKind, name: &str, sdk: &Path) -> String {
     let (capabilities, resource_types) = match kind {
-        PluginKind::Adaptor => (r#"["node"]"#, format!("[{name:?}]")),
+        PluginKind::Adaptor => (r#"["node-files"]"#, format!("[{name:?}]")),
         PluginKind::Solver => ("[]", "[]".to_string()),
         // `kv`: the SDK's default `check` remembers performed tasks there.
-        PluginKind::Automator => (r#"["node", "kv"]"#, "[]".to_string()),
+        PluginKind::Automator => (r#"["node-commands", "kv"]"#, "[]".to_string()),
     };
     let sdk = sdk.display().to_string();
     format!(
@@ -53,7 +53,8 @@ serde = {{ version = "1", features = ["derive"] }}
 serde_json = "1"
 
 # What the host reads: the kind, the host capabilities the plugin asks for (log is always
-# granted; kv, node and http must be granted by the environment), the resource types it handles.
+# granted; kv, node-files, node-commands and http must be granted by the environment), the
+# resource types it handles.
 [package.metadata.orc]
 kind = "{kind}"
 capabilities = {capabilities}

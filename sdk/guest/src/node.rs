@@ -1,4 +1,4 @@
-//! A managed node, addressed by name (capability `node`).
+//! A managed node, addressed by name (capabilities `node-files` for files, `node-commands` for `run`).
 //!
 //! The host picks the transport (the local node, or SSH) and holds the credentials. Paths are
 //! absolute paths on the node. Every call returns the host's error kind: `unavailable` when the

@@ -59,7 +59,7 @@ impl PluginKind {
     /// The capabilities a plugin of this kind may request at all.
     pub fn allowed_capabilities(self) -> &'static [Capability] {
         match self {
-            PluginKind::Adaptor | PluginKind::Automator => &[Capability::Log, Capability::Kv, Capability::Node, Capability::Http],
+            PluginKind::Adaptor | PluginKind::Automator => &Capability::ALL,
             PluginKind::Solver => &[Capability::Log],
         }
     }
@@ -81,37 +81,72 @@ impl FromStr for PluginKind {
     }
 }
 
-/// A host interface a plugin may import. Denied unless the manifest requests it and the
-/// environment grants it; `log` is always granted.
+/// What a plugin may be granted. Denied unless the manifest requests it and the environment
+/// grants it; `log` is always granted. The `node` interface is one WIT interface serving two
+/// capabilities: `node-files` (stat, read, write, directories, links, modes, owners) and
+/// `node-commands` (`run`), because running a command reaches far more of a node than its
+/// files do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Capability {
     Log,
     Kv,
-    Node,
+    NodeFiles,
+    NodeCommands,
     Http,
 }
 
+/// What a manifest written before `node` was split says: both parts.
+const LEGACY_NODE: &str = "node";
+
 impl Capability {
-    pub const ALL: [Capability; 4] = [Capability::Log, Capability::Kv, Capability::Node, Capability::Http];
+    pub const ALL: [Capability; 5] = [
+        Capability::Log,
+        Capability::Kv,
+        Capability::NodeFiles,
+        Capability::NodeCommands,
+        Capability::Http,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Capability::Log => "log",
             Capability::Kv => "kv",
-            Capability::Node => "node",
+            Capability::NodeFiles => "node-files",
+            Capability::NodeCommands => "node-commands",
             Capability::Http => "http",
         }
     }
 
-    /// The WIT interface, e.g. `orc:plugin/node@0.1.0`.
+    /// The WIT interface, e.g. `orc:plugin/node@0.1.0` (the same for both node capabilities).
     pub fn interface(self) -> String {
-        format!("orc:plugin/{}@0.1.0", self.as_str())
+        let name = match self {
+            Capability::NodeFiles | Capability::NodeCommands => LEGACY_NODE,
+            other => other.as_str(),
+        };
+        format!("orc:plugin/{name}@0.1.0")
     }
 
-    /// The capability an imported interface name stands for, if it is one of ours.
-    pub fn from_interface(name: &str) -> Option<Capability> {
-        Capability::ALL.into_iter().find(|c| c.interface() == name)
+    /// The capabilities an imported interface name serves (none if it is not one of ours).
+    pub fn for_interface(name: &str) -> Vec<Capability> {
+        Capability::ALL.into_iter().filter(|c| c.interface() == name).collect()
+    }
+
+    /// What a manifest's `capabilities` entry asks for: one capability, or both node ones for the
+    /// `node` that manifests said before the split (so plugins built then keep loading).
+    pub fn parse_requested(s: &str) -> Result<&'static [Capability], ManifestError> {
+        if s == LEGACY_NODE {
+            return Ok(&[Capability::NodeFiles, Capability::NodeCommands]);
+        }
+        Capability::ALL
+            .iter()
+            .position(|c| c.as_str() == s)
+            .map(|i| std::slice::from_ref(&Capability::ALL[i]))
+            .ok_or_else(|| {
+                ManifestError::Invalid(format!(
+                    "unknown capability `{s}` (expected log, kv, node-files, node-commands, http, or node for both node ones)"
+                ))
+            })
     }
 }
 
@@ -121,14 +156,15 @@ impl fmt::Display for Capability {
     }
 }
 
-impl FromStr for Capability {
-    type Err = ManifestError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Capability::ALL
-            .into_iter()
-            .find(|c| c.as_str() == s)
-            .ok_or_else(|| ManifestError::Invalid(format!("unknown capability `{s}` (expected log, kv, node or http)")))
+/// Deserialises a list of requested capabilities, reading `node` as both node capabilities: for
+/// manifests and registry entries written before the split.
+pub fn deserialize_capabilities<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeSet<Capability>, D::Error> {
+    let names = Vec::<String>::deserialize(d)?;
+    let mut set = BTreeSet::new();
+    for name in &names {
+        set.extend(Capability::parse_requested(name).map_err(serde::de::Error::custom)?);
     }
+    Ok(set)
 }
 
 /// What a plugin says about itself. Embedded in the component (see [`embed`]), so it is covered
@@ -141,8 +177,8 @@ pub struct Manifest {
     pub kind: PluginKind,
     /// The world the component implements, e.g. `orc:plugin/adaptor@0.1.0`.
     pub world: String,
-    /// Host interfaces the plugin asks for.
-    #[serde(default)]
+    /// Capabilities the plugin asks for.
+    #[serde(default, deserialize_with = "deserialize_capabilities")]
     pub capabilities: BTreeSet<Capability>,
     /// For adaptors: the resource types it handles (`file`, `directory`).
     #[serde(default)]
@@ -251,7 +287,7 @@ mod tests {
             version: "0.1.0".into(),
             kind: PluginKind::Adaptor,
             world: PluginKind::Adaptor.world(),
-            capabilities: [Capability::Node].into(),
+            capabilities: [Capability::NodeFiles].into(),
             resource_types: vec!["file".into()],
             description: "files".into(),
         }
@@ -273,10 +309,23 @@ mod tests {
         m.kind = PluginKind::Solver;
         m.world = PluginKind::Solver.world();
         let err = m.validate().unwrap_err().to_string();
-        assert!(err.contains("may not request capability `node`"), "{err}");
+        assert!(err.contains("may not request capability `node-files`"), "{err}");
         let mut m = manifest();
         m.world = "orc:plugin/solver@0.1.0".into();
         assert!(m.validate().unwrap_err().to_string().contains("does not match kind"));
+    }
+
+    #[test]
+    fn a_manifest_saying_node_requests_both_node_capabilities() {
+        let mut v: serde_json::Value = serde_json::from_str(&manifest().to_json()).unwrap();
+        v["capabilities"] = serde_json::json!(["node", "kv"]);
+        let m = Manifest::from_json(v.to_string().as_bytes()).unwrap();
+        let both = [Capability::Kv, Capability::NodeFiles, Capability::NodeCommands].into();
+        assert_eq!(m.capabilities, both);
+        assert!(m.to_json().contains("\"node-commands\""), "written in the new form");
+        v["capabilities"] = serde_json::json!(["nodes"]);
+        let err = Manifest::from_json(v.to_string().as_bytes()).unwrap_err();
+        assert!(format!("{err}: {err:?}").contains("unknown capability `nodes`"));
     }
 
     #[test]

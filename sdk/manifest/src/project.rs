@@ -119,7 +119,7 @@ impl PluginProject {
         let kind: PluginKind = orc.kind.parse().map_err(|e: ManifestError| meta_err(e.to_string()))?;
         let mut capabilities = BTreeSet::new();
         for c in &orc.capabilities {
-            capabilities.insert(c.parse::<Capability>().map_err(|e| meta_err(e.to_string()))?);
+            capabilities.extend(Capability::parse_requested(c).map_err(|e| meta_err(e.to_string()))?);
         }
         let manifest = Manifest {
             name: orc.name.unwrap_or_else(|| package.name.clone()),
@@ -356,7 +356,9 @@ mod tests {
         assert_eq!(p.manifest.name, "motd");
         assert_eq!(p.manifest.version, "1.2.3");
         assert_eq!(p.manifest.world, "orc:plugin/adaptor@0.1.0");
-        assert!(p.manifest.capabilities.contains(&Capability::Node));
+        // `node` is both node capabilities (manifests written before the split).
+        assert!(p.manifest.capabilities.contains(&Capability::NodeFiles));
+        assert!(p.manifest.capabilities.contains(&Capability::NodeCommands));
 
         write("[package]\nname = \"motd\"\nversion = \"1.2.3\"\n[package.metadata.orc]\nkind = \"adaptor\"\ncapabilites = [\"node\"]\n");
         let err = PluginProject::load(&dir).unwrap_err().to_string();
@@ -364,7 +366,7 @@ mod tests {
 
         write("[package]\nname = \"motd\"\nversion = \"1.2.3\"\n[package.metadata.orc]\nkind = \"solver\"\ncapabilities = [\"node\"]\n");
         let err = PluginProject::load(&dir).unwrap_err().to_string();
-        assert!(err.contains("may not request capability `node`"), "{err}");
+        assert!(err.contains("may not request capability `node-files`"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -123,20 +123,40 @@ pub(crate) fn is_wasi_import(name: &str) -> bool {
     name.starts_with("wasi:")
 }
 
-/// A linker with WASI (empty context) and exactly the capabilities in `caps`.
+/// A linker with WASI (empty context) and exactly the capabilities in `caps`. The `node`
+/// interface is linked whole when either node capability is in `caps`; the functions of the part
+/// not granted refuse at call time (`CallState::node_part`), a second line behind the refusal
+/// at submission and at load.
 pub(crate) fn linker(engine: &Engine, caps: CapabilitySet) -> wasmtime::Result<Linker<CallState>> {
     let mut linker = Linker::<CallState>::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)?;
     wit::types::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)?;
-    for cap in caps.iter() {
-        match cap {
-            Capability::Log => wit::log::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)?,
-            Capability::Kv => wit::kv::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)?,
-            Capability::Node => wit::node::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)?,
-            Capability::Http => wit::http::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)?,
-        }
+    if caps.contains(Capability::Log) {
+        wit::log::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)?;
+    }
+    if caps.contains(Capability::Kv) {
+        wit::kv::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)?;
+    }
+    if caps.contains(Capability::NodeFiles) || caps.contains(Capability::NodeCommands) {
+        wit::node::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)?;
+    }
+    if caps.contains(Capability::Http) {
+        wit::http::add_to_linker::<CallState, HasSelf<CallState>>(&mut linker, |s| s)?;
     }
     Ok(linker)
+}
+
+/// Refuses a node function whose part (`node-files` or `node-commands`) the plugin was not
+/// linked with: the `node` interface is one interface for both parts.
+pub(crate) fn check_node_part(caps: CapabilitySet, part: Capability) -> Result<(), wit::types::Error> {
+    if caps.contains(part) {
+        Ok(())
+    } else {
+        Err(wit_error(
+            wit::types::ErrorKind::Denied,
+            format!("capability `{part}` is not granted to this plugin"),
+        ))
+    }
 }
 
 /// The WIT error type, built from its parts.

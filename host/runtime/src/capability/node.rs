@@ -837,14 +837,21 @@ fn to_wit(e: NodeError) -> Error {
 }
 
 impl CallState {
+    /// The node for a file function (`node-files`).
     fn node(&self, name: &str) -> Result<Arc<dyn NodeBackend>, Error> {
+        self.node_part(name, orc_manifest::Capability::NodeFiles)
+    }
+
+    /// The node for a function of `part`, refused (`denied`) if the plugin lacks that part.
+    fn node_part(&self, name: &str, part: orc_manifest::Capability) -> Result<Arc<dyn NodeBackend>, Error> {
+        super::check_node_part(self.caps, part)?;
         self.ctx.nodes.node(name).map_err(to_wit)
     }
 }
 
 impl wit::Host for CallState {
     async fn run(&mut self, node: String, command: wit::Command) -> Result<wit::CommandOutput, Error> {
-        let backend = self.node(&node)?;
+        let backend = self.node_part(&node, orc_manifest::Capability::NodeCommands)?;
         let out = backend
             .run(NodeCommand {
                 argv: command.argv,

@@ -1,7 +1,7 @@
 //! The compiled-artifact cache: a second runtime loads the cached artifact, and a cache file that
 //! was changed behind the host's back is discarded and recompiled, never deserialised.
 
-use orc_manifest::{Digest, PluginKind};
+use orc_manifest::{Capability, Digest, PluginKind};
 use orc_plugin_artifacts::FILE;
 use orc_runtime::{CallContext, Grants, Runtime, RuntimeConfig};
 use serde_json::json;
@@ -22,7 +22,12 @@ async fn cached_artifacts_are_reused_and_verified() {
     let cache = tempfile::tempdir().unwrap();
     let digest: Digest = FILE.digest.parse().unwrap();
     cached_runtime(cache.path())
-        .load_bytes(&digest, FILE.bytes, PluginKind::Adaptor, &Grants::all())
+        .load_bytes(
+            &digest,
+            FILE.bytes,
+            PluginKind::Adaptor,
+            &Grants::none().with(Capability::NodeFiles),
+        )
         .unwrap();
     let artifact = std::fs::read_dir(cache.path())
         .unwrap()
@@ -37,7 +42,14 @@ async fn cached_artifacts_are_reused_and_verified() {
     bytes[mid] ^= 0xff;
     std::fs::write(&artifact, &bytes).unwrap();
     let rt = cached_runtime(cache.path());
-    let plugin = rt.load_bytes(&digest, FILE.bytes, PluginKind::Adaptor, &Grants::all()).unwrap();
+    let plugin = rt
+        .load_bytes(
+            &digest,
+            FILE.bytes,
+            PluginKind::Adaptor,
+            &Grants::none().with(Capability::NodeFiles),
+        )
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ctx = CallContext {
         ..crate::local_context(dir.path())

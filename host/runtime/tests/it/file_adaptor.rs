@@ -3,6 +3,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 
+use orc_manifest::Capability;
 use orc_plugin_artifacts::{DIRECTORY, FILE};
 use orc_runtime::Grants;
 use serde_json::json;
@@ -14,8 +15,8 @@ async fn file_converges_is_idempotent_and_repairs_drift() {
     let dir = tempfile::tempdir().unwrap();
     let ctx = local_context(dir.path());
     let rt = runtime();
-    let file = load(&rt, &FILE, &Grants::all());
-    let directory = load(&rt, &DIRECTORY, &Grants::all());
+    let file = load(&rt, &FILE, &Grants::none().with(Capability::NodeFiles));
+    let directory = load(&rt, &DIRECTORY, &Grants::none().with(Capability::NodeFiles));
 
     // The parent directory first, through the directory adaptor.
     let etc = target("directory", "/etc", json!({"mode": "0750"}));
@@ -78,7 +79,7 @@ async fn bad_attributes_and_bad_paths_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let ctx = local_context(dir.path());
     let rt = runtime();
-    let file = load(&rt, &FILE, &Grants::all());
+    let file = load(&rt, &FILE, &Grants::none().with(Capability::NodeFiles));
 
     let bad = target("file", "/motd", json!({"content": "x", "mood": "0644"}));
     let err = file.adaptor(&ctx).await.unwrap().read(&bad).await.unwrap_err();

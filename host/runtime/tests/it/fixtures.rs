@@ -10,6 +10,7 @@ use serde_json::json;
 use crate::{load, runtime, target};
 
 async fn read(rt: &orc_runtime::Runtime, ctx: &CallContext, behave: serde_json::Value) -> Result<Option<String>, CallError> {
+    // The fixture requests every capability: only full grants load it.
     let plugin = load(rt, &MISBEHAVE, &Grants::all());
     let mut instance = plugin.adaptor(ctx).await?;
     instance.read(&target("misbehave", "/x", behave)).await
@@ -82,6 +83,7 @@ async fn each_misbehaviour_is_reported_distinctly_and_the_next_call_works() {
 #[tokio::test]
 async fn a_trapped_instance_refuses_further_calls_but_new_instances_work() {
     let rt = runtime();
+    // The fixture requests every capability: only full grants load it.
     let ctx = CallContext::new("test");
     let plugin = load(&rt, &MISBEHAVE, &Grants::all());
     let mut instance = plugin.adaptor(&ctx).await.unwrap();
@@ -99,7 +101,10 @@ async fn a_trapped_instance_refuses_further_calls_but_new_instances_work() {
 fn capabilities_not_granted_are_refused_at_load_time() {
     let rt = runtime();
     let digest: Digest = MISBEHAVE.digest.parse().unwrap();
-    let grants = Grants::none().with(Capability::Node).with(Capability::Kv);
+    let grants = Grants::none()
+        .with(Capability::NodeFiles)
+        .with(Capability::NodeCommands)
+        .with(Capability::Kv);
     let err = rt.load_bytes(&digest, MISBEHAVE.bytes, PluginKind::Adaptor, &grants).unwrap_err();
     assert!(
         matches!(
@@ -117,6 +122,7 @@ fn capabilities_not_granted_are_refused_at_load_time() {
     );
 }
 
+// Here and below, `Grants::all()`: what is refused is the component itself, whatever is granted.
 #[test]
 fn a_component_of_the_wrong_world_is_refused() {
     let rt = runtime();
@@ -167,4 +173,65 @@ fn strip_manifest(bytes: &[u8]) -> Vec<u8> {
     let bare = bytes[..cut].to_vec();
     assert!(orc_manifest::extract(&bare).unwrap().is_none());
     bare
+}
+
+/// The `node` interface is linked whole for a plugin with either node capability; the part it
+/// was not granted refuses at call time with `denied`. Load refuses a plugin that requests what
+/// is not granted, so a guest reaches `run` without `node-commands` only through a manifest that
+/// under-declares: misbehave re-labelled as requesting node files (and not node commands).
+#[tokio::test]
+async fn a_plugin_granted_node_files_only_is_denied_run() {
+    let rt = runtime();
+    let root = tempfile::tempdir().unwrap();
+    let ctx = crate::local_context(root.path());
+    let mut manifest = orc_manifest::extract(MISBEHAVE.bytes).unwrap().unwrap();
+    manifest.capabilities = [Capability::NodeFiles, Capability::Kv, Capability::Http].into();
+    let bytes = orc_manifest::embed(&strip_manifest(MISBEHAVE.bytes), &manifest).unwrap();
+    let files_only = Grants::none()
+        .with(Capability::NodeFiles)
+        .with(Capability::Kv)
+        .with(Capability::Http);
+    let plugin = rt
+        .load_bytes(&Digest::of(&bytes), &bytes, PluginKind::Adaptor, &files_only)
+        .unwrap();
+    assert!(!plugin.linked_capabilities().contains(&Capability::NodeCommands));
+    let mut instance = plugin.adaptor(&ctx).await.unwrap();
+    let err = instance
+        .read(&target("misbehave", "/x", json!({"behave": "node"})))
+        .await
+        .unwrap_err();
+    let returned = err.plugin_error().unwrap_or_else(|| panic!("a returned error, not {err}"));
+    assert_eq!(returned.kind, PluginErrorKind::Denied, "{err}");
+    assert!(returned.message.contains("`node-commands` is not granted"), "{err}");
+
+    // The unchanged fixture (it requests every capability, hence `Grants::all()`) under full
+    // grants: `run` is not refused for want of a grant.
+    let plugin = load(&rt, &MISBEHAVE, &Grants::all());
+    let mut instance = plugin.adaptor(&ctx).await.unwrap();
+    let outcome = instance.read(&target("misbehave", "/x", json!({"behave": "node"}))).await;
+    if let Err(e) = outcome {
+        assert!(!e.to_string().contains("not granted"), "{e}");
+    }
+}
+
+#[test]
+fn node_files_do_not_grant_node_commands_at_load() {
+    let rt = runtime();
+    let digest: Digest = MISBEHAVE.digest.parse().unwrap();
+    let files = Grants::none()
+        .with(Capability::NodeFiles)
+        .with(Capability::Kv)
+        .with(Capability::Http);
+    let err = rt.load_bytes(&digest, MISBEHAVE.bytes, PluginKind::Adaptor, &files).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::NotGranted {
+                capability: Capability::NodeCommands,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("`node-commands`"), "{err}");
 }

@@ -2,6 +2,7 @@
 //! node's root, while commands and processes see the host's real paths (they work through
 //! commands only, as on every backend).
 
+use orc_manifest::Capability;
 use orc_plugin_artifacts::{COMMAND, PROCESS, SYMLINK};
 use orc_runtime::Grants;
 use serde_json::json;
@@ -13,7 +14,7 @@ async fn symlinks_on_the_local_node_live_under_its_root() {
     let dir = tempfile::tempdir().unwrap();
     let ctx = local_context(dir.path());
     let rt = runtime();
-    let symlink = load(&rt, &SYMLINK, &Grants::all());
+    let symlink = load(&rt, &SYMLINK, &Grants::none().with(Capability::NodeFiles));
     std::fs::write(dir.path().join("motd"), "hi").unwrap();
     let link = target("symlink", "/link", json!({"target": "/motd"}));
     let mut a = symlink.adaptor(&ctx).await.unwrap();
@@ -35,8 +36,8 @@ async fn commands_and_processes_see_the_hosts_real_paths() {
     let real = tempfile::tempdir().unwrap();
     let ctx = local_context(root.path());
     let rt = runtime();
-    let command = load(&rt, &COMMAND, &Grants::all());
-    let process = load(&rt, &PROCESS, &Grants::all());
+    let command = load(&rt, &COMMAND, &Grants::none().with(Capability::NodeCommands));
+    let process = load(&rt, &PROCESS, &Grants::none().with(Capability::NodeCommands));
 
     let marker = real.path().join("marker");
     let cmd = target(
