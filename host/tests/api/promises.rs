@@ -96,17 +96,15 @@ pub async fn the_counts_describe_the_released_version_from_its_201(backend: Back
     let (_, page) = host.get("/environments/dev/resources?status=deployed").await;
     assert_eq!(page["items"].as_array().unwrap().len(), 1, "{page}");
 
-    // Resumed, it deploys; and a version submitted while actions run is counted at once.
+    // Resumed, it deploys; a version submitted while actions run is counted whole at once (how
+    // far it got by then depends on the machine: these actions take milliseconds).
     let (status, _) = host.post("/environments/dev/resume", &json!({})).await;
     assert_eq!(status, StatusCode::OK);
     let (status, body) = host.post_raw("/environments/dev/intents", &files(n, "three")).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let counts = host.counts("dev").await;
-    let deployed = counts["deployed"].as_u64().unwrap_or(0);
-    assert!(
-        deployed < n as u64 + 1,
-        "every file shown deployed right after a version changing them all: {counts}"
-    );
+    let total: u64 = counts.as_object().unwrap().values().filter_map(Value::as_u64).sum();
+    assert_eq!(total, n as u64 + 1, "{counts}");
     host.wait_deployed_count("dev", n + 1).await;
     let root = host.node_root("dev");
     for i in 0..n {
