@@ -52,7 +52,7 @@ async fn new_build_publish_and_load_by_digest() {
     let inspect = stdout(&run(plugin(&["inspect", "--json"]).arg(&artifact), true));
     let info: serde_json::Value = serde_json::from_str(&inspect).unwrap();
     assert_eq!(info["manifest"]["kind"], "adaptor");
-    assert_eq!(info["manifest"]["capabilities"], serde_json::json!(["node"]));
+    assert_eq!(info["manifest"]["capabilities"], serde_json::json!(["node-files"]));
     assert!(
         info["exports"]
             .as_array()
