@@ -171,7 +171,10 @@ pub async fn deploy(
     }
 
     let local_root = config.local_root.clone().unwrap_or_else(|| data_dir.join("nodes").join(LOCAL_NODE));
-    let node = LocalNode::open(&local_root).map_err(dir_err(local_root.clone()))?;
+    let spares = data_dir.join("nodes").join(format!(".{LOCAL_NODE}-spares"));
+    let node = LocalNode::open(&local_root)
+        .and_then(|node| node.with_spares(&spares))
+        .map_err(dir_err(local_root.clone()))?;
     let nodes = Arc::new(Nodes::default());
     nodes.insert(LOCAL_NODE, Arc::new(node));
     let kv = DirKv::open(data_dir.join("kv")).map_err(EmbeddedError::Kv)?;

@@ -763,7 +763,10 @@ impl Environments {
             return Ok(r.clone());
         }
         let root = node_root(&self.data_dir, &env.name);
-        let node = LocalNode::open(&root).map_err(|source| EnvError::NodeRoot { path: root, source })?;
+        let spares = node_spares(&self.data_dir, &env.name);
+        let node = LocalNode::open(&root)
+            .and_then(|node| node.with_spares(&spares))
+            .map_err(|source| EnvError::NodeRoot { path: root, source })?;
         let nodes = Arc::new(self.nodes.directory(env.id, &env.name, Arc::new(node)));
         let base = CallContext {
             kv: self.kv.clone(),
@@ -844,6 +847,12 @@ impl Environments {
 /// The root of an environment's local node.
 pub fn node_root(data_dir: &Path, environment: &str) -> PathBuf {
     data_dir.join("nodes").join(environment).join(LOCAL_NODE)
+}
+
+/// Where the local node of `environment` keeps replaced files for reuse
+/// (`LocalNode::with_spares`): beside its root, outside it.
+pub fn node_spares(data_dir: &Path, environment: &str) -> PathBuf {
+    data_dir.join("nodes").join(environment).join(format!(".{LOCAL_NODE}-spares"))
 }
 
 /// The scheduler's settings from an environment's.

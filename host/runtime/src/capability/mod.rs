@@ -8,6 +8,8 @@ pub mod http;
 pub mod kv;
 mod log;
 pub mod node;
+mod reaper;
+mod spares;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -17,6 +17,8 @@ use tokio::io::AsyncReadExt;
 
 use crate::bindings::host::orc::plugin::node as wit;
 use crate::bindings::host::orc::plugin::types::{Error, ErrorKind};
+use crate::capability::reaper::Reaper;
+use crate::capability::spares::Spares;
 use crate::capability::wit_error;
 use crate::state::CallState;
 
@@ -280,6 +282,8 @@ pub struct LocalNode {
     /// kernel refuses there).
     sync_handle: Arc<std::fs::File>,
     unsynced: Arc<Unsynced>,
+    /// Where replaced files wait to be reused ([`LocalNode::with_spares`]).
+    spares: Option<Arc<Spares>>,
 }
 
 /// [`Unsynced`] bits of the local node: a change on the root's file system, or elsewhere.
@@ -300,7 +304,21 @@ impl LocalNode {
             root_dev,
             sync_handle,
             unsynced: Arc::default(),
+            spares: None,
         })
+    }
+
+    /// Replaces files without allocating or freeing inodes (see `capability::spares`), keeping
+    /// replaced files in `dir`: a directory of its own outside the root, on the root's file
+    /// system (elsewhere, or inside the root, the node goes without). Emptied here.
+    pub fn with_spares(self, dir: &Path) -> std::io::Result<LocalNode> {
+        if dir.starts_with(&self.root_path) {
+            // Plugins would read replaced files there.
+            tracing::warn!(spares = %dir.display(), root = %self.root_path.display(), "spare directory inside the node's root: not used");
+            return Ok(self);
+        }
+        let spares = Spares::open(dir, self.root_dev)?.map(Arc::new);
+        Ok(LocalNode { spares, ..self })
     }
 
     /// Runs blocking file work that changes what is at `path` off the async threads, then marks
@@ -525,11 +543,11 @@ impl NodeBackend for LocalNode {
     }
 
     fn write_file<'a>(&'a self, path: &'a str, content: Vec<u8>, mode: Option<u32>) -> BoxFuture<'a, Result<(), NodeError>> {
-        // Replacing a file frees the old one's blocks inside the rename, which can wait for the
-        // disk (a file system mounted with `discard` issues it there and then): off the async
-        // threads. Creating one stays inline unless it is large.
-        let replacing = relative(path).is_ok_and(|rel| self.root.symlink_metadata(&rel).is_ok());
-        let inline = content.len() as u64 <= INLINE_BYTES && !replacing;
+        // Small writes run inline. Replacing a file would free the old one's blocks inside the
+        // rename, which can wait for the disk: the old file is held open across the rename and
+        // freed by the reaper instead.
+        let inline = content.len() as u64 <= INLINE_BYTES;
+        let spares = self.spares.clone();
         self.changing(path, inline, move |root, rel| {
             let existing = lstat(root, rel)?;
             if let Some(s) = &existing
@@ -556,22 +574,69 @@ impl NodeBackend for LocalNode {
                     ));
                 }
             }
-            let mode = mode.or(existing.map(|s| s.mode)).unwrap_or(0o644);
-            let name = rel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let tmp = parent.join(format!(".{name}.orc-tmp-{}", std::process::id()));
-            let result = (|| {
-                let mut file = root
-                    .open_with(&tmp, OpenOptions::new().write(true).create(true).truncate(true))
-                    .map_err(|e| io_error(&tmp, "create", e))?;
-                file.write_all(&content).map_err(|e| io_error(&tmp, "write", e))?;
-                file.set_permissions(Permissions::from_mode(mode))
-                    .map_err(|e| io_error(&tmp, "chmod", e))?;
-                // No `fsync` here: the rename is atomic for readers, and the node's durability
-                // fence makes a whole batch of writes durable at once before any is recorded.
-                root.rename(&tmp, root, rel).map_err(|e| io_error(rel, "replace", e))
-            })();
-            if result.is_err() {
-                let _ = root.remove_file(&tmp);
+            let mode = mode.or(existing.as_ref().map(|s| s.mode)).unwrap_or(0o644);
+            let replacing = existing.filter(|s| s.kind == FileKind::File);
+            // The file replaced is kept as a spare (see `spares`), or else held open across the
+            // rename and freed by the reaper (see above): either way the rename frees nothing.
+            let kept = match (&spares, &replacing) {
+                (Some(spares), Some(old)) => spares.keep(root, rel, old.size),
+                _ => None,
+            };
+            let held = match (&kept, &replacing) {
+                (None, Some(_)) => {
+                    // Not following a link, not blocking on a special file swapped in meanwhile;
+                    // unreadable, the rename frees it here.
+                    let mut options = OpenOptions::new();
+                    options.read(true);
+                    cap_fs_ext::OpenOptionsFollowExt::follow(&mut options, cap_fs_ext::FollowSymlinks::No);
+                    cap_std::fs::OpenOptionsExt::custom_flags(&mut options, rustix::fs::OFlags::NONBLOCK.bits() as i32);
+                    root.open_with(rel, &options).ok()
+                }
+                _ => None,
+            };
+            // A spare with the new content: only where a file was kept, which proves the target
+            // is on the spares' file system (a rename cannot cross file systems).
+            let filled = match (&spares, &kept) {
+                (Some(spares), Some(_)) => spares.fill(&content, mode),
+                _ => None,
+            };
+            let result = match (&spares, filled) {
+                (Some(spares), Some(filled)) => match spares.dir().rename(&filled.name, root, rel) {
+                    Ok(()) => Ok(()),
+                    Err(e) => {
+                        spares.put_back(filled);
+                        Err(io_error(rel, "replace", e))
+                    }
+                },
+                _ => {
+                    let name = rel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let tmp = parent.join(format!(".{name}.orc-tmp-{}", std::process::id()));
+                    let result = (|| {
+                        let mut file = root
+                            .open_with(&tmp, OpenOptions::new().write(true).create(true).truncate(true))
+                            .map_err(|e| io_error(&tmp, "create", e))?;
+                        file.write_all(&content).map_err(|e| io_error(&tmp, "write", e))?;
+                        file.set_permissions(Permissions::from_mode(mode))
+                            .map_err(|e| io_error(&tmp, "chmod", e))?;
+                        // No `fsync` here: the rename is atomic for readers, and the node's
+                        // durability fence makes a whole batch of writes durable at once
+                        // before any is recorded.
+                        root.rename(&tmp, root, rel).map_err(|e| io_error(rel, "replace", e))
+                    })();
+                    if result.is_err() {
+                        let _ = root.remove_file(&tmp);
+                    }
+                    result
+                }
+            };
+            if let (Some(spares), Some(kept)) = (&spares, kept) {
+                match result {
+                    Ok(()) => spares.put(kept),
+                    Err(_) => spares.unkeep(&kept),
+                }
+            }
+            if let Some(held) = held {
+                Reaper::get().keep(held);
             }
             result.map(|()| ((), Some(parent.to_path_buf())))
         })
