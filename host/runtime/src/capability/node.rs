@@ -1061,6 +1061,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn replacing_files_through_spares_keeps_every_name_right() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        let node = LocalNode::open(&root).unwrap().with_spares(&dir.path().join("spares")).unwrap();
+        assert!(node.spares.is_some(), "same file system: spares in use");
+        for i in 0..20 {
+            node.write_file(&format!("/f{i}"), format!("first {i}").into_bytes(), None).await.unwrap();
+        }
+        // A file with a second name: its replaced inode must never be written as a spare.
+        std::fs::hard_link(root.join("f0"), root.join("other-name")).unwrap();
+        for round in 0..3 {
+            for i in 0..20 {
+                let mode = if i % 2 == 0 { 0o600 } else { 0o640 };
+                let content = format!("round {round} of {i}: {}", "x".repeat(i * round));
+                node.write_file(&format!("/f{i}"), content.clone().into_bytes(), Some(mode)).await.unwrap();
+                let meta = std::fs::metadata(root.join(format!("f{i}"))).unwrap();
+                assert_eq!(std::fs::read_to_string(root.join(format!("f{i}"))).unwrap(), content);
+                assert_eq!((meta.mode() & 0o7777, meta.nlink()), (mode, 1), "f{i} round {round}");
+            }
+        }
+        assert_eq!(std::fs::read_to_string(root.join("other-name")).unwrap(), "first 0");
+        // Nothing left beside the files in the root; the spares stay bounded.
+        let mut names: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names.len(), 21, "{names:?}");
+        let spares = std::fs::read_dir(dir.path().join("spares")).unwrap().count();
+        assert!(spares <= 2, "{spares} spares after one-at-a-time replaces");
+        // A spare directory inside the root is never used: plugins would read old contents.
+        let inside = LocalNode::open(&root).unwrap().with_spares(&root.join("spares")).unwrap();
+        assert!(inside.spares.is_none());
+    }
+
+    #[tokio::test]
     async fn local_node_stays_inside_its_root() {
         let dir = tempfile::tempdir().unwrap();
         let node = LocalNode::open(dir.path().join("root")).unwrap();
