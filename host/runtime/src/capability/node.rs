@@ -555,10 +555,14 @@ impl NodeBackend for LocalNode {
                 .stdin(if command.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
-                .kill_on_drop(true);
+                .kill_on_drop(true)
+                // A process group of its own, killed whole at the timeout or when the call is
+                // dropped: what it starts in the background does not outlive the call.
+                .process_group(0);
             let mut child = cmd
                 .spawn()
                 .map_err(|e| NodeError::new(NodeErrorKind::InvalidInput, format!("cannot start `{program}`: {e}")))?;
+            let group = ProcessGroup::of(&child);
             if let Some(input) = command.stdin {
                 let mut stdin = child.stdin.take().expect("piped");
                 tokio::spawn(async move {
@@ -566,21 +570,34 @@ impl NodeBackend for LocalNode {
                     let _ = stdin.write_all(&input).await;
                 });
             }
-            let stdout = tokio::spawn(read_capped(child.stdout.take().expect("piped")));
-            let stderr = tokio::spawn(read_capped(child.stderr.take().expect("piped")));
+            let mut stdout = tokio::spawn(read_capped(child.stdout.take().expect("piped")));
+            let mut stderr = tokio::spawn(read_capped(child.stderr.take().expect("piped")));
             let timeout = command.timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT);
-            let status = match tokio::time::timeout(timeout, child.wait()).await {
-                Ok(status) => status.map_err(|e| NodeError::new(NodeErrorKind::Failed, format!("waiting for `{program}`: {e}")))?,
-                Err(_) => {
-                    let _ = child.kill().await;
-                    return Err(NodeError::new(
-                        NodeErrorKind::Failed,
-                        format!("command `{program}` timed out after {timeout:?} and was killed"),
-                    ));
-                }
+            // The output is waited for within the timeout too: a process left behind holding it
+            // open must not hold the call.
+            let finished = tokio::time::timeout(timeout, async {
+                let status = child.wait().await;
+                (
+                    status,
+                    (&mut stdout).await.unwrap_or_default(),
+                    (&mut stderr).await.unwrap_or_default(),
+                )
+            })
+            .await;
+            let Ok((status, stdout, stderr)) = finished else {
+                drop(group);
+                let _ = child.kill().await;
+                stdout.abort();
+                stderr.abort();
+                return Err(NodeError::new(
+                    NodeErrorKind::Failed,
+                    format!("command `{program}` timed out after {timeout:?} and was killed"),
+                ));
             };
-            let stdout = stdout.await.unwrap_or_default();
-            let stderr = stderr.await.unwrap_or_default();
+            // Ended in time: what it left running on its own (a service it started, its output
+            // elsewhere) is its business.
+            group.release();
+            let status = status.map_err(|e| NodeError::new(NodeErrorKind::Failed, format!("waiting for `{program}`: {e}")))?;
             Ok(CommandOutput {
                 exit_code: status.code().unwrap_or(-1),
                 stdout,
@@ -890,6 +907,32 @@ fn account_id(file: &str, what: &str, name: &str) -> Result<u32, NodeError> {
         .find(|(n, _)| n == name)
         .map(|(_, id)| id)
         .ok_or_else(|| NodeError::new(NodeErrorKind::InvalidInput, format!("unknown {what} `{name}` on the local node")))
+}
+
+/// A command's process group (`process_group(0)`: its id is the command's pid), killed with
+/// `SIGKILL` to every member when dropped, unless released once the command ended in time.
+///
+/// The group's id stays taken while any member lives, so a kill reaches only the command's
+/// processes; only once every member is gone could the number name another process's group.
+struct ProcessGroup(Option<rustix::process::Pid>);
+
+impl ProcessGroup {
+    fn of(child: &tokio::process::Child) -> ProcessGroup {
+        ProcessGroup(child.id().and_then(|id| rustix::process::Pid::from_raw(id as i32)))
+    }
+
+    fn release(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if let Some(group) = self.0.take() {
+            // Gone already (ESRCH) is fine.
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+    }
 }
 
 async fn read_capped(mut stream: impl tokio::io::AsyncRead + Unpin) -> Vec<u8> {
@@ -1272,6 +1315,101 @@ mod tests {
             assert_eq!(err.kind, NodeErrorKind::InvalidInput, "{path}: {err}");
             assert!(err.message.contains(&format!("{path}: it is a {kind}")), "{path}: {err}");
         }
+    }
+
+    /// Whether process `pid` runs (a zombie nobody reaped yet does not).
+    fn alive(pid: &str) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
+    }
+
+    /// Waits (at most 5 s) for `pid` to end; whether it did.
+    async fn ended(pid: &str) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while alive(pid) {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
+    }
+
+    /// The pid a script wrote to `file`, once it is there (at most 10 s).
+    async fn pid_in(file: &Path) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(pid) = std::fs::read_to_string(file)
+                && pid.ends_with('\n')
+            {
+                return pid.trim().to_string();
+            }
+            assert!(std::time::Instant::now() < deadline, "{} never written", file.display());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn sh(script: &str, timeout: Duration) -> NodeCommand {
+        NodeCommand {
+            argv: vec!["sh".into(), "-c".into(), script.into()],
+            timeout: Some(timeout),
+            ..Default::default()
+        }
+    }
+
+    /// A command's own process group is killed at its timeout: a grandchild the shell waits for,
+    /// and one that holds the output open after the shell is gone (which held the call open
+    /// until the plugin's deadline and outlived it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_timeout_kills_the_commands_whole_process_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = LocalNode::open(dir.path()).unwrap();
+        let pidfile = dir.path().join("pid");
+        for (what, script) in [
+            ("waited for", "sleep 100 & echo $! > pid; wait"),
+            ("holding stdout", "sleep 100 & echo $! > pid; echo started"),
+        ] {
+            let _ = std::fs::remove_file(&pidfile);
+            let timeout = Duration::from_millis(500);
+            let started = std::time::Instant::now();
+            let result = tokio::time::timeout(Duration::from_secs(10), node.run(sh(script, timeout)))
+                .await
+                .unwrap_or_else(|_| panic!("{what}: the call outlived its timeout by far"));
+            let err = result.unwrap_err();
+            assert!(err.message.contains("timed out"), "{what}: {err}");
+            assert!(
+                started.elapsed() < timeout + Duration::from_secs(2),
+                "{what}: took {:?}",
+                started.elapsed()
+            );
+            let pid = pid_in(&pidfile).await;
+            assert!(ended(&pid).await, "{what}: grandchild {pid} outlived the timeout");
+        }
+        // A command that leaves a process behind with its output elsewhere (how a service is
+        // started) ends when it ends, and what it left runs on.
+        let out = node
+            .run(sh("sleep 100 > /dev/null 2>&1 & echo $! > pid", Duration::from_secs(5)))
+            .await
+            .unwrap();
+        assert_eq!(out.exit_code, 0);
+        let pid = pid_in(&pidfile).await;
+        assert!(alive(&pid), "a service the command started was killed");
+        let _ = std::process::Command::new("kill").arg(&pid).status();
+    }
+
+    /// A call dropped before its command ends (the plugin's own deadline passed) kills the
+    /// command's process group, not only its first process.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_call_kills_its_commands_process_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = LocalNode::open(dir.path()).unwrap();
+        let run = node.run(sh("sleep 100 & echo $! > pid; wait", Duration::from_secs(60)));
+        let pidfile = dir.path().join("pid");
+        let pid = tokio::select! {
+            done = run => panic!("the command ended: {done:?}"),
+            pid = pid_in(&pidfile) => pid,
+        };
+        assert!(ended(&pid).await, "grandchild {pid} outlived the dropped call");
     }
 
     #[tokio::test]
