@@ -329,7 +329,9 @@ impl NodeDirectory for Nodes {
 
 /// The machine the host runs on, confined to a root directory: the node's `/etc/motd` is
 /// `<root>/etc/motd`. Commands run on the host with the root as working directory, a cleared
-/// environment (only `PATH` and what the plugin passes) and a timeout.
+/// environment (only `PATH` and what the plugin passes) and a timeout, each in a process group
+/// of its own that is killed whole at the timeout or when the call is dropped. Reads return
+/// only regular files of at most [`MAX_READ`], checked on the handle opened without blocking.
 ///
 /// File changes are not synced one by one: each is marked ([`Unsynced`]) and the durability
 /// fence ([`NodeBackend::durable`]) makes them all durable with one `syncfs(2)` of the root's
