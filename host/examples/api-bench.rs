@@ -86,6 +86,8 @@ async fn run_case(host: &Host, env: &str, n: usize, graph: bool, at_rest: bool) 
         "repair_interval_s": 0,
         "retry_interval_s": 60,
         "auto_deploy": true,
+        // bench-memory keeps one kv key per resource: room for however many were asked for.
+        "kv_quota": { "max_keys": n.max(20_000) },
     });
     host.create_environment(env, settings).await?;
     let body = intent(n, graph);

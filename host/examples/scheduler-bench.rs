@@ -83,6 +83,11 @@ async fn main() {
     for (label, graph) in [("independent", false), ("dependency graph (chains of 10, fan-in)", true)] {
         let ctx = CallContext {
             kv: Arc::new(MemoryKv::default()),
+            // One key per resource: room for however many were asked for.
+            kv_quota: orc_runtime::capability::KvQuota {
+                max_keys: (n as u64).max(orc_runtime::capability::KvQuota::default().max_keys),
+                ..Default::default()
+            },
             ..CallContext::new("bench")
         };
         let sink = Arc::new(Counting::default());

@@ -96,6 +96,7 @@ mod tests {
         assert_eq!(config.database_url(), "sqlite:/var/lib/orc/orc.db");
         assert_eq!(config.environment_defaults.retry_interval_s, 60);
         assert_eq!(config.environment_defaults.call_timeout_s, 30);
+        assert_eq!(config.environment_defaults.kv_quota, crate::store::KvQuotaSettings::default());
         // The commented-out sections parse too, once uncommented.
         let uncommented: String = text
             .lines()
@@ -129,6 +130,10 @@ mod tests {
         assert!(err.to_string().contains("`repair_interval_s` must be at most"), "{err}");
         let err = HostConfig::from_toml("[environment_defaults]\nauto_deploi = true\n").unwrap_err();
         assert!(err.to_string().contains("auto_deploi"), "{err}");
+        let err = HostConfig::from_toml("[environment_defaults.kv_quota]\nmax_keys = 0\n").unwrap_err();
+        assert!(err.to_string().contains("`kv_quota.max_keys` must be at least 1"), "{err}");
+        let err = HostConfig::from_toml("[environment_defaults.kv_quota]\nmax_values = 3\n").unwrap_err();
+        assert!(err.to_string().contains("max_values"), "{err}");
     }
 
     #[test]

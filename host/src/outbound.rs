@@ -134,13 +134,21 @@ pub fn http_access(environment: &str, http: &HttpSettings, secrets: &HostSecrets
     })
 }
 
-/// `base` (nodes, kv) with what `settings` say about HTTP and the call deadline.
+/// `base` (nodes, kv) with what `settings` say about HTTP, the call deadline and the kv quota.
 pub fn call_context(base: &CallContext, settings: &EnvironmentSettings, secrets: &HostSecrets) -> Result<CallContext, String> {
     Ok(CallContext {
         http: Arc::new(http_access(&base.environment, &settings.http, secrets)?),
-        deadline: Some(Duration::from_secs(settings.call_timeout_s.max(1))),
-        ..base.clone()
+        ..settled_context(base, settings)
     })
+}
+
+/// `base` with what `settings` say about the call deadline and the kv quota (not HTTP).
+pub fn settled_context(base: &CallContext, settings: &EnvironmentSettings) -> CallContext {
+    CallContext {
+        deadline: Some(Duration::from_secs(settings.call_timeout_s.max(1))),
+        kv_quota: settings.kv_quota.quota(),
+        ..base.clone()
+    }
 }
 
 #[cfg(test)]

@@ -777,10 +777,7 @@ impl Environments {
         // built) leaves the environment running without outgoing HTTP.
         let ctx = outbound::call_context(&base, &env.settings, &self.secrets).unwrap_or_else(|e| {
             tracing::error!(environment = %env.name, error = %e, "outgoing HTTP disabled");
-            CallContext {
-                deadline: Some(Duration::from_secs(env.settings.call_timeout_s.max(1))),
-                ..base
-            }
+            outbound::settled_context(&base, &env.settings)
         });
         let resumed = persistence::resume(&self.store, &env.id).await?;
         let interrupted = serde_json::json!({ "error": { "code": "interrupted", "message": "the host stopped before it finished" } });

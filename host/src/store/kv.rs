@@ -23,6 +23,10 @@
 //!   PostgreSQL), a few such queries in flight at once.
 //! - **Forgetting** ([`DbKv::forget`]): a deleted environment's scopes are deleted by the writer
 //!   after what was accepted before, and dropped from memory.
+//! - **Usage** ([`KvStore::usage`], what an environment holds, for its quota): counted by the
+//!   writer after what was accepted before is committed, with one aggregate over the
+//!   environment's scopes (an index range: `scope >= 'env/' AND scope < 'env0'`). The runtime
+//!   counts an environment once, then keeps the count current itself.
 //!
 //! Architecture invariant: this process is the only writer of the scopes it serves (a scope is
 //! `environment/plugin` and an environment is served by one host), so its copies stay right.
@@ -31,7 +35,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use orc_runtime::capability::kv::{KvError, KvStore};
+use orc_runtime::capability::kv::{KvAccounts, KvError, KvStore, KvUsage};
 use orc_runtime::capability::node::BoxFuture;
 use sqlx::{PgConnection, QueryBuilder, Row as _, Sqlite, SqliteConnection};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
@@ -92,6 +96,12 @@ enum Command {
     Forget {
         prefix: String,
         done: oneshot::Sender<Result<u64, sqlx::Error>>,
+    },
+    /// Count what the scopes of an environment hold, once the writes accepted before are
+    /// committed.
+    Usage {
+        environment: String,
+        done: oneshot::Sender<Result<KvUsage, sqlx::Error>>,
     },
 }
 
@@ -256,6 +266,7 @@ pub struct DbKv {
     shared: Arc<Shared>,
     reads: mpsc::UnboundedSender<ReadRequest>,
     commands: mpsc::UnboundedSender<Command>,
+    accounts: KvAccounts,
 }
 
 impl std::fmt::Debug for DbKv {
@@ -295,6 +306,7 @@ impl DbKv {
             shared,
             reads,
             commands,
+            accounts: KvAccounts::default(),
         })
     }
 
@@ -310,8 +322,12 @@ impl DbKv {
 
     /// Deletes the state of every scope that starts with `prefix` (an environment's
     /// `environment-id/`), in the database and in memory, after the writes accepted before this
-    /// call are committed. Answers how many entries were deleted.
+    /// call are committed, and what the runtime counted of that environment. Answers how many
+    /// entries were deleted.
     pub async fn forget(&self, prefix: &str) -> Result<u64, StoreError> {
+        if let Some(environment) = prefix.strip_suffix('/') {
+            self.accounts.forget(environment);
+        }
         let (done, deleted) = oneshot::channel();
         let forget = Command::Forget {
             prefix: prefix.to_string(),
@@ -368,6 +384,23 @@ impl DbKv {
         };
         let overlay = self.shared.memory().overlay.get(&(scope.to_string(), key.to_string())).cloned();
         Ok(overlay.map_or(read, |(_, value)| value))
+    }
+
+    /// What the scopes of `environment` hold once the writes accepted before are committed.
+    async fn count_usage(&self, environment: &str) -> Result<KvUsage, KvError> {
+        let doing = || format!("cannot count what environment `{environment}` holds");
+        let (done, counted) = oneshot::channel();
+        let usage = Command::Usage {
+            environment: environment.to_string(),
+            done,
+        };
+        if self.commands.send(usage).is_err() {
+            return Err(self.failed(doing(), "the key/value writer has stopped"));
+        }
+        match counted.await {
+            Ok(answer) => answer.map_err(|e| self.failed(doing(), e)),
+            Err(_) => Err(self.failed(doing(), "the key/value writer has stopped")),
+        }
     }
 
     /// Accepts a write (`None`: a deletion); answered before it is committed.
@@ -561,6 +594,11 @@ async fn writer(store: Store, shared: Arc<Shared>, mut queued: mpsc::UnboundedRe
                     shared.memory().forget(&prefix, through);
                     let _ = done.send(deleted);
                 }
+                Command::Usage { environment, done } => {
+                    // What was accepted before is counted.
+                    commit_and_apply(&store, &shared, std::mem::take(&mut writes)).await;
+                    let _ = done.send(usage(&store, &environment).await);
+                }
             }
         }
         commit_and_apply(&store, &shared, writes).await;
@@ -600,6 +638,38 @@ async fn delete_scopes(store: &Store, prefix: &str) -> Result<u64, sqlx::Error> 
             .rows_affected();
         tx.commit().await?;
         Ok(deleted)
+    })
+}
+
+/// What the scopes of `environment` hold in the database: `environment/…` is the index range
+/// from `environment/` up to `environment0` (`0` follows `/`; text compares byte by byte).
+async fn usage(store: &Store, environment: &str) -> Result<KvUsage, sqlx::Error> {
+    let (from, to) = (format!("{environment}/"), format!("{environment}0"));
+    let (keys, bytes): (i64, i64) = match &store.db {
+        super::Db::Sqlite(pool) => {
+            sqlx::query_as(
+                "SELECT COUNT(*), COALESCE(SUM(length(CAST(key AS BLOB)) + length(value)), 0) \
+                 FROM plugin_kv WHERE scope >= $1 AND scope < $2",
+            )
+            .bind(&from)
+            .bind(&to)
+            .fetch_one(pool)
+            .await?
+        }
+        super::Db::Postgres(pool) => {
+            sqlx::query_as(
+                "SELECT COUNT(*), CAST(COALESCE(SUM(octet_length(key) + octet_length(value)), 0) AS BIGINT) \
+                 FROM plugin_kv WHERE scope >= $1 AND scope < $2",
+            )
+            .bind(&from)
+            .bind(&to)
+            .fetch_one(pool)
+            .await?
+        }
+    };
+    Ok(KvUsage {
+        keys: keys.max(0) as u64,
+        bytes: bytes.max(0) as u64,
     })
 }
 
@@ -793,5 +863,13 @@ impl KvStore for DbKv {
 
     fn list<'a>(&'a self, scope: &'a str, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, KvError>> {
         Box::pin(self.list_keys(scope, prefix))
+    }
+
+    fn usage<'a>(&'a self, environment: &'a str) -> BoxFuture<'a, Result<KvUsage, KvError>> {
+        Box::pin(self.count_usage(environment))
+    }
+
+    fn accounts(&self) -> &KvAccounts {
+        &self.accounts
     }
 }

@@ -8,6 +8,7 @@ use std::str::FromStr;
 
 use orc_manifest::Capability;
 use orc_runtime::Grants;
+use orc_runtime::capability::KvQuota;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -225,6 +226,41 @@ pub struct EnvironmentSettings {
     /// Which capabilities the environment's plugins may have (`log` always): by default node
     /// files and `kv`, not node commands nor HTTP.
     pub capabilities: CapabilitySettings,
+    /// How much key/value state the environment's plugins may keep, all of them together.
+    pub kv_quota: KvQuotaSettings,
+}
+
+/// The quota of an environment's plugin key/value state (`kv`), all plugins together: keys, and
+/// bytes of keys and values. A write that would take the environment past either is refused
+/// with a permanent `quota_exceeded` error; deleting keys frees room. Lowering it below what the
+/// environment holds keeps what is there and refuses only writes that would grow it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct KvQuotaSettings {
+    /// Most keys: 1 to 10,000,000; default 20,000.
+    pub max_keys: u64,
+    /// Most bytes of keys and values: 1 to 17,179,869,184 (16 GiB); default 33,554,432 (32 MiB).
+    pub max_bytes: u64,
+}
+
+impl Default for KvQuotaSettings {
+    fn default() -> Self {
+        let quota = KvQuota::default();
+        KvQuotaSettings {
+            max_keys: quota.max_keys,
+            max_bytes: quota.max_bytes,
+        }
+    }
+}
+
+impl KvQuotaSettings {
+    /// What the runtime checks plugin writes against.
+    pub fn quota(&self) -> KvQuota {
+        KvQuota {
+            max_keys: self.max_keys,
+            max_bytes: self.max_bytes,
+        }
+    }
 }
 
 /// Which host capabilities an environment grants its plugins (`log` is always granted). A plugin
@@ -312,6 +348,10 @@ pub const MAX_RETRY_INTERVAL_S: u64 = 86_400;
 pub const MAX_ENV_CONCURRENCY: u32 = 1_000;
 /// Most [`EnvironmentSettings::per_node_concurrency`].
 pub const MAX_NODE_CONCURRENCY: u32 = 256;
+/// Most [`KvQuotaSettings::max_keys`]: ten million.
+pub const MAX_KV_KEYS: u64 = 10_000_000;
+/// Most [`KvQuotaSettings::max_bytes`]: 16 GiB.
+pub const MAX_KV_BYTES: u64 = 16 << 30;
 
 impl EnvironmentSettings {
     /// Refuses values the scheduler cannot run with, naming the field, its bound (and the entry).
@@ -340,6 +380,8 @@ impl EnvironmentSettings {
                 " (a year; 0 turns self-healing off)",
             ),
             ("call_timeout_s", self.call_timeout_s, 1, MAX_CALL_TIMEOUT_S, " (a day)"),
+            ("kv_quota.max_keys", self.kv_quota.max_keys, 1, MAX_KV_KEYS, " (ten million)"),
+            ("kv_quota.max_bytes", self.kv_quota.max_bytes, 1, MAX_KV_BYTES, " (16 GiB)"),
         ];
         for (field, value, min, max, why) in bounded {
             if value < min {
@@ -364,6 +406,7 @@ impl Default for EnvironmentSettings {
             call_timeout_s: 30,
             http: HttpSettings::default(),
             capabilities: CapabilitySettings::default(),
+            kv_quota: KvQuotaSettings::default(),
         }
     }
 }

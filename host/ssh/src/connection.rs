@@ -61,6 +61,9 @@ pub(crate) struct Connection {
     gone: watch::Receiver<Option<String>>,
     /// Command channels open at once.
     pub commands: Semaphore,
+    /// Channels killing a command's process group ([`crate::exec`]), one at a time: with the
+    /// commands and the SFTP channel, at most `max_commands + 2` sessions.
+    pub kills: Semaphore,
     pub max_open_files: usize,
     pub sftp_timeout: Duration,
     sftp: OnceCell<Arc<Sftp>>,
@@ -186,6 +189,7 @@ pub(crate) async fn connect(target: &SshTarget, options: &SshOptions, expected: 
             handle,
             gone,
             commands: Semaphore::new(options.max_commands.max(1)),
+            kills: Semaphore::new(1),
             max_open_files: options.max_open_files.max(1),
             sftp_timeout: options.sftp_timeout,
             sftp: OnceCell::new(),

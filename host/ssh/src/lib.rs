@@ -127,7 +127,8 @@ pub struct SshOptions {
     /// Unanswered keepalives after which the connection counts as dead.
     pub keepalive_max: usize,
     /// Command channels open at once. OpenSSH allows 10 sessions per connection (`MaxSessions`);
-    /// the SFTP channel takes one, and a closed channel's slot is freed a little late.
+    /// the SFTP channel takes one, one more may kill a command's process group past its
+    /// timeout, and a closed channel's slot is freed a little late.
     pub max_commands: usize,
     /// SFTP file handles open at once. russh-sftp decodes handles as UTF-8 lossily, so OpenSSH
     /// handle numbers of 128 and above get corrupted: stay under that.

@@ -18,8 +18,6 @@ use crate::quote::{KILL_AFTER_S, command_line, quote};
 use crate::sftp::Sftp;
 use crate::{HostKeyPolicy, NodeFacts, SshError, SshOptions, SshTarget, Verified};
 
-/// Extra time the local deadline allows beyond the remote `timeout` and its kill delay.
-const LOCAL_GRACE: Duration = Duration::from_secs(3);
 /// How long a durability fence waits for the node's `sync`; past it the node counts as
 /// unreachable for the fence (which then does not wait for it) and its changes stay marked.
 const SYNC_DEADLINE: Duration = Duration::from_secs(30);
@@ -227,7 +225,8 @@ impl SshNode {
         let timeout = command.timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT);
         let line = command_line(&command, timeout)?;
         let program = command.argv[0].clone();
-        let deadline = timeout + Duration::from_secs(KILL_AFTER_S.into()) + LOCAL_GRACE;
+        // The remote `timeout` has killed what it can by then; the rest of the group goes next.
+        let deadline = timeout + Duration::from_secs(KILL_AFTER_S.into());
         let started = Instant::now();
         let timed_out = || {
             NodeError::new(

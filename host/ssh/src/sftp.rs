@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::{StreamExt, TryStreamExt};
-use orc_runtime::capability::node::{FileKind, FileStat, NodeError, NodeErrorKind};
+use orc_runtime::capability::node::{FileKind, FileStat, MAX_READ, NodeError, NodeErrorKind, check_readable, too_large};
 use russh_sftp::client::RawSftpSession;
 use russh_sftp::client::error::Error as SftpError;
 use russh_sftp::protocol::{FileAttributes, OpenFlags, Packet, StatusCode};
@@ -93,14 +93,30 @@ impl Sftp {
         }
     }
 
+    /// The file's content, if it is a regular file within [`MAX_READ`] ([`check_readable`]).
+    /// What `path` is (through a final symlink) is checked before it is opened: OpenSSH's
+    /// sftp-server opens a FIFO with a blocking `open(2)`, which would hold its whole session
+    /// until a writer came. What the opened handle is is checked again before it is read. Left
+    /// open: a FIFO put at `path` between the check and the open still blocks the session, until
+    /// its requests time out and the connection is replaced (the old sftp-server stays blocked
+    /// on the node until the FIFO gets a writer).
     pub async fn read_file(&self, path: &str) -> Result<Option<Vec<u8>>, NodeError> {
-        match self.lstat(path).await? {
-            None => return Ok(None),
-            Some(s) if s.kind == FileKind::Directory => {
-                return Err(NodeError::new(NodeErrorKind::InvalidInput, format!("{path} is a directory")));
+        let attrs = match self.raw.lstat(path).await {
+            Ok(attrs) => attrs.attrs,
+            Err(SftpError::Status(s)) if s.status_code == StatusCode::NoSuchFile => return Ok(None),
+            Err(e) => return Err(self.error("stat", path, e)),
+        };
+        let attrs = if attrs.permissions.is_some_and(|p| p & S_IFMT == S_IFLNK) {
+            match self.raw.stat(path).await {
+                Ok(attrs) => attrs.attrs,
+                // A dangling link: nothing to read.
+                Err(SftpError::Status(s)) if s.status_code == StatusCode::NoSuchFile => return Ok(None),
+                Err(e) => return Err(self.error("stat", path, e)),
             }
-            Some(_) => {}
-        }
+        } else {
+            attrs
+        };
+        check_readable(path, attrs.permissions, attrs.size.unwrap_or(0))?;
         let _permit = self.files.acquire().await.expect("never closed");
         let handle = match self.raw.open(path, OpenFlags::READ, FileAttributes::empty()).await {
             Ok(h) => h.handle,
@@ -113,16 +129,13 @@ impl Sftp {
     }
 
     /// Reads the size `fstat` reports with pipelined requests, then on until end of file (the
-    /// file may have grown; a short reply means the server gave less than asked).
+    /// file may have grown; a short reply means the server gave less than asked), never more
+    /// than [`MAX_READ`]: the buffer is reserved for at most that, and a file that grows past
+    /// it is refused.
     async fn read_handle(&self, handle: &str, path: &str) -> Result<Vec<u8>, NodeError> {
-        let size = self
-            .raw
-            .fstat(handle)
-            .await
-            .map_err(|e| self.error("read", path, e))?
-            .attrs
-            .size
-            .unwrap_or(0);
+        let attrs = self.raw.fstat(handle).await.map_err(|e| self.error("read", path, e))?.attrs;
+        let size = attrs.size.unwrap_or(0);
+        check_readable(path, attrs.permissions, size)?;
         let mut out = Vec::with_capacity(size as usize);
         let chunks = size.div_ceil(CHUNK as u64);
         let mut replies = futures::stream::iter(0..chunks)
@@ -148,6 +161,9 @@ impl Sftp {
                 Ok(data) => out.extend_from_slice(&data.data),
                 Err(SftpError::Status(s)) if s.status_code == StatusCode::Eof => return Ok(out),
                 Err(e) => return Err(self.error("read", path, e)),
+            }
+            if out.len() as u64 > MAX_READ {
+                return Err(too_large(path, None));
             }
         }
     }

@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 mod dropped;
 mod grants;
 mod http_policy;
+mod kv_quota;
 mod lifecycle;
 #[path = "../support/paths.rs"]
 mod paths;
@@ -28,6 +29,7 @@ use paths::encode;
 use dropped::*;
 use grants::*;
 use http_policy::*;
+use kv_quota::*;
 use lifecycle::*;
 use promises::*;
 
@@ -77,6 +79,7 @@ on_both_backends!(
     settings_no_scheduler_can_hold_are_refused_by_name,
     capabilities_are_granted_per_environment_and_checked_at_submission,
     a_cluster_template_needs_the_capabilities_its_automators_request,
+    a_plugin_writing_past_its_environments_kv_quota_is_refused_and_deleting_frees_room,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");

@@ -10,7 +10,7 @@ use orc_host::store::{
     ErrorInfo, OperationKind, OperationStatus, ResourceState, ResourceStatus, StateFilter, StatusChange, Store, StoreError, hash_token,
     now_ms,
 };
-use orc_runtime::capability::KvStore;
+use orc_runtime::capability::kv::{KvError, KvQuota, KvStore, KvUsage, delete_counted, set_within};
 
 use crate::harness::TestDb;
 
@@ -993,6 +993,57 @@ pub async fn db_kv_forgets_the_scopes_under_a_prefix(db: &TestDb) -> Result<()> 
     ensure!(reopened.list("e1/a", "").await?.is_empty() && reopened.list("e1/b", "").await?.is_empty());
     ensure!(reopened.get("e10/a", "k").await?.as_deref() == Some(b"e10/a".as_slice()));
     ensure!(reopened.forget("nothing/").await? == 0);
+    Ok(())
+}
+
+/// What an environment's plugins hold is counted from the database for its quota: keys and
+/// their values in bytes (a key of the documented 1,024-byte limit, a key in Cyrillic), writes
+/// accepted but not committed yet included, only the environment's own scopes (`e1/` is not
+/// `e10/`, nor the scope `e1`). The runtime's checked writes refuse what goes past the quota and
+/// keep the count current; a fresh store counts the same; forgetting the environment forgets it.
+pub async fn db_kv_counts_what_an_environment_holds_for_its_quota(db: &TestDb) -> Result<()> {
+    let kv = DbKv::open(&db.store).await?;
+    let long = "k".repeat(1024);
+    kv.set("e1/a", &long, b"12345").await?;
+    kv.set("e1/b", "ключ", b"xy").await?;
+    for scope in ["e10/a", "e1", "e1.x/a", "e0/a"] {
+        kv.set(scope, "k", b"elsewhere").await?;
+    }
+    let held = KvUsage {
+        keys: 2,
+        bytes: 1024 + 5 + "ключ".len() as u64 + 2,
+    };
+    ensure!(kv.usage("e1").await? == held, "{:?}", kv.usage("e1").await?);
+    ensure!(kv.get("e1/a", &long).await?.as_deref() == Some(b"12345".as_slice()));
+
+    let quota = KvQuota {
+        max_keys: 3,
+        max_bytes: 2000,
+    };
+    set_within(&kv, "e1", quota, "e1/a", "k3", b"v").await?;
+    let refused = set_within(&kv, "e1", quota, "e1/b", "k4", b"v").await;
+    ensure!(matches!(refused, Err(KvError::QuotaExceeded { unit: "keys", .. })), "{refused:?}");
+    let refused = set_within(&kv, "e1", quota, "e1/a", "k3", &[0; 1000]).await;
+    ensure!(matches!(refused, Err(KvError::QuotaExceeded { unit: "bytes", .. })), "{refused:?}");
+    ensure!(delete_counted(&kv, "e1", "e1/b", "ключ").await?);
+    set_within(&kv, "e1", quota, "e1/b", "k4", b"v").await?;
+    let now = KvUsage {
+        keys: 3,
+        bytes: 1024 + 5 + 3 + 3,
+    };
+    ensure!(kv.usage("e1").await? == now, "{:?}", kv.usage("e1").await?);
+    kv.durable().await;
+    let reopened = DbKv::open(&db.reopen().await?).await?;
+    ensure!(reopened.usage("e1").await? == now);
+    let refused = set_within(&reopened, "e1", quota, "e1/b", "k5", b"v").await;
+    ensure!(matches!(refused, Err(KvError::QuotaExceeded { .. })), "{refused:?}");
+
+    kv.forget("e1/").await?;
+    ensure!(kv.usage("e1").await? == KvUsage::default());
+    for i in 0..3 {
+        set_within(&kv, "e1", quota, "e1/a", &format!("n{i}"), b"v").await?;
+    }
+    ensure!(kv.usage("e10").await? == KvUsage { keys: 1, bytes: 10 });
     Ok(())
 }
 

@@ -50,6 +50,7 @@ on_both_backends!(
         db_kv_batches_answer_each_call_in_order,
         db_kv_answers_from_memory_like_the_database,
         db_kv_forgets_the_scopes_under_a_prefix,
+        db_kv_counts_what_an_environment_holds_for_its_quota,
         deleting_an_environment_removes_its_data,
         migrations_are_idempotent_on_reconnect,
         batch_timings_10k,

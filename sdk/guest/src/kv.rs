@@ -12,7 +12,9 @@ pub fn get(key: &str) -> Result<Option<Vec<u8>>> {
     Ok(wit::get(key)?)
 }
 
-/// Stores `value` at `key`, replacing any previous value.
+/// Stores `value` at `key`, replacing any previous value. Keys are 1 to 1,024 bytes, values at
+/// most 1 MiB; past the environment's quota (its plugins' keys and bytes together) this is a
+/// `permanent` error whose message starts with `quota_exceeded:` — delete keys to make room.
 pub fn set(key: &str, value: &[u8]) -> Result<()> {
     Ok(wit::set(key, value)?)
 }

@@ -1,10 +1,15 @@
 //! `orc:plugin/kv`: a key/value store private to one plugin in one environment. The host chooses
 //! the backend ([`KvStore`]); the scope (`environment/plugin-name`) is set by the runtime, so a
 //! plugin can never read another plugin's keys.
+//!
+//! The plugins of an environment share its quota ([`KvQuota`]: keys, and bytes of keys and
+//! values). The runtime keeps each environment's usage ([`KvAccounts`], counted by the backend
+//! once, [`KvStore::usage`], then kept current by every write) and checks each write against it
+//! ([`set_within`], [`delete_counted`]); an environment's writes take turns for that.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::bindings::host::orc::plugin::kv::Host;
 use crate::bindings::host::orc::plugin::types::{Error, ErrorKind};
@@ -17,6 +22,62 @@ pub const MAX_KEY: usize = 1024;
 /// Largest value a plugin may store, in bytes.
 pub const MAX_VALUE: usize = 1 << 20;
 
+/// Default [`KvQuota::max_keys`] of an environment.
+pub const DEFAULT_MAX_KEYS: u64 = 20_000;
+/// Default [`KvQuota::max_bytes`] of an environment: 32 MiB, what the server's store keeps of one
+/// scope in memory (half its cache), so a default environment's state is always answered from
+/// there.
+pub const DEFAULT_MAX_BYTES: u64 = 32 << 20;
+
+/// How much key/value state the plugins of one environment may keep together: keys, and bytes
+/// of keys and values. A write that would take the environment past either is refused
+/// ([`KvError::QuotaExceeded`]); one that does not grow what it holds (a smaller value, a delete)
+/// always passes, also over a quota lowered below the usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvQuota {
+    pub max_keys: u64,
+    pub max_bytes: u64,
+}
+
+impl Default for KvQuota {
+    fn default() -> Self {
+        KvQuota {
+            max_keys: DEFAULT_MAX_KEYS,
+            max_bytes: DEFAULT_MAX_BYTES,
+        }
+    }
+}
+
+/// What an environment's scopes hold: keys, and bytes of keys and values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvUsage {
+    pub keys: u64,
+    pub bytes: u64,
+}
+
+impl KvUsage {
+    /// With the entry `key` holding `new` (`None`: absent) instead of `old`, value lengths.
+    fn replaced(self, key: &str, old: Option<usize>, new: Option<usize>) -> KvUsage {
+        let entry = |len: Option<usize>| len.map_or(0, |len| (key.len() + len) as u64);
+        KvUsage {
+            keys: self.keys + u64::from(new.is_some()) - u64::from(old.is_some()),
+            bytes: self.bytes + entry(new) - entry(old),
+        }
+    }
+
+    /// Adds an entry (what a backend counts).
+    pub fn add(&mut self, key_bytes: u64, value_bytes: u64) {
+        self.keys += 1;
+        self.bytes += key_bytes + value_bytes;
+    }
+}
+
+impl std::fmt::Display for KvUsage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} keys, {} bytes", self.keys, self.bytes)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {
     #[error("key/value store: {context}")]
@@ -25,15 +86,133 @@ pub enum KvError {
         #[source]
         source: std::io::Error,
     },
+    /// A write that would take the environment past its quota: its message starts with
+    /// `quota_exceeded:` (a plugin's error has no code of its own).
+    #[error(
+        "quota_exceeded: setting `{key}` would take the key/value state of environment `{environment}` to {after} {unit}, past its quota of {limit} {unit}; it holds {usage} (quota: {quota_keys} keys, {quota_bytes} bytes); delete keys or raise the environment's `kv_quota`"
+    )]
+    QuotaExceeded {
+        environment: String,
+        /// The key written, cut to 100 characters.
+        key: String,
+        /// `keys` or `bytes`.
+        unit: &'static str,
+        limit: u64,
+        after: u64,
+        usage: KvUsage,
+        quota_keys: u64,
+        quota_bytes: u64,
+    },
+}
+
+impl KvQuota {
+    /// Refuses `after` if it grows past a limit what `usage` holds.
+    fn check(&self, environment: &str, key: &str, usage: KvUsage, after: KvUsage) -> Result<(), KvError> {
+        let over = if after.keys > self.max_keys && after.keys > usage.keys {
+            Some(("keys", self.max_keys, after.keys))
+        } else if after.bytes > self.max_bytes && after.bytes > usage.bytes {
+            Some(("bytes", self.max_bytes, after.bytes))
+        } else {
+            None
+        };
+        match over {
+            None => Ok(()),
+            Some((unit, limit, after)) => Err(KvError::QuotaExceeded {
+                environment: environment.to_string(),
+                key: key.chars().take(100).collect(),
+                unit,
+                limit,
+                after,
+                usage,
+                quota_keys: self.max_keys,
+                quota_bytes: self.max_bytes,
+            }),
+        }
+    }
+}
+
+/// Each environment's usage of one store, as the runtime counts it: counted by the backend on
+/// an environment's first write ([`KvStore::usage`]), then kept current by every write checked
+/// here. An environment's writes take turns (the lock is held from reading the entry's old
+/// size to the write), so concurrent writes cannot both pass the last room.
+#[derive(Debug, Default)]
+pub struct KvAccounts {
+    accounts: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<KvUsage>>>>>,
+}
+
+impl KvAccounts {
+    fn account(&self, environment: &str) -> Arc<tokio::sync::Mutex<Option<KvUsage>>> {
+        self.accounts
+            .lock()
+            .expect("kv accounts")
+            .entry(environment.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Forgets what was counted of `environment` (its state was deleted): counted again on its
+    /// next write.
+    pub fn forget(&self, environment: &str) {
+        self.accounts.lock().expect("kv accounts").remove(environment);
+    }
+}
+
+/// Sets `key` in `scope` (one of `environment`'s) to `value`, unless that would take the
+/// environment past `quota` ([`KvError::QuotaExceeded`]).
+pub async fn set_within(
+    store: &dyn KvStore,
+    environment: &str,
+    quota: KvQuota,
+    scope: &str,
+    key: &str,
+    value: &[u8],
+) -> Result<(), KvError> {
+    debug_assert!(
+        scope.starts_with(&format!("{environment}/")),
+        "{scope} is not a scope of {environment}"
+    );
+    let account = store.accounts().account(environment);
+    let mut counted = account.lock().await;
+    let usage = match *counted {
+        Some(usage) => usage,
+        None => *counted.insert(store.usage(environment).await?),
+    };
+    let old = store.get(scope, key).await?.map(|v| v.len());
+    let after = usage.replaced(key, old, Some(value.len()));
+    quota.check(environment, key, usage, after)?;
+    store.set(scope, key, value).await?;
+    *counted = Some(after);
+    Ok(())
+}
+
+/// Deletes `key` from `scope` (one of `environment`'s), freeing its share of the quota; whether
+/// it existed.
+pub async fn delete_counted(store: &dyn KvStore, environment: &str, scope: &str, key: &str) -> Result<bool, KvError> {
+    let account = store.accounts().account(environment);
+    let mut counted = account.lock().await;
+    let old = store.get(scope, key).await?.map(|v| v.len());
+    let existed = store.delete(scope, key).await?;
+    // Not counted yet: counted, with the delete, on the first write.
+    if let Some(usage) = *counted {
+        *counted = Some(usage.replaced(key, old, None));
+    }
+    Ok(existed)
 }
 
 /// A key/value backend; scopes never mix. Asynchronous, so a backend that waits on a database
-/// or the network does not hold a worker thread while it waits.
+/// or the network does not hold a worker thread while it waits. Its `set` and `delete` are not
+/// checked against a quota: the runtime's plugin calls go through [`set_within`] and
+/// [`delete_counted`].
 pub trait KvStore: Send + Sync + 'static {
     fn get<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<Option<Vec<u8>>, KvError>>;
     fn set<'a>(&'a self, scope: &'a str, key: &'a str, value: &'a [u8]) -> BoxFuture<'a, Result<(), KvError>>;
     fn delete<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<bool, KvError>>;
     fn list<'a>(&'a self, scope: &'a str, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, KvError>>;
+    /// What the scopes of `environment` (those starting with `environment/`) hold, every write
+    /// made before the call included: keys, and bytes of keys and values.
+    fn usage<'a>(&'a self, environment: &'a str) -> BoxFuture<'a, Result<KvUsage, KvError>>;
+    /// The runtime's count of this store's environments ([`set_within`]).
+    fn accounts(&self) -> &KvAccounts;
 }
 
 /// A [`KvStore`] over a backend whose calls are short and synchronous (memory, local files).
@@ -52,6 +231,12 @@ macro_rules! sync_kv_store {
             fn list<'a>(&'a self, scope: &'a str, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, KvError>> {
                 Box::pin(std::future::ready(<$ty>::list(self, scope, prefix)))
             }
+            fn usage<'a>(&'a self, environment: &'a str) -> BoxFuture<'a, Result<KvUsage, KvError>> {
+                Box::pin(std::future::ready(<$ty>::usage(self, environment)))
+            }
+            fn accounts(&self) -> &KvAccounts {
+                &self.accounts
+            }
         }
     };
 }
@@ -63,6 +248,7 @@ sync_kv_store!(DirKv);
 #[derive(Debug, Default)]
 pub struct MemoryKv {
     map: Mutex<BTreeMap<(String, String), Vec<u8>>>,
+    accounts: KvAccounts,
 }
 
 impl MemoryKv {
@@ -87,6 +273,18 @@ impl MemoryKv {
             .map(|((_, k), _)| k.clone())
             .collect())
     }
+    pub fn usage(&self, environment: &str) -> Result<KvUsage, KvError> {
+        let prefix = format!("{environment}/");
+        let map = self.map.lock().expect("kv");
+        let mut usage = KvUsage::default();
+        for ((_, key), value) in map
+            .range((prefix.clone(), String::new())..)
+            .take_while(|((scope, _), _)| scope.starts_with(&prefix))
+        {
+            usage.add(key.len() as u64, value.len() as u64);
+        }
+        Ok(usage)
+    }
 }
 
 /// Persisted in a directory: one file per key, named by the hex of scope and key so no key can
@@ -96,6 +294,7 @@ impl MemoryKv {
 #[derive(Debug)]
 pub struct DirKv {
     root: PathBuf,
+    accounts: KvAccounts,
 }
 
 impl DirKv {
@@ -105,7 +304,10 @@ impl DirKv {
             context: format!("cannot create {}", root.display()),
             source,
         })?;
-        Ok(DirKv { root })
+        Ok(DirKv {
+            root,
+            accounts: KvAccounts::default(),
+        })
     }
 
     fn scope_dir(&self, scope: &str) -> PathBuf {
@@ -218,6 +420,42 @@ impl DirKv {
         keys.sort();
         Ok(keys)
     }
+    /// Counted from the files' names and sizes: a short key's file name is its hex and its
+    /// content the value; a long key's content is its length (4 bytes), the key and the value.
+    pub fn usage(&self, environment: &str) -> Result<KvUsage, KvError> {
+        let prefix = hex_name(&format!("{environment}/"));
+        let mut usage = KvUsage::default();
+        let scopes = match std::fs::read_dir(&self.root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(usage),
+            Err(e) => return Err(io(format!("cannot list {}", self.root.display()))(e)),
+        };
+        for scope in scopes {
+            let scope = scope.map_err(io(format!("cannot list {}", self.root.display())))?;
+            if !scope.file_name().to_str().is_some_and(|name| name.starts_with(&prefix)) {
+                continue;
+            }
+            let dir = scope.path();
+            let entries = std::fs::read_dir(&dir).map_err(io(format!("cannot list {}", dir.display())))?;
+            for entry in entries {
+                let entry = entry.map_err(io(format!("cannot list {}", dir.display())))?;
+                let name = entry.file_name();
+                let Some(name) = name.to_str().filter(|n| !n.starts_with('.')) else {
+                    continue;
+                };
+                let size = entry
+                    .metadata()
+                    .map_err(io(format!("cannot stat {}", entry.path().display())))?
+                    .len();
+                if name.starts_with('~') {
+                    usage.add(0, size.saturating_sub(4));
+                } else {
+                    usage.add(name.len() as u64 / 2, size);
+                }
+            }
+        }
+        Ok(usage)
+    }
 }
 
 impl DirKv {
@@ -237,8 +475,13 @@ fn check_key(key: &str) -> Result<(), Error> {
 }
 
 fn backend_error(e: KvError) -> Error {
-    tracing::error!(error = %e, "kv backend failed");
-    wit_error(ErrorKind::Retryable, "the host's key/value store failed; see the host log")
+    match e {
+        KvError::QuotaExceeded { .. } => wit_error(ErrorKind::Permanent, e.to_string()),
+        KvError::Io { .. } => {
+            tracing::error!(error = %e, "kv backend failed");
+            wit_error(ErrorKind::Retryable, "the host's key/value store failed; see the host log")
+        }
+    }
 }
 
 impl Host for CallState {
@@ -255,12 +498,17 @@ impl Host for CallState {
                 format!("kv value for `{key}` is {} bytes; the limit is {MAX_VALUE}", value.len()),
             ));
         }
-        self.ctx.kv.set(&self.kv_scope, &key, &value).await.map_err(backend_error)
+        let ctx = &self.ctx;
+        set_within(&*ctx.kv, &ctx.environment, ctx.kv_quota, &self.kv_scope, &key, &value)
+            .await
+            .map_err(backend_error)
     }
 
     async fn delete(&mut self, key: String) -> Result<bool, Error> {
         check_key(&key)?;
-        self.ctx.kv.delete(&self.kv_scope, &key).await.map_err(backend_error)
+        delete_counted(&*self.ctx.kv, &self.ctx.environment, &self.kv_scope, &key)
+            .await
+            .map_err(backend_error)
     }
 
     async fn list_keys(&mut self, prefix: String) -> Result<Vec<String>, Error> {
@@ -297,6 +545,104 @@ mod tests {
         let key = format!("long/{}", "k".repeat(MAX_KEY - 5));
         assert!(kv.delete("env/a", &key).await.unwrap());
         assert_eq!(kv.get("env/a", &key).await.unwrap(), None);
+    }
+
+    /// The quota counts keys and bytes of keys and values over all scopes of one environment:
+    /// a write past either limit is refused naming the environment, the limit and the usage;
+    /// replacing, shrinking and deleting pass (also over a lowered quota) and free room; another
+    /// environment is counted apart.
+    async fn check_quota(kv: &dyn KvStore) {
+        let quota = KvQuota {
+            max_keys: 3,
+            max_bytes: 100,
+        };
+        static VALUE: [u8; 100] = [b'v'; 100];
+        let set = |scope: &'static str, key: &'static str, len: usize| set_within(kv, "q", quota, scope, key, &VALUE[..len]);
+        set("q/a", "k1", 10).await.unwrap();
+        set("q/b", "k2", 10).await.unwrap();
+        set("q/a", "k3", 10).await.unwrap();
+        assert_eq!(kv.usage("q").await.unwrap(), KvUsage { keys: 3, bytes: 36 });
+        let err = set("q/b", "k4", 1).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                KvError::QuotaExceeded {
+                    unit: "keys",
+                    limit: 3,
+                    after: 4,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let text = err.to_string();
+        for part in [
+            "quota_exceeded: ",
+            "`k4`",
+            "environment `q`",
+            "to 4 keys, past its quota of 3 keys",
+            "it holds 3 keys, 36 bytes",
+        ] {
+            assert!(text.contains(part), "`{text}` should say `{part}`");
+        }
+        assert_eq!(kv.get("q/b", "k4").await.unwrap(), None, "a refused write is not made");
+        // Replacing a key adds none; bytes count keys and values.
+        set("q/a", "k1", 70).await.unwrap();
+        assert_eq!(kv.usage("q").await.unwrap(), KvUsage { keys: 3, bytes: 96 });
+        let err = set("q/a", "k3", 20).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                KvError::QuotaExceeded {
+                    unit: "bytes",
+                    limit: 100,
+                    after: 106,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // Deleting frees room, for keys and bytes.
+        assert!(delete_counted(kv, "q", "q/a", "k1").await.unwrap());
+        assert!(!delete_counted(kv, "q", "q/a", "k1").await.unwrap());
+        set("q/b", "k4", 10).await.unwrap();
+        // Another environment has its own count; an unchecked write there is seen when counted.
+        kv.set("other/a", "x", &[0; 500]).await.unwrap();
+        set_within(kv, "other", quota, "other/a", "k", b"v").await.unwrap_err();
+        // Over a quota lowered below the usage, what does not grow passes.
+        let lower = KvQuota {
+            max_keys: 1,
+            max_bytes: 10,
+        };
+        set_within(kv, "q", lower, "q/a", "k3", b"small").await.unwrap();
+        set_within(kv, "q", lower, "q/b", "k5", b"").await.unwrap_err();
+        assert_eq!(kv.usage("q").await.unwrap(), KvUsage { keys: 3, bytes: 31 });
+        // The count kept matches the store's own.
+        let kept = *kv.accounts().account("q").lock().await;
+        assert_eq!(kept, Some(kv.usage("q").await.unwrap()));
+    }
+
+    #[tokio::test]
+    async fn quotas_count_an_environments_keys_and_bytes_in_every_backend() {
+        check_quota(&MemoryKv::default()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let kv = DirKv::open(dir.path().join("kv")).unwrap();
+        check_quota(&kv).await;
+        // Long keys (a hashed file name, the key inside) count as what they are.
+        let long = "k".repeat(MAX_KEY);
+        set_within(&kv, "long", KvQuota::default(), "long/p", &long, b"value")
+            .await
+            .unwrap();
+        assert_eq!(
+            kv.usage("long").unwrap(),
+            KvUsage {
+                keys: 1,
+                bytes: MAX_KEY as u64 + 5
+            }
+        );
+        // Counted again from the files by a store opened anew.
+        let reopened = DirKv::open(dir.path().join("kv")).unwrap();
+        assert_eq!(reopened.usage("q").unwrap(), KvUsage { keys: 3, bytes: 31 });
     }
 
     #[tokio::test]

@@ -22,7 +22,7 @@ use crate::bindings::host::orc::plugin as wit;
 use crate::state::CallState;
 
 pub use http::{AddressKind, AddressPolicy, HttpAccess, HttpPolicy, IpNet, Origin};
-pub use kv::{DirKv, KvError, KvStore, MemoryKv};
+pub use kv::{DirKv, KvAccounts, KvError, KvQuota, KvStore, KvUsage, MemoryKv};
 pub use node::{LocalNode, NodeBackend, NodeDirectory, NodeError, NodeErrorKind, Nodes};
 
 /// A set of capabilities, as a bitmask (cheap to copy and hash as a map key).
@@ -90,6 +90,8 @@ pub struct CallContext {
     /// The environment the call runs for; scopes the plugin's `kv`.
     pub environment: String,
     pub kv: Arc<dyn KvStore>,
+    /// What the environment's plugins may keep in `kv`, all of them together.
+    pub kv_quota: KvQuota,
     pub nodes: Arc<dyn NodeDirectory>,
     pub http: Arc<HttpAccess>,
     /// Overrides the runtime's default deadline.
@@ -112,6 +114,7 @@ impl CallContext {
         CallContext {
             environment: environment.into(),
             kv: Arc::new(MemoryKv::default()),
+            kv_quota: KvQuota::default(),
             nodes: Arc::new(Nodes::default()),
             http: Arc::new(HttpAccess::deny_all()),
             deadline: None,

@@ -26,6 +26,10 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Output beyond this many bytes per stream is dropped (and says so).
 pub const MAX_OUTPUT: usize = 16 << 20;
+/// Largest file a node read returns, in bytes: what one command's output stream may be
+/// ([`MAX_OUTPUT`]), a quarter of a plugin's default memory (64 MiB), which must hold what it
+/// reads and usually a copy. A larger file is refused (`TooLarge`) before it is read.
+pub const MAX_READ: u64 = MAX_OUTPUT as u64;
 /// Default command timeout when the plugin gives none.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -37,6 +41,8 @@ pub enum NodeErrorKind {
     InvalidInput,
     /// The node refused (permissions, a path outside the node's root).
     Denied,
+    /// A file too large to read ([`MAX_READ`]): retrying cannot help.
+    TooLarge,
     /// Anything else on the node.
     Failed,
 }
@@ -115,6 +121,10 @@ pub struct Ownership {
 /// One node, reached by some transport. Paths are absolute paths on the node.
 pub trait NodeBackend: Send + Sync + 'static {
     fn run(&self, command: NodeCommand) -> BoxFuture<'_, Result<CommandOutput, NodeError>>;
+    /// The content of the regular file at `path` (a final symlink followed); `None` when
+    /// nothing is there. Anything else is refused before it is read ([`check_readable`]): a
+    /// FIFO, socket or device (`InvalidInput`, before it can block) and a file larger than
+    /// [`MAX_READ`] (`TooLarge`, before anything is reserved).
     fn read_file<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Vec<u8>>, NodeError>>;
     fn write_file<'a>(&'a self, path: &'a str, content: Vec<u8>, mode: Option<u32>) -> BoxFuture<'a, Result<(), NodeError>>;
     fn stat<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<FileStat>, NodeError>>;
@@ -218,6 +228,61 @@ pub fn check_account_name(what: &str, name: &str) -> Result<(), NodeError> {
     }
 }
 
+/// What a node read refuses, for every backend: anything but a regular file (a FIFO would block
+/// the read, a device or a socket has no end), and a file larger than [`MAX_READ`]. `mode` is
+/// the file's `st_mode`, type bits included (`None` when the node did not say); `path` is shown.
+pub fn check_readable(path: &str, mode: Option<u32>, size: u64) -> Result<(), NodeError> {
+    if let Some(mode) = mode {
+        match mode & S_IFMT {
+            S_IFREG => {}
+            S_IFDIR => return Err(NodeError::new(NodeErrorKind::InvalidInput, format!("{path} is a directory"))),
+            other => {
+                return Err(NodeError::new(
+                    NodeErrorKind::InvalidInput,
+                    format!("cannot read {path}: it is a {}, not a regular file", file_type_name(other)),
+                ));
+            }
+        }
+    }
+    if size > MAX_READ {
+        return Err(too_large(path, Some(size)));
+    }
+    Ok(())
+}
+
+/// The `TooLarge` refusal of a read of `path` (its message starts with `too_large:`, a
+/// plugin's error has no code of its own): `size` as the node reports it, or `None` when the
+/// file grew past [`MAX_READ`] while it was read.
+pub fn too_large(path: &str, size: Option<u64>) -> NodeError {
+    let size = match size {
+        Some(size) => format!("is {size} bytes"),
+        None => format!("grew past {MAX_READ} bytes while it was read"),
+    };
+    NodeError::new(
+        NodeErrorKind::TooLarge,
+        format!("too_large: {path} {size}; a node read returns at most {MAX_READ} bytes (16 MiB)"),
+    )
+}
+
+/// The file type bits of `st_mode`.
+const S_IFMT: u32 = 0o170000;
+const S_IFREG: u32 = 0o100000;
+const S_IFDIR: u32 = 0o040000;
+
+/// What the type bits of an `st_mode` name, for messages.
+fn file_type_name(kind: u32) -> &'static str {
+    match kind {
+        0o010000 => "FIFO",
+        0o020000 => "character device",
+        0o060000 => "block device",
+        0o140000 => "socket",
+        0o120000 => "symlink",
+        S_IFDIR => "directory",
+        S_IFREG => "file",
+        _ => "special file",
+    }
+}
+
 /// Finds a node by name for a call.
 pub trait NodeDirectory: Send + Sync + 'static {
     fn node(&self, name: &str) -> Result<Arc<dyn NodeBackend>, NodeError>;
@@ -266,7 +331,9 @@ impl NodeDirectory for Nodes {
 
 /// The machine the host runs on, confined to a root directory: the node's `/etc/motd` is
 /// `<root>/etc/motd`. Commands run on the host with the root as working directory, a cleared
-/// environment (only `PATH` and what the plugin passes) and a timeout.
+/// environment (only `PATH` and what the plugin passes) and a timeout, each in a process group
+/// of its own that is killed whole at the timeout or when the call is dropped. Reads return
+/// only regular files of at most [`MAX_READ`], checked on the handle opened without blocking.
 ///
 /// File changes are not synced one by one: each is marked ([`Unsynced`]) and the durability
 /// fence ([`NodeBackend::durable`]) makes them all durable with one `syncfs(2)` of the root's
@@ -345,16 +412,6 @@ impl LocalNode {
 
     pub fn root_path(&self) -> &Path {
         &self.root_path
-    }
-
-    /// Runs file work off the async threads: work whose size is not bounded (a large file, a
-    /// recursive remove).
-    fn blocking<'a, T: Send + 'static>(
-        &'a self,
-        path: &'a str,
-        f: impl FnOnce(&Dir, &Path) -> Result<T, NodeError> + Send + 'static,
-    ) -> BoxFuture<'a, Result<T, NodeError>> {
-        self.file_work(path, false, f)
     }
 
     /// Runs a few file system calls on the local disk where the call is (`inline`), or off the
@@ -452,6 +509,45 @@ fn stat_of(meta: &cap_std::fs::Metadata) -> FileStat {
     }
 }
 
+/// Opens `rel` to read it, without blocking (opening a FIFO waits for a writer; a device's open
+/// may act), and checks what the handle is ([`check_readable`]: a regular file within
+/// [`MAX_READ`]), so nothing swapped in after a check is read. `None` when nothing is there.
+fn open_to_read(root: &Dir, rel: &Path) -> Result<Option<(cap_std::fs::File, u64)>, NodeError> {
+    use cap_std::fs::OpenOptionsExt as _;
+    let mut options = OpenOptions::new();
+    options
+        .read(true)
+        .custom_flags((rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY).bits() as i32);
+    let file = match root.open_with(rel, &options) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            // A socket cannot be opened at all (ENXIO): say what it is rather than why.
+            if let Ok(meta) = root.metadata(rel) {
+                check_readable(&shown(rel), Some(meta.mode()), 0)?;
+            }
+            return Err(io_error(rel, "read", e));
+        }
+    };
+    let meta = file.metadata().map_err(|e| io_error(rel, "read", e))?;
+    check_readable(&shown(rel), Some(meta.mode()), meta.len())?;
+    Ok(Some((file, meta.len())))
+}
+
+/// Reads an opened regular file of `size` bytes (as `fstat` said), never more than
+/// [`MAX_READ`]: a file that grew past it meanwhile is refused too.
+fn read_to_cap(file: cap_std::fs::File, rel: &Path, size: u64) -> Result<Vec<u8>, NodeError> {
+    use std::io::Read as _;
+    let mut content = Vec::with_capacity(size.min(MAX_READ) as usize);
+    file.take(MAX_READ + 1)
+        .read_to_end(&mut content)
+        .map_err(|e| io_error(rel, "read", e))?;
+    if content.len() as u64 > MAX_READ {
+        return Err(too_large(&shown(rel), None));
+    }
+    Ok(content)
+}
+
 fn lstat(root: &Dir, rel: &Path) -> Result<Option<FileStat>, NodeError> {
     match root.symlink_metadata(rel) {
         Ok(m) => Ok(Some(stat_of(&m))),
@@ -479,10 +575,14 @@ impl NodeBackend for LocalNode {
                 .stdin(if command.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
-                .kill_on_drop(true);
+                .kill_on_drop(true)
+                // A process group of its own, killed whole at the timeout or when the call is
+                // dropped: what it starts in the background does not outlive the call.
+                .process_group(0);
             let mut child = cmd
                 .spawn()
                 .map_err(|e| NodeError::new(NodeErrorKind::InvalidInput, format!("cannot start `{program}`: {e}")))?;
+            let group = ProcessGroup::of(&child);
             if let Some(input) = command.stdin {
                 let mut stdin = child.stdin.take().expect("piped");
                 tokio::spawn(async move {
@@ -490,21 +590,34 @@ impl NodeBackend for LocalNode {
                     let _ = stdin.write_all(&input).await;
                 });
             }
-            let stdout = tokio::spawn(read_capped(child.stdout.take().expect("piped")));
-            let stderr = tokio::spawn(read_capped(child.stderr.take().expect("piped")));
+            let mut stdout = tokio::spawn(read_capped(child.stdout.take().expect("piped")));
+            let mut stderr = tokio::spawn(read_capped(child.stderr.take().expect("piped")));
             let timeout = command.timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT);
-            let status = match tokio::time::timeout(timeout, child.wait()).await {
-                Ok(status) => status.map_err(|e| NodeError::new(NodeErrorKind::Failed, format!("waiting for `{program}`: {e}")))?,
-                Err(_) => {
-                    let _ = child.kill().await;
-                    return Err(NodeError::new(
-                        NodeErrorKind::Failed,
-                        format!("command `{program}` timed out after {timeout:?} and was killed"),
-                    ));
-                }
+            // The output is waited for within the timeout too: a process left behind holding it
+            // open must not hold the call.
+            let finished = tokio::time::timeout(timeout, async {
+                let status = child.wait().await;
+                (
+                    status,
+                    (&mut stdout).await.unwrap_or_default(),
+                    (&mut stderr).await.unwrap_or_default(),
+                )
+            })
+            .await;
+            let Ok((status, stdout, stderr)) = finished else {
+                drop(group);
+                let _ = child.kill().await;
+                stdout.abort();
+                stderr.abort();
+                return Err(NodeError::new(
+                    NodeErrorKind::Failed,
+                    format!("command `{program}` timed out after {timeout:?} and was killed"),
+                ));
             };
-            let stdout = stdout.await.unwrap_or_default();
-            let stderr = stderr.await.unwrap_or_default();
+            // Ended in time: what it left running on its own (a service it started, its output
+            // elsewhere) is its business.
+            group.release();
+            let status = status.map_err(|e| NodeError::new(NodeErrorKind::Failed, format!("waiting for `{program}`: {e}")))?;
             Ok(CommandOutput {
                 exit_code: status.code().unwrap_or(-1),
                 stdout,
@@ -514,31 +627,19 @@ impl NodeBackend for LocalNode {
     }
 
     fn read_file<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Vec<u8>>, NodeError>> {
-        fn read(root: &Dir, rel: &Path) -> Result<Option<Vec<u8>>, NodeError> {
-            match root.read(rel) {
-                Ok(b) => Ok(Some(b)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(io_error(rel, "read", e)),
-            }
-        }
         Box::pin(async move {
-            // Metadata first, where the call is; the content too unless it is large.
-            let small = self
-                .quick(path, |root, rel| match root.symlink_metadata(rel) {
-                    Ok(m) if m.is_dir() => Err(NodeError::new(
-                        NodeErrorKind::InvalidInput,
-                        format!("{} is a directory", Path::new("/").join(rel).display()),
-                    )),
-                    Ok(m) if m.len() > INLINE_BYTES => Ok(None),
-                    Ok(_) => read(root, rel).map(Some),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(None)),
-                    Err(e) => Err(io_error(rel, "read", e)),
-                })
-                .await?;
-            match small {
-                Some(content) => Ok(content),
-                None => self.blocking(path, read).await,
+            // Opened and checked where the call is; read there too unless it is large.
+            let Some((file, size)) = self.quick(path, open_to_read).await? else {
+                return Ok(None);
+            };
+            let rel = relative(path)?;
+            if size <= INLINE_BYTES {
+                return read_to_cap(file, &rel, size).map(Some);
             }
+            tokio::task::spawn_blocking(move || read_to_cap(file, &rel, size))
+                .await
+                .map_err(|e| NodeError::new(NodeErrorKind::Failed, format!("file task failed: {e}")))?
+                .map(Some)
         })
     }
 
@@ -875,6 +976,32 @@ fn account_id(file: &str, what: &str, name: &str) -> Result<u32, NodeError> {
         .ok_or_else(|| NodeError::new(NodeErrorKind::InvalidInput, format!("unknown {what} `{name}` on the local node")))
 }
 
+/// A command's process group (`process_group(0)`: its id is the command's pid), killed with
+/// `SIGKILL` to every member when dropped, unless released once the command ended in time.
+///
+/// The group's id stays taken while any member lives, so a kill reaches only the command's
+/// processes; only once every member is gone could the number name another process's group.
+struct ProcessGroup(Option<rustix::process::Pid>);
+
+impl ProcessGroup {
+    fn of(child: &tokio::process::Child) -> ProcessGroup {
+        ProcessGroup(child.id().and_then(|id| rustix::process::Pid::from_raw(id as i32)))
+    }
+
+    fn release(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if let Some(group) = self.0.take() {
+            // Gone already (ESRCH) is fine.
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+    }
+}
+
 async fn read_capped(mut stream: impl tokio::io::AsyncRead + Unpin) -> Vec<u8> {
     let mut out = Vec::new();
     let mut buf = [0u8; 16 << 10];
@@ -896,7 +1023,7 @@ fn to_wit(e: NodeError) -> Error {
         NodeErrorKind::Unavailable => ErrorKind::Unavailable,
         NodeErrorKind::InvalidInput => ErrorKind::InvalidInput,
         NodeErrorKind::Denied => ErrorKind::Denied,
-        NodeErrorKind::Failed => ErrorKind::Permanent,
+        NodeErrorKind::Failed | NodeErrorKind::TooLarge => ErrorKind::Permanent,
     };
     wit_error(kind, e.message)
 }
@@ -1220,6 +1347,173 @@ mod tests {
         assert!(err.message.contains("not a valid name"), "{err}");
         let err = node.set_owner("/missing", Some("0"), None).await.unwrap_err();
         assert!(err.message.contains("/missing: it does not exist"), "{err}");
+    }
+
+    /// A file past [`MAX_READ`] is refused from its size, before anything is read or reserved:
+    /// a 64 GiB sparse file in the root aborted the host (cap-std reserved its whole length).
+    #[tokio::test]
+    async fn a_file_past_the_read_cap_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = LocalNode::open(dir.path()).unwrap();
+        let huge = std::fs::File::create(dir.path().join("huge")).unwrap();
+        huge.set_len(64 << 30).unwrap();
+        let err = node.read_file("/huge").await.unwrap_err();
+        assert_eq!(err.kind, NodeErrorKind::TooLarge, "{err}");
+        assert!(err.message.starts_with("too_large: /huge is 68719476736 bytes"), "{err}");
+        assert!(err.message.contains(&MAX_READ.to_string()), "{err}");
+        // Permanent for the plugin: retrying cannot help.
+        assert!(matches!(to_wit(err).kind, ErrorKind::Permanent));
+        // Through a symlink too; at the cap a file is read whole, one byte more and it is not.
+        std::os::unix::fs::symlink("huge", dir.path().join("link")).unwrap();
+        assert_eq!(node.read_file("/link").await.unwrap_err().kind, NodeErrorKind::TooLarge);
+        let at_cap = std::fs::File::create(dir.path().join("at-cap")).unwrap();
+        at_cap.set_len(MAX_READ).unwrap();
+        assert_eq!(node.read_file("/at-cap").await.unwrap().unwrap().len() as u64, MAX_READ);
+        at_cap.set_len(MAX_READ + 1).unwrap();
+        let Err(err) = node.read_file("/at-cap").await else {
+            panic!("a file past the read cap was read");
+        };
+        assert_eq!(err.kind, NodeErrorKind::TooLarge, "{err}");
+    }
+
+    /// A FIFO, a socket or a device in the root is refused by its type once opened without
+    /// blocking: reading a FIFO wedged a thread until a writer came. Read on a thread of its own,
+    /// so that a regression fails here instead of hanging the test.
+    #[test]
+    fn special_files_are_refused_before_they_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let fifo = root.join("fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        std::os::unix::fs::symlink("fifo", root.join("to-fifo")).unwrap();
+        let _socket = std::os::unix::net::UnixListener::bind(root.join("socket")).unwrap();
+        let mut special = vec![("/fifo", "FIFO"), ("/to-fifo", "FIFO"), ("/socket", "socket")];
+        // A device node needs CAP_MKNOD (the tests run as root where sshd is tested).
+        let null = std::process::Command::new("mknod")
+            .arg(root.join("null"))
+            .args(["c", "1", "3"])
+            .output();
+        if null.is_ok_and(|o| o.status.success()) {
+            special.push(("/null", "character device"));
+        }
+        let count = special.len();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader_root = root.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let node = LocalNode::open(&reader_root).unwrap();
+            for (path, kind) in special {
+                let _ = tx.send((path, kind, rt.block_on(node.read_file(path))));
+            }
+        });
+        for _ in 0..count {
+            let Ok((path, kind, result)) = rx.recv_timeout(Duration::from_secs(10)) else {
+                // Let the blocked reader go (a writer opens the FIFO), then fail.
+                let mut writer = std::fs::OpenOptions::new();
+                writer.write(true);
+                std::os::unix::fs::OpenOptionsExt::custom_flags(&mut writer, rustix::fs::OFlags::NONBLOCK.bits() as i32);
+                let _ = writer.open(&fifo);
+                panic!("reading a special file blocked");
+            };
+            let err = result.unwrap_err();
+            assert_eq!(err.kind, NodeErrorKind::InvalidInput, "{path}: {err}");
+            assert!(err.message.contains(&format!("{path}: it is a {kind}")), "{path}: {err}");
+        }
+    }
+
+    /// Whether process `pid` runs (a zombie nobody reaped yet does not).
+    fn alive(pid: &str) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
+    }
+
+    /// Waits (at most 5 s) for `pid` to end; whether it did.
+    async fn ended(pid: &str) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while alive(pid) {
+            if std::time::Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
+    }
+
+    /// The pid a script wrote to `file`, once it is there (at most 10 s).
+    async fn pid_in(file: &Path) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(pid) = std::fs::read_to_string(file)
+                && pid.ends_with('\n')
+            {
+                return pid.trim().to_string();
+            }
+            assert!(std::time::Instant::now() < deadline, "{} never written", file.display());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn sh(script: &str, timeout: Duration) -> NodeCommand {
+        NodeCommand {
+            argv: vec!["sh".into(), "-c".into(), script.into()],
+            timeout: Some(timeout),
+            ..Default::default()
+        }
+    }
+
+    /// A command's own process group is killed at its timeout: a grandchild the shell waits for,
+    /// and one that holds the output open after the shell is gone (which held the call open
+    /// until the plugin's deadline and outlived it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_timeout_kills_the_commands_whole_process_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = LocalNode::open(dir.path()).unwrap();
+        let pidfile = dir.path().join("pid");
+        for (what, script) in [
+            ("waited for", "sleep 100 & echo $! > pid; wait"),
+            ("holding stdout", "sleep 100 & echo $! > pid; echo started"),
+        ] {
+            let _ = std::fs::remove_file(&pidfile);
+            let timeout = Duration::from_millis(500);
+            let started = std::time::Instant::now();
+            let result = tokio::time::timeout(Duration::from_secs(10), node.run(sh(script, timeout)))
+                .await
+                .unwrap_or_else(|_| panic!("{what}: the call outlived its timeout by far"));
+            let err = result.unwrap_err();
+            assert!(err.message.contains("timed out"), "{what}: {err}");
+            assert!(
+                started.elapsed() < timeout + Duration::from_secs(2),
+                "{what}: took {:?}",
+                started.elapsed()
+            );
+            let pid = pid_in(&pidfile).await;
+            assert!(ended(&pid).await, "{what}: grandchild {pid} outlived the timeout");
+        }
+        // A command that leaves a process behind with its output elsewhere (how a service is
+        // started) ends when it ends, and what it left runs on.
+        let out = node
+            .run(sh("sleep 100 > /dev/null 2>&1 & echo $! > pid", Duration::from_secs(5)))
+            .await
+            .unwrap();
+        assert_eq!(out.exit_code, 0);
+        let pid = pid_in(&pidfile).await;
+        assert!(alive(&pid), "a service the command started was killed");
+        let _ = std::process::Command::new("kill").arg(&pid).status();
+    }
+
+    /// A call dropped before its command ends (the plugin's own deadline passed) kills the
+    /// command's process group, not only its first process.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_call_kills_its_commands_process_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = LocalNode::open(dir.path()).unwrap();
+        let run = node.run(sh("sleep 100 & echo $! > pid; wait", Duration::from_secs(60)));
+        let pidfile = dir.path().join("pid");
+        let pid = tokio::select! {
+            done = run => panic!("the command ended: {done:?}"),
+            pid = pid_in(&pidfile) => pid,
+        };
+        assert!(ended(&pid).await, "grandchild {pid} outlived the dropped call");
     }
 
     #[tokio::test]

@@ -160,6 +160,107 @@ async fn a_timeout_kills_the_remote_command() {
     assert!(started.elapsed() < Duration::from_secs(6), "took {:?}", started.elapsed());
 }
 
+/// Whether process `pid` runs (a zombie nobody reaped yet does not).
+fn alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
+}
+
+/// Waits (at most 5 s) for `pid` to end; whether it did.
+async fn ended(pid: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
+/// The pid a script wrote to `file`, once it is there (at most 10 s).
+async fn pid_in(file: &std::path::Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(pid) = std::fs::read_to_string(file)
+            && pid.ends_with('\n')
+        {
+            return pid.trim().to_string();
+        }
+        assert!(Instant::now() < deadline, "{} never written", file.display());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The command's process group on the node is killed at its timeout: a grandchild the shell
+/// waits for (the remote `timeout` signals its group), and one that holds the output open after
+/// the shell and `timeout` are gone, which held the channel open until the local deadline and
+/// outlived the call. The call returns soon after the timeout. As the test user and as root.
+#[tokio::test]
+async fn a_timeout_kills_the_commands_whole_process_group_on_the_node() {
+    let sshd = Sshd::start();
+    let scratch = sshd.scratch_dir("group");
+    let user = connect(&sshd).await;
+    let (root, _) = orc_ssh::SshNode::connect(
+        target(&sshd, "root", HostKeyPolicy::Pinned(sshd.host_fingerprint.clone())),
+        options(),
+    )
+    .await
+    .unwrap();
+    for (who, node) in [("orctest", &user), ("root", &root)] {
+        for (what, script) in [("waited for", "wait"), ("holding stdout", "echo started")] {
+            let pidfile = scratch.join(format!("{who}-{}.pid", what.replace(' ', "-")));
+            let timeout = Duration::from_millis(700);
+            let started = Instant::now();
+            let run = node.run(NodeCommand {
+                timeout: Some(timeout),
+                ..sh(&format!("sleep 100 & echo $! > {}; {script}", pidfile.display()))
+            });
+            let err = tokio::time::timeout(Duration::from_secs(20), run)
+                .await
+                .unwrap_or_else(|_| panic!("{who}, {what}: the call outlived its timeout by far"))
+                .unwrap_err();
+            assert!(err.message.contains("timed out"), "{who}, {what}: {err}");
+            let took = started.elapsed();
+            assert!(took < timeout + Duration::from_secs(4), "{who}, {what}: took {took:?}");
+            let pid = pid_in(&pidfile).await;
+            assert!(ended(&pid).await, "{who}, {what}: grandchild {pid} outlived the timeout");
+        }
+    }
+    // What a command leaves behind with its output elsewhere (a service it starts) runs on.
+    let pidfile = scratch.join("service.pid");
+    let out = user
+        .run(sh(&format!("sleep 100 > /dev/null 2>&1 & echo $! > {}", pidfile.display())))
+        .await
+        .unwrap();
+    assert_eq!(out.exit_code, 0);
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pid = pid_in(&pidfile).await;
+    assert!(alive(&pid), "a service the command started was killed");
+    let _ = std::process::Command::new("kill").arg(&pid).status();
+}
+
+/// A call dropped before its command ends (the plugin's own deadline passed) kills the
+/// command's process group on the node.
+#[tokio::test]
+async fn a_dropped_call_kills_its_commands_process_group_on_the_node() {
+    let sshd = Sshd::start();
+    let scratch = sshd.scratch_dir("dropped");
+    let node = connect(&sshd).await;
+    let pidfile = scratch.join("pid");
+    let run = node.run(NodeCommand {
+        timeout: Some(Duration::from_secs(60)),
+        ..sh(&format!("sleep 100 & echo $! > {}; wait", pidfile.display()))
+    });
+    let pid = tokio::select! {
+        done = run => panic!("the command ended: {done:?}"),
+        pid = pid_in(&pidfile) => pid,
+    };
+    assert!(ended(&pid).await, "grandchild {pid} outlived the dropped call");
+    // The connection still serves.
+    assert_eq!(node.run(sh("echo ok")).await.unwrap().stdout, b"ok\n");
+}
+
 /// More commands and file operations at once than sshd's MaxSessions: they queue on the
 /// connection's semaphore instead of failing, and share the one connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

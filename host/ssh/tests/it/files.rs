@@ -2,7 +2,7 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use orc_runtime::capability::node::{FileKind, NodeBackend, NodeErrorKind};
+use orc_runtime::capability::node::{FileKind, MAX_READ, NodeBackend, NodeErrorKind};
 
 use crate::sshd::Sshd;
 use crate::{connect, path};
@@ -120,19 +120,81 @@ async fn overwriting_is_atomic() {
     assert_eq!(left, 1, "temporary files left behind");
 }
 
+/// A file at the read cap round trips; a larger one is written, and refused when read.
 #[tokio::test]
-async fn a_20_mib_file_round_trips() {
+async fn a_file_at_the_read_cap_round_trips_and_a_larger_one_is_written_but_not_read() {
     let sshd = Sshd::start();
     let scratch = sshd.scratch_dir("large");
     let node = connect(&sshd).await;
     let file = path(&scratch, "large.bin");
-    let content: Vec<u8> = (0..20u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let pattern = |len: u64| -> Vec<u8> { (0..len).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect() };
+    let content = pattern(MAX_READ);
     node.write_file(&file, content.clone(), Some(0o600)).await.unwrap();
     assert!(std::fs::read(&file).unwrap() == content, "bytes on disk differ");
     assert_eq!(node.stat(&file).await.unwrap().unwrap().size, content.len() as u64);
     let back = node.read_file(&file).await.unwrap().unwrap();
     assert_eq!(back.len(), content.len());
     assert!(back == content, "bytes read back differ");
+    let larger = pattern(20 << 20);
+    node.write_file(&file, larger.clone(), None).await.unwrap();
+    assert!(std::fs::read(&file).unwrap() == larger, "bytes on disk differ");
+    let Err(err) = node.read_file(&file).await else {
+        panic!("a file past the read cap was read");
+    };
+    assert_eq!(err.kind, NodeErrorKind::TooLarge, "{err}");
+}
+
+/// A file past the read cap is refused from the size the node reports, before anything is read
+/// or reserved: a 64 GiB sparse file aborted the host (the reply buffer reserved its size).
+#[tokio::test]
+async fn a_file_past_the_read_cap_is_refused_before_it_is_read() {
+    let sshd = Sshd::start();
+    let scratch = sshd.scratch_dir("huge");
+    let node = connect(&sshd).await;
+    std::fs::File::create(scratch.join("huge")).unwrap().set_len(64 << 30).unwrap();
+    std::os::unix::fs::symlink("huge", scratch.join("link")).unwrap();
+    for name in ["huge", "link"] {
+        let file = path(&scratch, name);
+        let err = tokio::time::timeout(std::time::Duration::from_secs(20), node.read_file(&file))
+            .await
+            .expect("the read of a huge file was not refused at once")
+            .unwrap_err();
+        assert_eq!(err.kind, NodeErrorKind::TooLarge, "{err}");
+        assert!(err.message.contains(&format!("{file} is 68719476736 bytes")), "{err}");
+        assert!(err.message.contains(&MAX_READ.to_string()), "{err}");
+    }
+}
+
+/// A FIFO, a socket or a device is refused by its type before it is opened: OpenSSH's
+/// sftp-server blocks opening a FIFO (and with it the whole session) until a writer comes.
+#[tokio::test]
+async fn special_files_are_refused_before_they_block() {
+    let sshd = Sshd::start();
+    let scratch = sshd.scratch_dir("special");
+    let node = connect(&sshd).await;
+    let fifo = scratch.join("fifo");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    std::os::unix::fs::symlink("fifo", scratch.join("to-fifo")).unwrap();
+    let _socket = std::os::unix::net::UnixListener::bind(scratch.join("socket")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", scratch.join("to-zero")).unwrap();
+    for (file, kind) in [
+        (path(&scratch, "fifo"), "FIFO"),
+        (path(&scratch, "to-fifo"), "FIFO"),
+        (path(&scratch, "socket"), "socket"),
+        ("/dev/null".to_string(), "character device"),
+        (path(&scratch, "to-zero"), "character device"),
+    ] {
+        let err = tokio::time::timeout(std::time::Duration::from_secs(5), node.read_file(&file))
+            .await
+            .unwrap_or_else(|_| panic!("reading {file} blocked"))
+            .unwrap_err();
+        assert_eq!(err.kind, NodeErrorKind::InvalidInput, "{file}: {err}");
+        assert!(err.message.contains(&format!("{file}: it is a {kind}")), "{file}: {err}");
+    }
+    // The session still serves.
+    node.write_file(&path(&scratch, "after"), b"x".to_vec(), None).await.unwrap();
+    assert_eq!(node.read_file(&path(&scratch, "after")).await.unwrap().unwrap(), b"x");
+    assert_eq!(node.connections_made(), 1);
 }
 
 #[tokio::test]
