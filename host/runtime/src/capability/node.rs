@@ -1195,7 +1195,9 @@ mod tests {
         let node = LocalNode::open(&root).unwrap().with_spares(&dir.path().join("spares")).unwrap();
         assert!(node.spares.is_some(), "same file system: spares in use");
         for i in 0..20 {
-            node.write_file(&format!("/f{i}"), format!("first {i}").into_bytes(), None).await.unwrap();
+            node.write_file(&format!("/f{i}"), format!("first {i}").into_bytes(), None)
+                .await
+                .unwrap();
         }
         // A file with a second name: its replaced inode must never be written as a spare.
         std::fs::hard_link(root.join("f0"), root.join("other-name")).unwrap();
@@ -1203,7 +1205,9 @@ mod tests {
             for i in 0..20 {
                 let mode = if i % 2 == 0 { 0o600 } else { 0o640 };
                 let content = format!("round {round} of {i}: {}", "x".repeat(i * round));
-                node.write_file(&format!("/f{i}"), content.clone().into_bytes(), Some(mode)).await.unwrap();
+                node.write_file(&format!("/f{i}"), content.clone().into_bytes(), Some(mode))
+                    .await
+                    .unwrap();
                 let meta = std::fs::metadata(root.join(format!("f{i}"))).unwrap();
                 assert_eq!(std::fs::read_to_string(root.join(format!("f{i}"))).unwrap(), content);
                 assert_eq!((meta.mode() & 0o7777, meta.nlink()), (mode, 1), "f{i} round {round}");
