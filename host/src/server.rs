@@ -417,7 +417,7 @@ impl Environments {
         }
         self.nodes.forget_environment(&env.id);
         self.metrics.forget(&env.name);
-        let root = self.data_dir.join("nodes").join(&env.name);
+        let root = node_dir(&self.data_dir, &env.name);
         if let Err(e) = std::fs::remove_dir_all(&root)
             && e.kind() != std::io::ErrorKind::NotFound
         {
@@ -843,13 +843,18 @@ impl Environments {
 
 /// The root of an environment's local node.
 pub fn node_root(data_dir: &Path, environment: &str) -> PathBuf {
-    data_dir.join("nodes").join(environment).join(LOCAL_NODE)
+    node_dir(data_dir, environment).join(LOCAL_NODE)
 }
 
 /// Where the local node of `environment` keeps replaced files for reuse
 /// (`LocalNode::with_spares`): beside its root, outside it.
 pub fn node_spares(data_dir: &Path, environment: &str) -> PathBuf {
-    data_dir.join("nodes").join(environment).join(format!(".{LOCAL_NODE}-spares"))
+    node_dir(data_dir, environment).join(format!(".{LOCAL_NODE}-spares"))
+}
+
+/// What an environment's local node keeps on the host (its root, its spares): removed with it.
+fn node_dir(data_dir: &Path, environment: &str) -> PathBuf {
+    data_dir.join("nodes").join(environment)
 }
 
 /// The scheduler's settings from an environment's.

@@ -509,6 +509,20 @@ fn stat_of(meta: &cap_std::fs::Metadata) -> FileStat {
     }
 }
 
+/// How the local node opens a path to act on the handle: not following a final symlink (a link
+/// swapped in meanwhile fails), without blocking (opening a FIFO waits for a writer) and never
+/// as a controlling terminal; for reading, and for writing too when `write`.
+pub(crate) fn handle_options(write: bool) -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options.read(true).write(write);
+    cap_fs_ext::OpenOptionsFollowExt::follow(&mut options, cap_fs_ext::FollowSymlinks::No);
+    cap_std::fs::OpenOptionsExt::custom_flags(
+        &mut options,
+        (rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY).bits() as i32,
+    );
+    options
+}
+
 /// Opens `rel` to read it, without blocking (opening a FIFO waits for a writer; a device's open
 /// may act), and checks what the handle is ([`check_readable`]: a regular file within
 /// [`MAX_READ`]), so nothing swapped in after a check is read. `None` when nothing is there.
@@ -685,13 +699,8 @@ impl NodeBackend for LocalNode {
             };
             let held = match (&kept, &replacing) {
                 (None, Some(_)) => {
-                    // Not following a link, not blocking on a special file swapped in meanwhile;
-                    // unreadable, the rename frees it here.
-                    let mut options = OpenOptions::new();
-                    options.read(true);
-                    cap_fs_ext::OpenOptionsFollowExt::follow(&mut options, cap_fs_ext::FollowSymlinks::No);
-                    cap_std::fs::OpenOptionsExt::custom_flags(&mut options, rustix::fs::OFlags::NONBLOCK.bits() as i32);
-                    root.open_with(rel, &options).ok()
+                    // Unreadable, the rename frees it here.
+                    root.open_with(rel, &handle_options(false)).ok()
                 }
                 _ => None,
             };
@@ -888,12 +897,9 @@ impl NodeBackend for LocalNode {
                 }
                 Some(_) => {}
             }
-            // Opened without following a final symlink (a link swapped in meanwhile fails),
-            // then changed through the handle: nothing outside the root can be reached.
-            let mut options = OpenOptions::new();
-            options.read(true);
-            cap_fs_ext::OpenOptionsFollowExt::follow(&mut options, cap_fs_ext::FollowSymlinks::No);
-            let file = root.open_with(rel, &options).map_err(|e| io_error(rel, "open", e))?;
+            // Changed through a handle that did not follow a final symlink: nothing outside the
+            // root can be reached (and a FIFO swapped in does not block the open).
+            let file = root.open_with(rel, &handle_options(false)).map_err(|e| io_error(rel, "open", e))?;
             std::os::unix::fs::fchown(&file, uid, gid).map_err(|e| io_error(rel, "chown", e))?;
             Ok(((), Some(rel.to_path_buf())))
         })
@@ -1409,6 +1415,10 @@ mod tests {
             for (path, kind) in special {
                 let _ = tx.send((path, kind, rt.block_on(node.read_file(path))));
             }
+            // Nor is a FIFO's owner changed: refused by its type (the handle is opened without
+            // blocking as well, for one swapped in after that check).
+            let owned = rt.block_on(node.set_owner("/fifo", Some("0"), None)).map(|()| None);
+            let _ = tx.send(("/fifo", "owner change", owned));
         });
         for _ in 0..count {
             let Ok((path, kind, result)) = rx.recv_timeout(Duration::from_secs(10)) else {
@@ -1423,6 +1433,12 @@ mod tests {
             assert_eq!(err.kind, NodeErrorKind::InvalidInput, "{path}: {err}");
             assert!(err.message.contains(&format!("{path}: it is a {kind}")), "{path}: {err}");
         }
+        let (_, _, owned) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("changing the owner of a FIFO blocked");
+        let err = owned.unwrap_err();
+        assert_eq!(err.kind, NodeErrorKind::InvalidInput, "{err}");
+        assert!(err.message.contains("/fifo: it is a"), "{err}");
     }
 
     /// Whether process `pid` runs (a zombie nobody reaped yet does not).

@@ -23,8 +23,9 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cap_std::fs::{Dir, MetadataExt as _, OpenOptions, Permissions, PermissionsExt as _};
+use cap_std::fs::{Dir, MetadataExt as _, Permissions, PermissionsExt as _};
 
+use super::node::handle_options;
 use super::reaper::Reaper;
 
 /// Files whose old content is larger are not kept.
@@ -108,11 +109,7 @@ impl Spares {
 
     /// Writes into the spare `name` if it is fit (see the module); `Ok(false)` if it is not.
     fn write(&self, name: &str, content: &[u8], mode: u32) -> std::io::Result<bool> {
-        let mut options = OpenOptions::new();
-        options.read(true).write(true);
-        cap_fs_ext::OpenOptionsFollowExt::follow(&mut options, cap_fs_ext::FollowSymlinks::No);
-        cap_std::fs::OpenOptionsExt::custom_flags(&mut options, rustix::fs::OFlags::NONBLOCK.bits() as i32);
-        let file = self.dir.open_with(name, &options)?;
+        let file = self.dir.open_with(name, &handle_options(true))?;
         let meta = file.metadata()?;
         let mut attributes = [0u8; 1];
         let fit = meta.is_file()
