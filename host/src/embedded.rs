@@ -25,7 +25,7 @@ use crate::intent::{Intent, IntentError, ResourceId};
 use crate::outbound::{self, HostSecrets, SecretError, SecretSource};
 use crate::pinning::{self, PinError};
 use crate::scheduler::{self, BoxFuture, Event, Scheduler, Settings, Sink, Status, Version};
-use crate::store::{CapabilitySettings, EnvironmentSettings, HttpSettings};
+use crate::store::{CapabilitySettings, EnvironmentSettings, HttpSettings, LocalCommandSettings};
 
 pub use crate::pinning::LOCAL_NODE;
 
@@ -136,6 +136,12 @@ pub async fn deploy(
         // user: there is no environment for them to be denied by. Outgoing HTTP is still bound
         // by `http`'s allowed origins.
         capabilities: CapabilitySettings::everything(),
+        // Commands are confined all the same (the sandbox keeps a plugin from the operator's
+        // files and credentials), but reach the network, as the operator's own would.
+        local_commands: LocalCommandSettings {
+            network: true,
+            ..LocalCommandSettings::default()
+        },
         ..EnvironmentSettings::default()
     };
     settings

@@ -134,7 +134,8 @@ pub fn http_access(environment: &str, http: &HttpSettings, secrets: &HostSecrets
     })
 }
 
-/// `base` (nodes, kv) with what `settings` say about HTTP, the call deadline and the kv quota.
+/// `base` (nodes, kv) with what `settings` say about HTTP, the call deadline, the kv quota and
+/// the local node's commands.
 pub fn call_context(base: &CallContext, settings: &EnvironmentSettings, secrets: &HostSecrets) -> Result<CallContext, String> {
     Ok(CallContext {
         http: Arc::new(http_access(&base.environment, &settings.http, secrets)?),
@@ -142,11 +143,13 @@ pub fn call_context(base: &CallContext, settings: &EnvironmentSettings, secrets:
     })
 }
 
-/// `base` with what `settings` say about the call deadline and the kv quota (not HTTP).
+/// `base` with what `settings` say about the call deadline, the kv quota and the local node's
+/// commands (not HTTP).
 pub fn settled_context(base: &CallContext, settings: &EnvironmentSettings) -> CallContext {
     CallContext {
         deadline: Some(Duration::from_secs(settings.call_timeout_s.max(1))),
         kv_quota: settings.kv_quota.quota(),
+        command_limits: settings.local_commands.limits(),
         ..base.clone()
     }
 }

@@ -8,7 +8,7 @@ use std::str::FromStr;
 
 use orc_manifest::Capability;
 use orc_runtime::Grants;
-use orc_runtime::capability::KvQuota;
+use orc_runtime::capability::{CommandLimits, KvQuota};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -228,6 +228,57 @@ pub struct EnvironmentSettings {
     pub capabilities: CapabilitySettings,
     /// How much key/value state the environment's plugins may keep, all of them together.
     pub kv_quota: KvQuotaSettings,
+    /// How commands on the environment's local node are confined: network, and limits.
+    pub local_commands: LocalCommandSettings,
+}
+
+/// The sandbox of commands on an environment's local node (`capability::sandbox`): whether they
+/// reach the host's network, and what each command may use. A limit reached stops the command
+/// (or the process that passed it), never the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct LocalCommandSettings {
+    /// The host's network; off by default (a loopback of the command's own).
+    pub network: bool,
+    /// CPU seconds per process: 1 to 86,400; default 600.
+    pub cpu_seconds: u64,
+    /// Memory of all of a command's processes together, in bytes: 16 MiB to 1 TiB; default 1 GiB.
+    pub memory_bytes: u64,
+    /// Processes and threads of a command at once: 8 to 1,000,000; default 512.
+    pub processes: u64,
+    /// Largest file a command may write, in bytes: 1 MiB to 16 TiB; default 1 GiB.
+    pub file_size_bytes: u64,
+}
+
+impl Default for LocalCommandSettings {
+    fn default() -> Self {
+        LocalCommandSettings::from(CommandLimits::default())
+    }
+}
+
+impl From<CommandLimits> for LocalCommandSettings {
+    fn from(l: CommandLimits) -> Self {
+        LocalCommandSettings {
+            network: l.network,
+            cpu_seconds: l.cpu_seconds,
+            memory_bytes: l.memory_bytes,
+            processes: l.processes,
+            file_size_bytes: l.file_size_bytes,
+        }
+    }
+}
+
+impl LocalCommandSettings {
+    /// What the local node confines its commands with.
+    pub fn limits(&self) -> CommandLimits {
+        CommandLimits {
+            network: self.network,
+            cpu_seconds: self.cpu_seconds,
+            memory_bytes: self.memory_bytes,
+            processes: self.processes,
+            file_size_bytes: self.file_size_bytes,
+        }
+    }
 }
 
 /// The quota of an environment's plugin key/value state (`kv`), all plugins together: keys, and
@@ -382,6 +433,22 @@ impl EnvironmentSettings {
             ("call_timeout_s", self.call_timeout_s, 1, MAX_CALL_TIMEOUT_S, " (a day)"),
             ("kv_quota.max_keys", self.kv_quota.max_keys, 1, MAX_KV_KEYS, " (ten million)"),
             ("kv_quota.max_bytes", self.kv_quota.max_bytes, 1, MAX_KV_BYTES, " (16 GiB)"),
+            ("local_commands.cpu_seconds", self.local_commands.cpu_seconds, 1, 86_400, " (a day)"),
+            (
+                "local_commands.memory_bytes",
+                self.local_commands.memory_bytes,
+                16 << 20,
+                1 << 40,
+                " (1 TiB)",
+            ),
+            ("local_commands.processes", self.local_commands.processes, 8, 1_000_000, ""),
+            (
+                "local_commands.file_size_bytes",
+                self.local_commands.file_size_bytes,
+                1 << 20,
+                16 << 40,
+                " (16 TiB)",
+            ),
         ];
         for (field, value, min, max, why) in bounded {
             if value < min {
@@ -407,6 +474,7 @@ impl Default for EnvironmentSettings {
             http: HttpSettings::default(),
             capabilities: CapabilitySettings::default(),
             kv_quota: KvQuotaSettings::default(),
+            local_commands: LocalCommandSettings::default(),
         }
     }
 }

@@ -30,8 +30,8 @@ impl Host {
 
 pub async fn capabilities_are_granted_per_environment_and_checked_at_submission(backend: Backend) {
     let host = Host::start(backend, 1 << 20).await;
-    let scratch = tempfile::tempdir().unwrap();
-    let marker = scratch.path().join("ran");
+    // In the node's root: all a confined command can write.
+    let marker = host.node_root("dev").join("ran");
 
     // The defaults: node files and kv, not node commands nor HTTP.
     let env = host.create_environment("dev").await;

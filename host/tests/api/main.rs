@@ -23,6 +23,7 @@ mod paths;
 #[path = "../support/pg.rs"]
 mod pg;
 mod promises;
+mod sandbox;
 
 use paths::encode;
 
@@ -32,6 +33,7 @@ use http_policy::*;
 use kv_quota::*;
 use lifecycle::*;
 use promises::*;
+use sandbox::*;
 
 /// One `#[tokio::test]` per case and backend: `sqlite::<case>` and `postgres::<case>`, each
 /// calling `crate::<case>(backend)`.
@@ -80,6 +82,7 @@ on_both_backends!(
     capabilities_are_granted_per_environment_and_checked_at_submission,
     a_cluster_template_needs_the_capabilities_its_automators_request,
     a_plugin_writing_past_its_environments_kv_quota_is_refused_and_deleting_frees_room,
+    local_commands_reach_nothing_of_the_host_and_their_limits_hold,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");

@@ -9,6 +9,7 @@ pub mod kv;
 mod log;
 pub mod node;
 mod reaper;
+pub mod sandbox;
 mod spares;
 
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use crate::state::CallState;
 pub use http::{AddressKind, AddressPolicy, HttpAccess, HttpPolicy, IpNet, Origin};
 pub use kv::{DirKv, KvAccounts, KvError, KvQuota, KvStore, KvUsage, MemoryKv};
 pub use node::{LocalNode, NodeBackend, NodeDirectory, NodeError, NodeErrorKind, Nodes};
+pub use sandbox::{CommandLimits, Sandbox, SandboxError};
 
 /// A set of capabilities, as a bitmask (cheap to copy and hash as a map key).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -93,6 +95,8 @@ pub struct CallContext {
     /// What the environment's plugins may keep in `kv`, all of them together.
     pub kv_quota: KvQuota,
     pub nodes: Arc<dyn NodeDirectory>,
+    /// How commands on the local node are confined.
+    pub command_limits: CommandLimits,
     pub http: Arc<HttpAccess>,
     /// Overrides the runtime's default deadline.
     pub deadline: Option<Duration>,
@@ -116,6 +120,7 @@ impl CallContext {
             kv: Arc::new(MemoryKv::default()),
             kv_quota: KvQuota::default(),
             nodes: Arc::new(Nodes::default()),
+            command_limits: CommandLimits::default(),
             http: Arc::new(HttpAccess::deny_all()),
             deadline: None,
             memory_limit_bytes: None,

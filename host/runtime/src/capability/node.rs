@@ -18,6 +18,7 @@ use tokio::io::AsyncReadExt;
 use crate::bindings::host::orc::plugin::node as wit;
 use crate::bindings::host::orc::plugin::types::{Error, ErrorKind};
 use crate::capability::reaper::Reaper;
+use crate::capability::sandbox::{self, CommandLimits, Sandbox};
 use crate::capability::spares::Spares;
 use crate::capability::wit_error;
 use crate::state::CallState;
@@ -70,6 +71,9 @@ pub struct NodeCommand {
     pub env: Vec<(String, String)>,
     pub cwd: Option<String>,
     pub timeout: Option<Duration>,
+    /// How the command is confined on the local node (other nodes' commands run as their
+    /// transport's user, as the node confines them).
+    pub limits: CommandLimits,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -330,10 +334,13 @@ impl NodeDirectory for Nodes {
 }
 
 /// The machine the host runs on, confined to a root directory: the node's `/etc/motd` is
-/// `<root>/etc/motd`. Commands run on the host with the root as working directory, a cleared
-/// environment (only `PATH` and what the plugin passes) and a timeout, each in a process group
-/// of its own that is killed whole at the timeout or when the call is dropped. Reads return
-/// only regular files of at most [`MAX_READ`], checked on the handle opened without blocking.
+/// `<root>/etc/motd`. Commands run confined (`capability::sandbox`): the root (at its host
+/// path, their working directory in it) and the system's programs are all they see, as an
+/// unprivileged user, under the environment's limits, with a cleared environment (only `PATH`
+/// and what the plugin passes) and a timeout; at the timeout, when the call is dropped, or when
+/// the command's first process ends, every process of it ends. Where the sandbox cannot be set
+/// up, commands are refused. Reads return only regular files of at most [`MAX_READ`], checked
+/// on the handle opened without blocking.
 ///
 /// File changes are not synced one by one: each is marked ([`Unsynced`]) and the durability
 /// fence ([`NodeBackend::durable`]) makes them all durable with one `syncfs(2)` of the root's
@@ -573,27 +580,44 @@ fn lstat(root: &Dir, rel: &Path) -> Result<Option<FileStat>, NodeError> {
 impl NodeBackend for LocalNode {
     fn run(&self, command: NodeCommand) -> BoxFuture<'_, Result<CommandOutput, NodeError>> {
         Box::pin(async move {
-            let Some((program, args)) = command.argv.split_first() else {
+            let Some(program) = command.argv.first().cloned() else {
                 return Err(NodeError::new(NodeErrorKind::InvalidInput, "command has an empty argv"));
             };
+            let sandbox = Sandbox::host()
+                .await
+                .map_err(|e| NodeError::new(NodeErrorKind::Denied, e.to_string()))?;
             let cwd = match &command.cwd {
-                Some(c) => self.root_path.join(relative(c)?),
+                Some(c) => {
+                    let rel = relative(c)?;
+                    // Checked through the root: a symlink out of it is refused here too.
+                    let meta = self.root.metadata(&rel).map_err(|e| io_error(&rel, "run in", e))?;
+                    if !meta.is_dir() {
+                        return Err(NodeError::new(
+                            NodeErrorKind::InvalidInput,
+                            format!("cannot run in {c}: not a directory"),
+                        ));
+                    }
+                    self.root_path.join(rel)
+                }
                 None => self.root_path.clone(),
             };
-            let mut cmd = tokio::process::Command::new(program);
-            cmd.args(args)
-                .current_dir(&cwd)
+            let mut confined = sandbox
+                .confine(&self.root_path, &cwd, &command.argv, &command.env, command.limits)
+                .map_err(|e| NodeError::new(NodeErrorKind::Failed, format!("cannot confine `{program}`: {e}")))?;
+            confined
+                .command
                 .env_clear()
                 .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-                .envs(command.env.iter().map(|(k, v)| (k, v)))
                 .stdin(if command.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .kill_on_drop(true)
-                // A process group of its own, killed whole at the timeout or when the call is
-                // dropped: what it starts in the background does not outlive the call.
+                // A process group of its own on the host (`sh`, then `bwrap`), killed whole at
+                // the timeout or when the call is dropped; the sandbox's PID namespace ends
+                // with it, and every process in it.
                 .process_group(0);
-            let mut child = cmd
+            let mut child = confined
+                .command
                 .spawn()
                 .map_err(|e| NodeError::new(NodeErrorKind::InvalidInput, format!("cannot start `{program}`: {e}")))?;
             let group = ProcessGroup::of(&child);
@@ -618,7 +642,7 @@ impl NodeBackend for LocalNode {
                 )
             })
             .await;
-            let Ok((status, stdout, stderr)) = finished else {
+            let Ok((status, stdout, mut stderr)) = finished else {
                 drop(group);
                 let _ = child.kill().await;
                 stdout.abort();
@@ -628,10 +652,20 @@ impl NodeBackend for LocalNode {
                     format!("command `{program}` timed out after {timeout:?} and was killed"),
                 ));
             };
-            // Ended in time: what it left running on its own (a service it started, its output
-            // elsewhere) is its business.
+            // Ended: `bwrap` is gone, and with it every process of the sandbox.
             group.release();
             let status = status.map_err(|e| NodeError::new(NodeErrorKind::Failed, format!("waiting for `{program}`: {e}")))?;
+            if let Some(failure) = sandbox::setup_failure(status.code(), &stderr) {
+                let kind = if failure.contains("execvp") {
+                    NodeErrorKind::InvalidInput
+                } else {
+                    NodeErrorKind::Failed
+                };
+                return Err(NodeError::new(kind, format!("cannot start `{program}`: {failure}")));
+            }
+            if let Some(report) = confined.report() {
+                stderr.extend_from_slice(report.as_bytes());
+            }
             Ok(CommandOutput {
                 exit_code: status.code().unwrap_or(-1),
                 stdout,
@@ -1057,6 +1091,7 @@ impl wit::Host for CallState {
                 env: command.env,
                 cwd: command.cwd,
                 timeout: command.timeout_ms.map(|ms| Duration::from_millis(ms.into())),
+                limits: self.ctx.command_limits,
             })
             .await
             .map_err(to_wit)?;
@@ -1441,36 +1476,31 @@ mod tests {
         assert!(err.message.contains("/fifo: it is a"), "{err}");
     }
 
-    /// Whether process `pid` runs (a zombie nobody reaped yet does not).
-    fn alive(pid: &str) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|stat| stat.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')))
-    }
+    /// A background loop a script starts: it rewrites `beat` in the root every 50 ms while it
+    /// runs. The sandbox has its own PID namespace, so the test watches the file, not a pid.
+    const HEARTBEAT: &str = "(while :; do date +%s%N > beat; sleep 0.05; done) &";
 
-    /// Waits (at most 5 s) for `pid` to end; whether it did.
-    async fn ended(pid: &str) -> bool {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while alive(pid) {
-            if std::time::Instant::now() > deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        true
-    }
-
-    /// The pid a script wrote to `file`, once it is there (at most 10 s).
-    async fn pid_in(file: &Path) -> String {
+    /// Waits (at most 10 s) for the heartbeat in `dir` to start.
+    async fn beating(dir: &Path) {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(pid) = std::fs::read_to_string(file)
-                && pid.ends_with('\n')
-            {
-                return pid.trim().to_string();
-            }
-            assert!(std::time::Instant::now() < deadline, "{} never written", file.display());
+        while !dir.join("beat").exists() {
+            assert!(std::time::Instant::now() < deadline, "the heartbeat never started");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// Whether the heartbeat in `dir` stopped within 5 s (no change over 400 ms).
+    async fn stopped(dir: &Path) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let read = || std::fs::read_to_string(dir.join("beat")).unwrap_or_default();
+        while std::time::Instant::now() < deadline {
+            let before = read();
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            if read() == before {
+                return true;
+            }
+        }
+        false
     }
 
     fn sh(script: &str, timeout: Duration) -> NodeCommand {
@@ -1481,22 +1511,21 @@ mod tests {
         }
     }
 
-    /// A command's own process group is killed at its timeout: a grandchild the shell waits for,
-    /// and one that holds the output open after the shell is gone (which held the call open
-    /// until the plugin's deadline and outlived it).
+    /// Every process of a command ends at its timeout: a grandchild the shell waits for, and one
+    /// that holds the output open after the shell is gone (which held the call open until the
+    /// plugin's deadline and outlived it).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_timeout_kills_the_commands_whole_process_group() {
+    async fn a_timeout_kills_every_process_of_the_command() {
         let dir = tempfile::tempdir().unwrap();
         let node = LocalNode::open(dir.path()).unwrap();
-        let pidfile = dir.path().join("pid");
         for (what, script) in [
-            ("waited for", "sleep 100 & echo $! > pid; wait"),
-            ("holding stdout", "sleep 100 & echo $! > pid; echo started"),
+            ("waited for", format!("{HEARTBEAT} wait")),
+            ("holding stdout", format!("{HEARTBEAT} echo started; sleep 100")),
         ] {
-            let _ = std::fs::remove_file(&pidfile);
-            let timeout = Duration::from_millis(500);
+            let _ = std::fs::remove_file(dir.path().join("beat"));
+            let timeout = Duration::from_millis(700);
             let started = std::time::Instant::now();
-            let result = tokio::time::timeout(Duration::from_secs(10), node.run(sh(script, timeout)))
+            let result = tokio::time::timeout(Duration::from_secs(10), node.run(sh(&script, timeout)))
                 .await
                 .unwrap_or_else(|_| panic!("{what}: the call outlived its timeout by far"));
             let err = result.unwrap_err();
@@ -1506,34 +1535,36 @@ mod tests {
                 "{what}: took {:?}",
                 started.elapsed()
             );
-            let pid = pid_in(&pidfile).await;
-            assert!(ended(&pid).await, "{what}: grandchild {pid} outlived the timeout");
+            beating(dir.path()).await;
+            assert!(stopped(dir.path()).await, "{what}: a grandchild outlived the timeout");
         }
-        // A command that leaves a process behind with its output elsewhere (how a service is
-        // started) ends when it ends, and what it left runs on.
-        let out = node
-            .run(sh("sleep 100 > /dev/null 2>&1 & echo $! > pid", Duration::from_secs(5)))
-            .await
-            .unwrap();
-        assert_eq!(out.exit_code, 0);
-        let pid = pid_in(&pidfile).await;
-        assert!(alive(&pid), "a service the command started was killed");
-        let _ = std::process::Command::new("kill").arg(&pid).status();
     }
 
-    /// A call dropped before its command ends (the plugin's own deadline passed) kills the
-    /// command's process group, not only its first process.
+    /// What a command leaves running in the background ends when the command ends: the sandbox's
+    /// PID namespace ends with its first process.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_dropped_call_kills_its_commands_process_group() {
+    async fn what_a_command_leaves_running_ends_with_it() {
         let dir = tempfile::tempdir().unwrap();
         let node = LocalNode::open(dir.path()).unwrap();
-        let run = node.run(sh("sleep 100 & echo $! > pid; wait", Duration::from_secs(60)));
-        let pidfile = dir.path().join("pid");
-        let pid = tokio::select! {
+        let script = format!("{HEARTBEAT} exec >/dev/null 2>&1; while [ ! -e beat ]; do sleep 0.01; done");
+        let out = node.run(sh(&script, Duration::from_secs(10))).await.unwrap();
+        assert_eq!(out.exit_code, 0);
+        assert!(stopped(dir.path()).await, "a process the command left behind runs on");
+    }
+
+    /// A call dropped before its command ends (the plugin's own deadline passed) kills every
+    /// process of the command, not only its first.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_call_kills_every_process_of_the_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = LocalNode::open(dir.path()).unwrap();
+        let script = format!("{HEARTBEAT} wait");
+        let run = node.run(sh(&script, Duration::from_secs(60)));
+        tokio::select! {
             done = run => panic!("the command ended: {done:?}"),
-            pid = pid_in(&pidfile) => pid,
+            () = beating(dir.path()) => {}
         };
-        assert!(ended(&pid).await, "grandchild {pid} outlived the dropped call");
+        assert!(stopped(dir.path()).await, "a grandchild outlived the dropped call");
     }
 
     #[tokio::test]

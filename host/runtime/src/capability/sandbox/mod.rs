@@ -1,0 +1,354 @@
+//! The confined local node's commands: each runs under bubblewrap (`bwrap`), in namespaces of
+//! its own (mount, PID, IPC, UTS, cgroup, user; network unless the environment grants it), as
+//! an unprivileged user with no capabilities and `no_new_privs`, under a seccomp filter
+//! ([`seccomp`]), with resource limits (CPU time and file size by `rlimit`, processes and
+//! memory by a control group of its own, [`cgroup`]).
+//!
+//! What it sees: the node's root (read-write, at its host path, the working directory inside
+//! it), the system's programs and libraries read-only (`/usr` and the `/bin`, `/lib*`, `/sbin`
+//! beside it), a short list of `/etc` files programs need and that hold no secret
+//! ([`ETC`]), a fresh `/proc` of its own PID namespace, a minimal `/dev`, and an empty `/tmp`.
+//! Nothing else of the host: not the data directory (database, secret key, registry, other
+//! environments' roots, the local node's spares), not `/etc/shadow`, not the host's processes
+//! or environment. When the command's first process ends, the PID namespace ends and every
+//! process it left ends with it.
+//!
+//! The sandbox is probed once per process ([`Sandbox::host`]). Where it cannot be set up (no
+//! `bwrap`, user namespaces disabled, no writable cgroup controllers) commands on the local node
+//! are refused with the reason; they never run unconfined.
+
+mod cgroup;
+mod seccomp;
+
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, OnceLock};
+
+use command_fds::{CommandFdExt, FdMapping};
+
+pub use cgroup::CgroupError;
+pub use seccomp::FilterError;
+
+/// How one command on the local node is limited: the environment's `local_commands` settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandLimits {
+    /// The host's network (else only a loopback of its own).
+    pub network: bool,
+    /// CPU time of each process, in seconds (`SIGXCPU`, then `SIGKILL`).
+    pub cpu_seconds: u64,
+    /// Memory of all its processes together, in bytes (past it, the kernel's OOM killer).
+    pub memory_bytes: u64,
+    /// Processes and threads at once, all together (past it, `fork` fails).
+    pub processes: u64,
+    /// Largest file a process may write, in bytes (past it, `EFBIG`).
+    pub file_size_bytes: u64,
+}
+
+impl Default for CommandLimits {
+    fn default() -> Self {
+        CommandLimits {
+            network: false,
+            cpu_seconds: 600,
+            memory_bytes: 1 << 30,
+            processes: 512,
+            file_size_bytes: 1 << 30,
+        }
+    }
+}
+
+/// Why the sandbox cannot be set up on this host; commands on the local node are refused with it.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SandboxError {
+    #[error(
+        "commands on the local node run under bubblewrap, which is not installed (`bwrap` is not in /usr/bin, /bin or /usr/local/bin; install the `bubblewrap` package)"
+    )]
+    NoBwrap,
+    #[error("commands on the local node cannot be confined: {0}")]
+    Unavailable(String),
+}
+
+/// `/etc` files a confined command sees (read-only, those that exist): accounts without
+/// passwords, name resolution, the dynamic linker's cache, time zone, the alternatives
+/// programs link through, and public CA certificates. Never `shadow`, `gshadow`, `sudoers`,
+/// `ssh/`, `ssl/private` nor orc's own configuration.
+pub const ETC: &[&str] = &[
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/nsswitch.conf",
+    "/etc/resolv.conf",
+    "/etc/gai.conf",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/alternatives",
+    "/etc/ssl/certs",
+    "/etc/ca-certificates",
+    "/etc/protocols",
+    "/etc/services",
+    "/etc/mime.types",
+    "/etc/locale.alias",
+    "/etc/os-release",
+    "/etc/debian_version",
+    "/etc/shells",
+    "/etc/magic",
+];
+
+/// System directories bound read-only (or recreated as the symlinks they are, as on merged-`/usr`
+/// systems).
+const SYSTEM: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"];
+
+/// The user and group a command runs as inside (`nobody`); outside, its files are the host's
+/// user's, as the node's file functions write them.
+const INSIDE_ID: &str = "65534";
+
+/// Exit status of the set-up step when it fails (it says why on stderr, after [`MARK`]).
+const SETUP_FAILED: i32 = 125;
+/// How the sandbox's own messages start on a command's stderr.
+pub const MARK: &str = "orc-sandbox: ";
+
+/// Run by `sh` on the host before `bwrap`: the limits no namespace gives (`rlimit`s: CPU time,
+/// file size, no core dumps), then joins the command's control group(s), then becomes `bwrap`.
+/// `$1` CPU seconds, `$2` file size in 512-byte blocks, `$3` how many `cgroup.procs` follow.
+const PRELUDE: &str = r#"fail() { echo "orc-sandbox: $1" >&2; exit 125; }
+ulimit -t "$1" || fail "cannot set the CPU time limit"
+ulimit -f "$2" || fail "cannot set the file size limit"
+ulimit -c 0 || fail "cannot turn core dumps off"
+n=$3; shift 3
+while [ "$n" -gt 0 ]; do echo 0 > "$1" || fail "cannot join the control group $1"; shift; n=$((n - 1)); done
+exec "$@""#;
+
+static HOST: OnceLock<Result<Arc<Sandbox>, SandboxError>> = OnceLock::new();
+
+/// The host's means to confine commands: found and tried once.
+#[derive(Debug)]
+pub struct Sandbox {
+    bwrap: PathBuf,
+    filters: [Arc<[u8]>; 2],
+    cgroups: cgroup::Hierarchy,
+    /// `bwrap` arguments for the system directories and `/etc` files.
+    system: Vec<OsString>,
+}
+
+/// One command, ready to spawn, and the group that limits it (dropping it kills what is left).
+pub(crate) struct Confined {
+    pub command: tokio::process::Command,
+    group: cgroup::Group,
+    limits: CommandLimits,
+}
+
+impl Confined {
+    /// What the sandbox's limits stopped, as lines for the command's stderr.
+    pub fn report(&self) -> Option<String> {
+        let stopped = self.group.stopped();
+        let mut lines = String::new();
+        if stopped.memory {
+            lines += &format!(
+                "\n{MARK}a process was killed at the memory limit of {} bytes (setting `local_commands.memory_bytes`)\n",
+                self.limits.memory_bytes
+            );
+        }
+        if stopped.processes {
+            lines += &format!(
+                "\n{MARK}a fork was refused at the limit of {} processes (setting `local_commands.processes`)\n",
+                self.limits.processes
+            );
+        }
+        (!lines.is_empty()).then_some(lines)
+    }
+}
+
+impl Sandbox {
+    /// The host's sandbox, probed on first use (a trial command, off the async threads); the
+    /// same answer for the process's life.
+    pub async fn host() -> Result<Arc<Sandbox>, SandboxError> {
+        if let Some(probed) = HOST.get() {
+            return probed.clone();
+        }
+        tokio::task::spawn_blocking(Sandbox::host_blocking)
+            .await
+            .unwrap_or_else(|e| Err(SandboxError::Unavailable(format!("the probe failed: {e}"))))
+    }
+
+    /// [`Sandbox::host`], probing on the caller's thread.
+    pub fn host_blocking() -> Result<Arc<Sandbox>, SandboxError> {
+        HOST.get_or_init(|| {
+            let probed = Sandbox::probe().map(Arc::new);
+            match &probed {
+                Ok(s) => tracing::info!(bwrap = %s.bwrap.display(), cgroups = ?s.cgroups, "commands on the local node are confined"),
+                Err(e) => tracing::error!(error = %e, "commands on the local node are refused"),
+            }
+            probed
+        })
+        .clone()
+    }
+
+    fn probe() -> Result<Sandbox, SandboxError> {
+        let bwrap = ["/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+            .ok_or(SandboxError::NoBwrap)?;
+        let unavailable = |e: &dyn std::fmt::Display| SandboxError::Unavailable(e.to_string());
+        let filters = seccomp::programs().map_err(|e| unavailable(&e))?;
+        let cgroups = cgroup::Hierarchy::open().map_err(|e| unavailable(&e))?;
+        let sandbox = Sandbox {
+            bwrap,
+            filters: filters.map(Arc::from),
+            cgroups,
+            system: system_binds(),
+        };
+        sandbox.try_once()?;
+        Ok(sandbox)
+    }
+
+    /// Runs `true` confined, so a host that cannot (no user namespaces) says so at once.
+    fn try_once(&self) -> Result<(), SandboxError> {
+        let dir = std::env::temp_dir();
+        let mut confined = self
+            .confine(&dir, &dir, &["true".to_string()], &[], CommandLimits::default())
+            .map_err(SandboxError::Unavailable)?;
+        let std = confined.command.as_std_mut();
+        let out = std
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| SandboxError::Unavailable(format!("cannot start `{}`: {e}", self.bwrap.display())))?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            return Err(SandboxError::Unavailable(format!(
+                "a trial command failed ({}): {} (are user namespaces enabled? `sysctl user.max_user_namespaces`)",
+                out.status,
+                stderr.trim()
+            )));
+        }
+        Ok(())
+    }
+
+    /// `argv` confined, in `cwd` (inside `root`), with `env` and `limits`. The command's own
+    /// process on the host is `sh`, then `bwrap`: its stdio, environment and process group are
+    /// the caller's to set (only `PATH` should be given; `env` goes inside).
+    pub(crate) fn confine(
+        &self,
+        root: &Path,
+        cwd: &Path,
+        argv: &[String],
+        env: &[(String, String)],
+        limits: CommandLimits,
+    ) -> Result<Confined, String> {
+        let group = self
+            .cgroups
+            .group(limits.processes, limits.memory_bytes)
+            .map_err(|e| e.to_string())?;
+        let procs = group.procs_files();
+        let mut fds = Vec::with_capacity(2);
+        for (i, program) in self.filters.iter().enumerate() {
+            fds.push(FdMapping {
+                parent_fd: memfd(program).map_err(|e| format!("cannot hand the seccomp filter over: {e}"))?,
+                child_fd: 3 + i as i32,
+            });
+        }
+        let mut command = tokio::process::Command::new("/bin/sh");
+        command
+            .arg("-c")
+            .arg(PRELUDE)
+            .arg("orc-sandbox")
+            .arg(limits.cpu_seconds.to_string())
+            .arg(limits.file_size_bytes.div_ceil(512).to_string())
+            .arg(procs.len().to_string())
+            .args(&procs)
+            .arg(&self.bwrap)
+            .args([
+                "--unshare-all",
+                "--unshare-user",
+                "--disable-userns",
+                "--die-with-parent",
+                "--new-session",
+                "--cap-drop",
+                "ALL",
+                "--uid",
+                INSIDE_ID,
+                "--gid",
+                INSIDE_ID,
+                "--hostname",
+                "orc-local",
+            ]);
+        if limits.network {
+            command.arg("--share-net");
+        }
+        command
+            .args(&self.system)
+            .args(["--proc", "/proc", "--dev", "/dev"])
+            .arg("--size")
+            .arg(limits.memory_bytes.to_string())
+            .args(["--tmpfs", "/tmp"])
+            .arg("--bind")
+            .arg(root)
+            .arg(root)
+            .arg("--chdir")
+            .arg(cwd)
+            .args(["--add-seccomp-fd", "3", "--add-seccomp-fd", "4"]);
+        for (k, v) in env {
+            command.arg("--setenv").arg(k).arg(v);
+        }
+        command.arg("--").args(argv).current_dir("/");
+        command
+            .fd_mappings(fds)
+            .map_err(|e| format!("cannot hand the seccomp filter over: {e}"))?;
+        Ok(Confined { command, group, limits })
+    }
+}
+
+/// A sealed-off copy of `bytes` to hand a child as a file descriptor (read from its start).
+fn memfd(bytes: &[u8]) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{MemfdFlags, SeekFrom};
+    let fd = rustix::fs::memfd_create("orc-seccomp", MemfdFlags::CLOEXEC)?;
+    let mut written = 0;
+    while written < bytes.len() {
+        written += rustix::io::write(&fd, &bytes[written..])?;
+    }
+    rustix::fs::seek(&fd, SeekFrom::Start(0))?;
+    Ok(fd)
+}
+
+/// `--ro-bind` (or `--symlink`, as on the host) for [`SYSTEM`], then `--ro-bind` for [`ETC`].
+fn system_binds() -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
+    for dir in SYSTEM {
+        match std::fs::symlink_metadata(dir) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if let Ok(target) = std::fs::read_link(dir) {
+                    args.extend(["--symlink".into(), target.into_os_string(), (*dir).into()]);
+                }
+            }
+            Ok(m) if m.is_dir() => args.extend(["--ro-bind".into(), (*dir).into(), (*dir).into()]),
+            _ => {}
+        }
+    }
+    for path in ETC {
+        if Path::new(path).exists() {
+            args.extend(["--ro-bind".into(), (*path).into(), (*path).into()]);
+        }
+    }
+    args
+}
+
+/// Whether a command's stderr and exit status say the sandbox itself failed (rather than the
+/// command): its message then, for the error.
+pub(crate) fn setup_failure(exit_code: Option<i32>, stderr: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(stderr);
+    let first = text.lines().next().unwrap_or_default();
+    let failed = match exit_code {
+        Some(SETUP_FAILED) => first.starts_with(MARK),
+        Some(1) => first.starts_with("bwrap: "),
+        _ => false,
+    };
+    failed.then(|| first.to_string())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,140 @@
+//! The seccomp filters a confined command runs under, compiled once with `seccompiler` into the
+//! classic BPF programs `bwrap --add-seccomp-fd` loads.
+//!
+//! What they refuse (`EPERM`) is what a process inside the sandbox could use to leave it or to
+//! reach the kernel's larger attack surface, after the list Flatpak keeps: new namespaces
+//! (`unshare`, `setns`, namespace flags to `clone`), mounts of any kind, `pivot_root` and
+//! `chroot`, kernel keyrings, `ptrace` and process memory access, `bpf`, `perf_event_open`,
+//! `userfaultfd`, module and kexec loading, file handles (`open_by_handle_at` reads any inode of
+//! a mount), and typing into the terminal (`ioctl(TIOCSTI)`, `TIOCLINUX`). `clone3` answers
+//! `ENOSYS`, so the C library falls back to `clone`, whose flags a filter can see. Calls of
+//! another architecture's ABI (i386 on x86-64) kill the process (`seccompiler`'s arch check).
+
+use std::collections::BTreeMap;
+
+use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch};
+
+/// System calls refused whatever their arguments.
+/// (`seccompiler` builds filters for 64-bit machines only, where these are `i64` and `u64`.)
+const DENIED: &[i64] = &[
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_chroot,
+    libc::SYS_open_tree,
+    libc::SYS_move_mount,
+    libc::SYS_fsopen,
+    libc::SYS_fsconfig,
+    libc::SYS_fsmount,
+    libc::SYS_fspick,
+    libc::SYS_mount_setattr,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_userfaultfd,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_name_to_handle_at,
+    libc::SYS_acct,
+    libc::SYS_quotactl,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_reboot,
+    libc::SYS_syslog,
+    libc::SYS_settimeofday,
+    libc::SYS_clock_settime,
+    libc::SYS_clock_adjtime,
+    libc::SYS_adjtimex,
+    libc::SYS_personality,
+];
+
+/// `clone` flags that make a new namespace.
+const NAMESPACE_FLAGS: &[libc::c_int] = &[
+    libc::CLONE_NEWUSER,
+    libc::CLONE_NEWNS,
+    libc::CLONE_NEWPID,
+    libc::CLONE_NEWNET,
+    libc::CLONE_NEWIPC,
+    libc::CLONE_NEWUTS,
+    libc::CLONE_NEWCGROUP,
+];
+
+/// `ioctl` requests that act on the terminal as if typed there.
+const DENIED_IOCTLS: &[u64] = &[libc::TIOCSTI, libc::TIOCLINUX];
+
+/// Why the filters could not be compiled (an architecture `seccompiler` does not know).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot build the sandbox's seccomp filter for {arch}: {source}")]
+pub struct FilterError {
+    arch: &'static str,
+    source: seccompiler::BackendError,
+}
+
+/// The two programs, as the bytes `bwrap` reads: the refusals (`EPERM`), then `clone3`
+/// (`ENOSYS`). Two because a filter has one action for what it matches.
+pub(super) fn programs() -> Result<[Vec<u8>; 2], FilterError> {
+    let arch = std::env::consts::ARCH;
+    let fail = |source| FilterError { arch, source };
+    let target = TargetArch::try_from(arch).map_err(fail)?;
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|nr| (*nr, vec![])).collect();
+    let masked = |arg: u8, len: SeccompCmpArgLen, flag: u64| {
+        SeccompCondition::new(arg, len, SeccompCmpOp::MaskedEq(flag), flag).and_then(|c| SeccompRule::new(vec![c]))
+    };
+    let clone: Result<Vec<SeccompRule>, _> = NAMESPACE_FLAGS
+        .iter()
+        .map(|flag| masked(0, SeccompCmpArgLen::Qword, *flag as u64))
+        .collect();
+    rules.insert(libc::SYS_clone, clone.map_err(fail)?);
+    let ioctl: Result<Vec<SeccompRule>, _> = DENIED_IOCTLS
+        .iter()
+        .map(|request| {
+            SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, *request).and_then(|c| SeccompRule::new(vec![c]))
+        })
+        .collect();
+    rules.insert(libc::SYS_ioctl, ioctl.map_err(fail)?);
+    let refusals = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), target).map_err(fail)?;
+    let clone3 = SeccompFilter::new(
+        BTreeMap::from([(libc::SYS_clone3, vec![])]),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        target,
+    )
+    .map_err(fail)?;
+    Ok([bytes(refusals.try_into().map_err(fail)?), bytes(clone3.try_into().map_err(fail)?)])
+}
+
+/// A program as the kernel's `struct sock_filter` array, in native byte order.
+fn bytes(program: BpfProgram) -> Vec<u8> {
+    let mut out = Vec::with_capacity(program.len() * 8);
+    for insn in program {
+        out.extend_from_slice(&insn.code.to_ne_bytes());
+        out.push(insn.jt);
+        out.push(insn.jf);
+        out.extend_from_slice(&insn.k.to_ne_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_programs_compile_for_this_machine() {
+        let [refusals, clone3] = programs().unwrap();
+        assert_eq!(refusals.len() % 8, 0);
+        assert_eq!(clone3.len() % 8, 0);
+        assert!(refusals.len() > clone3.len());
+    }
+}
