@@ -20,8 +20,8 @@
 //!
 //! Everything goes through the node's commands (`test -e` for `creates`, `cd` for `cwd`), never
 //! its file functions, so paths mean the same as they do to the command on every node: on the
-//! local node file functions are confined to the node's root while commands see the host's real
-//! filesystem.
+//! local node file functions take paths inside the node's root (`/etc/motd` is `<root>/etc/motd`)
+//! while a command runs confined, seeing the root at its host path and the system read-only.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

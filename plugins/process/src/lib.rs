@@ -24,8 +24,10 @@
 //! "cwd": "/", "version": "1"}}`.
 //!
 //! Everything goes through the node's commands (one POSIX shell script, `process.sh`), never its
-//! file functions: on the local node those are confined to the node's root while the program
-//! runs on the host's real filesystem, so paths must mean what they mean to the program.
+//! file functions: on the local node those take paths inside the node's root while the program
+//! sees the root at its host path, so paths must mean what they mean to the program. On the
+//! local node a process ends with the command that started it (the sandbox's PID namespace ends
+//! with it): long-running processes belong on SSH nodes.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
