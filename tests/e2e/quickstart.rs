@@ -128,3 +128,41 @@ fn bad_intents_are_refused_with_the_culprit_named() {
     let out = deploy(&dir.path().join("data"), &dir.path().join("bad.json"), &[]);
     assert!(stderr(&out).contains("the intent is not valid JSON"), "{}", stderr(&out));
 }
+
+/// Where the sandbox cannot be set up, a command on the local node is refused with the reason and
+/// never runs unconfined: `ORC_BWRAP` names a `bwrap` that is missing, then one that cannot
+/// confine anything (`false`). A file resource beside it deploys as usual.
+#[test]
+fn commands_are_refused_where_the_sandbox_cannot_be_set_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let intent = dir.path().join("intent.json");
+    let escaped = dir.path().join("escaped");
+    std::fs::write(
+        &intent,
+        serde_json::json!({ "resources": [
+            { "id": "command[local,escape]", "adaptor": "command@0.1.0",
+              "attributes": { "argv": ["touch", escaped], "creates": escaped } },
+            { "id": "file[local,/a]", "adaptor": "file@0.1.0", "attributes": { "content": "a" } }
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    for (bwrap, reason) in [
+        ("/nonexistent/bwrap", "bubblewrap, which is not installed"),
+        (
+            "/bin/false",
+            "commands on the local node cannot be confined: a trial command failed",
+        ),
+    ] {
+        let mut c = Command::new(bin("orc-host"));
+        c.arg("deploy").arg(&intent).arg("--data-dir").arg(&data).env("ORC_BWRAP", bwrap);
+        let out = run(&mut c, false);
+        assert!(!out.status.success(), "{bwrap}: {}", stdout(&out));
+        let text = stdout(&out);
+        assert!(text.contains(reason), "{bwrap}: {text}{}", stderr(&out));
+        assert!(text.contains("1 failed"), "{bwrap}: {text}");
+        assert!(!escaped.exists(), "{bwrap}: the command ran unconfined");
+    }
+    assert_eq!(std::fs::read_to_string(data.join("nodes/local/a")).unwrap(), "a");
+}

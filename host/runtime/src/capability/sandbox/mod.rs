@@ -58,11 +58,14 @@ impl Default for CommandLimits {
     }
 }
 
+/// The environment variable naming the `bwrap` to use, for one installed elsewhere.
+pub const BWRAP_VAR: &str = "ORC_BWRAP";
+
 /// Why the sandbox cannot be set up on this host; commands on the local node are refused with it.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SandboxError {
     #[error(
-        "commands on the local node run under bubblewrap, which is not installed (`bwrap` is not in /usr/bin, /bin or /usr/local/bin; install the `bubblewrap` package)"
+        "commands on the local node run under bubblewrap, which is not installed (no `bwrap` in /usr/bin, /bin or /usr/local/bin, or where ORC_BWRAP says; install the `bubblewrap` package)"
     )]
     NoBwrap,
     #[error("commands on the local node cannot be confined: {0}")]
@@ -189,11 +192,14 @@ impl Sandbox {
     }
 
     fn probe() -> Result<Sandbox, SandboxError> {
-        let bwrap = ["/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap"]
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_file())
-            .ok_or(SandboxError::NoBwrap)?;
+        let bwrap = match std::env::var_os(BWRAP_VAR) {
+            Some(path) => Some(PathBuf::from(path)).filter(|p| p.is_file()),
+            None => ["/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap"]
+                .iter()
+                .map(PathBuf::from)
+                .find(|p| p.is_file()),
+        }
+        .ok_or(SandboxError::NoBwrap)?;
         let unavailable = |e: &dyn std::fmt::Display| SandboxError::Unavailable(e.to_string());
         let filters = seccomp::programs().map_err(|e| unavailable(&e))?;
         let cgroups = cgroup::Hierarchy::open().map_err(|e| unavailable(&e))?;
