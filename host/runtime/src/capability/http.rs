@@ -31,11 +31,34 @@ pub struct Origin {
 }
 
 impl Origin {
-    /// Parses `http://host:port` (the port defaults by scheme).
+    /// Parses `scheme://host[:port]` (http or https, the port defaulting by scheme); a path,
+    /// query, fragment or user is refused: an origin names a server, nothing inside it. The one
+    /// origin parser: `http.allowed_origins` and the origins a host-held secret is bound to.
     pub fn parse(text: &str) -> Result<Origin, String> {
+        let rest = text.split_once("://").map(|(_, rest)| rest.trim_end_matches('/'));
+        if rest.is_some_and(|rest| rest.contains(['/', '?', '#', '@'])) {
+            return Err(format!(
+                "`{text}` is not an origin: give `scheme://host[:port]`, without path, query or user"
+            ));
+        }
         let url = reqwest::Url::parse(text).map_err(|e| format!("`{text}` is not a URL: {e}"))?;
         origin_of(&url).ok_or_else(|| format!("`{text}` has no host or an unsupported scheme"))
     }
+}
+
+/// `scheme://host:port`, the port always given.
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}:{}", self.scheme, self.host, self.port)
+    }
+}
+
+/// Origins as a message lists them: `https://a:443, https://b:443`, or `none`.
+pub fn list_origins(origins: &[Origin]) -> String {
+    if origins.is_empty() {
+        return "none".to_string();
+    }
+    origins.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 
 fn origin_of(url: &reqwest::Url) -> Option<Origin> {
@@ -333,10 +356,7 @@ impl HttpAccess {
         if !self.policy.allowed.contains(&origin) {
             return Err(wit_error(
                 ErrorKind::Denied,
-                format!(
-                    "outgoing HTTP to {}://{}:{} is not allowed by this environment's policy",
-                    origin.scheme, origin.host, origin.port
-                ),
+                format!("outgoing HTTP to {origin} is not allowed by this environment's policy"),
             ));
         }
         let literal = origin.host.trim_start_matches('[').trim_end_matches(']');
