@@ -58,7 +58,7 @@ enum Command {
         http_addresses: String,
         /// A secret plugins may send as the `Authorization` header, its value (e.g. `Bearer …`)
         /// read from the environment variable VAR, so it never shows in the command line; sent
-        /// only to the origins listed after `@` (comma-separated, each also given to
+        /// only to the origins listed after `@` (comma-separated; at least one also given to
         /// `--allow-http`), over https only unless `--secrets-over-plain-http`; repeat for more.
         #[arg(long = "secret", value_name = "NAME=VAR@ORIGIN[,ORIGIN]")]
         secrets: Vec<String>,
