@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::outbound::SecretSource;
+use crate::outbound::{self, SecretConfig};
 use crate::store::{EnvironmentSettings, SQLITE_FILE};
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -32,11 +32,11 @@ pub struct HostConfig {
     pub secret_key_file: Option<PathBuf>,
     /// Nodes not verified yet or unreachable are tried again this often, in seconds.
     pub node_reverify_interval_s: u64,
-    /// Host-held secrets for plugins' outgoing HTTP, by name: `name = { env = "VAR" }` or
-    /// `name = { file = "/path" }`, read at start. The value is sent as the `Authorization`
-    /// header of the requests that name the secret, from environments whose `http.secrets`
-    /// list it.
-    pub secrets: BTreeMap<String, SecretSource>,
+    /// Host-held secrets for plugins' outgoing HTTP, by name: `name = { env = "VAR", origins =
+    /// ["https://api.example.com"] }` (or `file = "/path"` for `env`), read at start. The value
+    /// is sent as the `Authorization` header of the requests that name the secret, from
+    /// environments whose `http.secrets` list it, only to the origins given (required).
+    pub secrets: BTreeMap<String, SecretConfig>,
 }
 
 impl Default for HostConfig {
@@ -60,13 +60,15 @@ impl Default for HostConfig {
 pub struct ConfigError(String);
 
 impl HostConfig {
-    /// Parses a TOML document; keys it does not know are refused by name.
+    /// Parses a TOML document; keys it does not know are refused by name, and so is a secret
+    /// bound to no origin.
     pub fn from_toml(text: &str) -> Result<HostConfig, ConfigError> {
         let config: HostConfig = toml::from_str(text).map_err(|e| ConfigError(e.message().to_string()))?;
         config
             .environment_defaults
             .validate()
             .map_err(|e| ConfigError(format!("environment_defaults: {e}")))?;
+        outbound::check_config(&config.secrets).map_err(|e| ConfigError(e.to_string()))?;
         Ok(config)
     }
 
@@ -86,6 +88,7 @@ fn sqlite_url(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbound::SecretSource;
 
     #[test]
     fn the_shipped_example_parses() {
@@ -119,6 +122,8 @@ mod tests {
         let full = HostConfig::from_toml(&uncommented).unwrap();
         assert_eq!(full.environment_defaults.http.secrets, ["billing-api"]);
         assert_eq!(full.secrets.len(), 2);
+        assert_eq!(full.secrets["billing-api"].origins, full.environment_defaults.http.allowed_origins);
+        assert!(!full.environment_defaults.http.secrets_over_plain_http);
         assert_eq!(full.database_url(), "postgres://orc@localhost/orc");
     }
 
@@ -137,13 +142,50 @@ mod tests {
     }
 
     #[test]
-    fn secrets_name_their_source() {
-        let config =
-            HostConfig::from_toml("[secrets]\nbilling = { env = \"BILLING_TOKEN\" }\ngithub = { file = \"/etc/orc/github\" }\n").unwrap();
-        assert_eq!(config.secrets["billing"], SecretSource::Env("BILLING_TOKEN".into()));
-        assert_eq!(config.secrets["github"], SecretSource::File("/etc/orc/github".into()));
-        let err = HostConfig::from_toml("[secrets]\nx = { value = \"Bearer 1\" }\n").unwrap_err();
-        assert!(err.to_string().contains("value"), "{err}");
+    fn secrets_name_their_source_and_origins() {
+        let config = HostConfig::from_toml(
+            "[secrets]\nbilling = { env = \"BILLING_TOKEN\", origins = [\"https://billing.example.com\"] }\n\
+             github = { file = \"/etc/orc/github\", origins = [\"https://api.github.com\", \"http://10.0.0.5:8080\"] }\n",
+        )
+        .unwrap();
+        assert_eq!(
+            config.secrets["billing"],
+            SecretConfig {
+                source: SecretSource::Env("BILLING_TOKEN".into()),
+                origins: vec!["https://billing.example.com".into()],
+            }
+        );
+        assert_eq!(config.secrets["github"].source, SecretSource::File("/etc/orc/github".into()));
+        assert_eq!(config.secrets["github"].origins, ["https://api.github.com", "http://10.0.0.5:8080"]);
+        for (text, says) in [
+            ("x = { value = \"Bearer 1\", origins = [\"https://a.example.com\"] }", "value"),
+            ("x = { origins = [\"https://a.example.com\"] }", "one of `env"),
+            (
+                "x = { env = \"A\", file = \"/a\", origins = [\"https://a.example.com\"] }",
+                "one of `env",
+            ),
+        ] {
+            let err = HostConfig::from_toml(&format!("[secrets]\n{text}\n")).unwrap_err();
+            assert!(err.to_string().contains(says), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_secret_without_origins_is_refused_naming_it() {
+        for origins in ["", ", origins = []"] {
+            let text = format!(
+                "[secrets]\nok = {{ env = \"A\", origins = [\"https://a.example.com\"] }}\nbilling = {{ env = \"BILLING_TOKEN\"{origins} }}\n"
+            );
+            let err = HostConfig::from_toml(&text).unwrap_err().to_string();
+            assert!(err.starts_with("invalid configuration: secret `billing`: no `origins`"), "{err}");
+        }
+        let err = HostConfig::from_toml("[secrets]\nbilling = { env = \"A\", origins = [\"https://billing.example.com/v1\"] }\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("secret `billing`: `origins`: `https://billing.example.com/v1` is not an origin"),
+            "{err}"
+        );
     }
 
     #[test]

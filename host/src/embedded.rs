@@ -5,7 +5,7 @@
 //!
 //! Outgoing HTTP is denied unless the config allows origins ([`HttpSettings`], as an
 //! environment's settings in the server); the secrets given are the host-held secrets of this
-//! run, all usable by the intent's plugins.
+//! run, all usable by the intent's plugins, each only towards the origins it is bound to.
 //!
 //! Data directory layout: `registry/` (content-addressed plugins), `cache/` (compiled artifacts),
 //! `kv/` (plugin key/value state), `nodes/local/` (the local node's root, unless given).
@@ -22,7 +22,7 @@ use std::sync::Mutex;
 
 use crate::executor::{self, ActionReport, Mode, Outcome};
 use crate::intent::{Intent, IntentError, ResourceId};
-use crate::outbound::{self, HostSecrets, SecretError, SecretSource};
+use crate::outbound::{self, HostSecrets, SecretConfig, SecretError};
 use crate::pinning::{self, PinError};
 use crate::scheduler::{self, BoxFuture, Event, Scheduler, Settings, Sink, Status, Version};
 use crate::store::{CapabilitySettings, EnvironmentSettings, HttpSettings, LocalCommandSettings};
@@ -40,8 +40,9 @@ pub struct EmbeddedConfig {
     /// Where plugins may send HTTP requests; `http.secrets` empty means every secret of
     /// `secrets` may be used.
     pub http: HttpSettings,
-    /// The host-held secrets of this run, by name.
-    pub secrets: BTreeMap<String, SecretSource>,
+    /// The host-held secrets of this run, by name, each with the origins it is bound to (which
+    /// `http.allowed_origins` must share).
+    pub secrets: BTreeMap<String, SecretConfig>,
     /// Longest one plugin call may run, in seconds.
     pub call_timeout_s: u64,
 }

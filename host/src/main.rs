@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use orc_host::config::HostConfig;
 use orc_host::embedded::{self, EmbeddedConfig};
 use orc_host::executor::{Mode, Outcome};
-use orc_host::outbound::SecretSource;
+use orc_host::outbound::SecretConfig;
 use orc_host::server::Server;
 use orc_host::store::{AddressRule, HttpSettings};
 
@@ -57,10 +57,15 @@ enum Command {
         #[arg(long, value_name = "RULE", default_value = "public")]
         http_addresses: String,
         /// A secret plugins may send as the `Authorization` header, its value (e.g. `Bearer …`)
-        /// read from the environment variable VAR, so it never shows in the command line;
-        /// repeat for more.
-        #[arg(long = "secret", value_name = "NAME=VAR")]
+        /// read from the environment variable VAR, so it never shows in the command line; sent
+        /// only to the origins listed after `@` (comma-separated; at least one also given to
+        /// `--allow-http`), over https only unless `--secrets-over-plain-http`; repeat for more.
+        #[arg(long = "secret", value_name = "NAME=VAR@ORIGIN[,ORIGIN]")]
         secrets: Vec<String>,
+        /// Let secrets be sent over plain `http://` to the origins they are bound to (the
+        /// setting `http.secrets_over_plain_http`); otherwise over https only.
+        #[arg(long)]
+        secrets_over_plain_http: bool,
         /// Longest one plugin call may run, in seconds.
         #[arg(long, env = "ORC_CALL_TIMEOUT_S", default_value_t = 30)]
         call_timeout_s: u64,
@@ -161,6 +166,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             allow_http,
             http_addresses,
             secrets,
+            secrets_over_plain_http,
             call_timeout_s,
         } => {
             let bytes = std::fs::read(&intent).with_context(|| format!("reading {}", intent.display()))?;
@@ -170,10 +176,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let secrets = secrets
                 .iter()
-                .map(|s| match s.split_once('=') {
-                    Some((name, var)) => Ok((name.to_string(), SecretSource::Env(var.to_string()))),
-                    None => Err(anyhow::anyhow!("--secret `{s}`: give NAME=VAR")),
-                })
+                .map(|s| SecretConfig::from_flag(s).map_err(anyhow::Error::msg))
                 .collect::<anyhow::Result<_>>()?;
             let config = EmbeddedConfig {
                 local_root: root,
@@ -181,6 +184,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     allowed_origins: allow_http,
                     addresses,
                     secrets: Vec::new(),
+                    secrets_over_plain_http,
                 },
                 secrets,
                 call_timeout_s,

@@ -113,7 +113,7 @@ pub enum StartError {
     Engine(#[from] EngineError),
     #[error("cannot load the host's secret key")]
     Secret(#[from] SecretError),
-    #[error("cannot read the host-held secrets")]
+    #[error("cannot load the host-held secrets")]
     HostSecrets(#[from] outbound::SecretError),
     #[error("cannot listen on {addr}")]
     Bind {
@@ -267,6 +267,9 @@ impl Environments {
     /// Opens the store and the registry (seeded with the first-party plugins) and starts the
     /// scheduler of every environment, resuming what was persisted.
     pub async fn open(config: &HostConfig) -> Result<Environments, StartError> {
+        // First: a secret that cannot be read or is bound to no origin stops the start before
+        // anything is created.
+        let secrets = HostSecrets::load(&config.secrets)?;
         let data_dir = config.data_dir.clone();
         std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir {
             path: data_dir.clone(),
@@ -281,7 +284,6 @@ impl Environments {
             cache_dir: Some(data_dir.join("cache")),
             ..RuntimeConfig::default()
         })?;
-        let secrets = HostSecrets::load(&config.secrets)?;
         let kv = Arc::new(DbKv::open(&store).await?);
         let key_file = config.secret_key_file.clone().unwrap_or_else(|| data_dir.join(SECRET_KEY_FILE));
         let key = SecretKey::load_or_create(&key_file)?;
@@ -460,7 +462,8 @@ impl Environments {
         Ok(env)
     }
 
-    /// Settings the scheduler can run with, naming only secrets this host holds.
+    /// Settings the scheduler can run with, naming only secrets this host holds, each bound to
+    /// at least one of the allowed origins.
     fn check_settings(&self, settings: &EnvironmentSettings) -> Result<(), EnvError> {
         settings.validate().map_err(EnvError::InvalidSettings)?;
         self.secrets.check(&settings.http).map_err(EnvError::InvalidSettings)

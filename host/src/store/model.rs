@@ -482,7 +482,8 @@ impl Default for EnvironmentSettings {
 /// Where an environment's plugins may send HTTP requests, and with which host-held secrets. The
 /// host checks every request against it before connecting (origin), and every address the name
 /// resolves to (addresses); a secret is sent as the `Authorization` header by the host, so the
-/// plugin never holds its value.
+/// plugin never holds its value, and only to an origin the secret is bound to, over `https://`
+/// unless `secrets_over_plain_http`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct HttpSettings {
@@ -496,9 +497,14 @@ pub struct HttpSettings {
     /// only those, the one way to reach loopback or link-local services.
     pub addresses: AddressRule,
     /// Names of host-held secrets (the host configuration's `[secrets]`) this environment's
-    /// plugins may send as `Authorization`. Values are never stored here nor shown.
+    /// plugins may send as `Authorization`, each only to the origins the host binds it to (at
+    /// least one of which must be allowed here). Values are never stored here nor shown.
     #[schema(example = json!(["billing-api"]))]
     pub secrets: Vec<String>,
+    /// Whether secrets may be sent over plain `http://` (to origins they are bound to). Default
+    /// false: a secret goes over `https://` only, and a request that would send one over plain
+    /// HTTP is refused before it is sent.
+    pub secrets_over_plain_http: bool,
 }
 
 /// [`HttpSettings::addresses`]: a named rule or a list of networks.
@@ -531,16 +537,7 @@ impl HttpSettings {
         let allowed = self
             .allowed_origins
             .iter()
-            .map(|text| {
-                let entry = |why: String| format!("`http.allowed_origins`: {why}");
-                let rest = text.split_once("://").map(|(_, rest)| rest.trim_end_matches('/'));
-                if rest.is_some_and(|rest| rest.contains(['/', '?', '#', '@'])) {
-                    return Err(entry(format!(
-                        "`{text}` is not an origin: give `scheme://host[:port]`, without path, query or user"
-                    )));
-                }
-                Origin::parse(text).map_err(entry)
-            })
+            .map(|text| Origin::parse(text).map_err(|why| format!("`http.allowed_origins`: {why}")))
             .collect::<Result<Vec<_>, _>>()?;
         let addresses = match &self.addresses {
             AddressRule::Named(name) if name == "public" => AddressPolicy::Public,

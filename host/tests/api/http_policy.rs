@@ -1,7 +1,7 @@
 //! What an environment's plugin calls may reach, set through its settings: outgoing HTTP (the
 //! `http-object` adaptor against a real HTTP server the test starts on 127.0.0.1) under the
-//! environment's policy with a secret the host holds, and the call timeout (the `misbehave`
-//! fixture's slow mode, published to the host's registry).
+//! environment's policy with a secret the host holds, bound to that server's origin, and the call
+//! timeout (the `misbehave` fixture's slow mode, published to the host's registry).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -11,7 +11,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode as AxumStatus};
 use axum::response::{IntoResponse, Response};
-use orc_host::outbound::SecretSource;
+use orc_host::outbound::{SecretConfig, SecretSource};
 use orc_host::store::Backend;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -97,27 +97,33 @@ fn failed_with(text: &'static str) -> impl Fn(&Value) -> bool {
     move |r| r["status"] == "failed" && message(r).contains(text)
 }
 
-fn secrets_config(file: &std::path::Path) -> impl FnOnce(&mut orc_host::config::HostConfig) {
-    let file = file.to_path_buf();
-    move |config| config.secrets = BTreeMap::from([("api-token".to_string(), SecretSource::File(file))])
+/// The host holds `api-token`, read from `file`, bound to `origins`.
+fn secrets_config(file: &std::path::Path, origins: &[&str]) -> impl FnOnce(&mut orc_host::config::HostConfig) {
+    let secret = SecretConfig {
+        source: SecretSource::File(file.to_path_buf()),
+        origins: origins.iter().map(|o| o.to_string()).collect(),
+    };
+    move |config| config.secrets = BTreeMap::from([("api-token".to_string(), secret)])
 }
 
 /// `http-object` is refused while the environment allows no HTTP, and by each part of the
-/// policy in turn (origin, address, secret) until all of it is granted; then it deploys, the
-/// host's secret reaching the server as `Authorization` and appearing in no API answer. Bad
-/// policies are refused naming the entry. A restarted host rebuilds the policy from the store.
+/// policy in turn (origin, address, secret, plain HTTP for secrets) until all of it is granted;
+/// then it deploys, the host's secret reaching the server as `Authorization` and appearing in no
+/// API answer. Bad policies are refused naming the entry, among them a secret bound to none of
+/// the allowed origins. A restarted host rebuilds the policy from the store (every field of it
+/// round-trips through the database).
 pub async fn outgoing_http_follows_the_environment_policy_with_a_host_held_secret(backend: Backend) {
     let (api, base) = serve_api().await;
     let secret_dir = tempfile::tempdir().unwrap();
     let secret_file = secret_dir.path().join("api-token");
     std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
-    let host = Host::start_configured(Data::fresh(backend).await, None, secrets_config(&secret_file)).await;
+    let host = Host::start_configured(Data::fresh(backend).await, None, secrets_config(&secret_file, &[&base])).await;
     let mut answers = Vec::new();
 
     let env = host.create_environment("web").await;
     assert_eq!(
         env["settings"]["http"],
-        json!({ "allowed_origins": [], "addresses": "public", "secrets": [] })
+        json!({ "allowed_origins": [], "addresses": "public", "secrets": [], "secrets_over_plain_http": false })
     );
     assert_error(
         host.post(
@@ -146,7 +152,19 @@ pub async fn outgoing_http_follows_the_environment_policy_with_a_host_held_secre
         .await;
     assert!(api.requests().is_empty(), "nothing was sent");
 
+    // `api-token` is bound to `base` only: settings that name it without allowing `base` are
+    // refused, naming the secret and both lists.
+    let unbound = format!(
+        "`http.secrets`: `api-token` is bound to {base}, none of which `http.allowed_origins` allows (it allows: https://elsewhere.example.com:443)"
+    );
+    let unbound_empty = format!("`api-token` is bound to {base}, none of which `http.allowed_origins` allows (it allows: none)");
     for (settings, names) in [
+        (json!({ "http": { "secrets": ["api-token"] } }), unbound_empty.as_str()),
+        (
+            json!({ "http": { "allowed_origins": ["https://elsewhere.example.com"], "secrets": ["api-token"] } }),
+            unbound.as_str(),
+        ),
+        (json!({ "http": { "secrets_over_plain_http": "yes" } }), "expected a boolean"),
         (
             json!({ "http": { "allowed_origins": ["ftp://files.example.com"] } }),
             "ftp://files.example.com",
@@ -192,9 +210,30 @@ pub async fn outgoing_http_follows_the_environment_policy_with_a_host_held_secre
 
     let (status, env) = host.patch_settings("web", json!({ "http": { "secrets": ["api-token"] } })).await;
     assert_eq!(status, StatusCode::OK, "{env}");
+    answers.push(env.to_string());
+    // The secret's origin is plain HTTP: refused before sending until the environment allows it.
+    host.deploy_failed("web").await;
+    host.the_resource(
+        "web",
+        failed_with("over plain HTTP: secrets go over https only unless the environment's setting `http.secrets_over_plain_http` is true"),
+    )
+    .await;
+    assert!(api.requests().is_empty(), "nothing was sent");
+    // Narrowing the origins away from the secret's is refused like naming it was, and changes nothing.
+    let (status, body) = host
+        .patch_settings(
+            "web",
+            json!({ "http": { "allowed_origins": ["https://elsewhere.example.com"], "secrets_over_plain_http": true } }),
+        )
+        .await;
+    assert_error((status, body), StatusCode::UNPROCESSABLE_ENTITY, "invalid_settings", &unbound);
+    let (status, env) = host
+        .patch_settings("web", json!({ "http": { "secrets_over_plain_http": true } }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{env}");
     assert_eq!(
         env["settings"]["http"],
-        json!({ "allowed_origins": [base], "addresses": ["127.0.0.0/8"], "secrets": ["api-token"] })
+        json!({ "allowed_origins": [base], "addresses": ["127.0.0.0/8"], "secrets": ["api-token"], "secrets_over_plain_http": true })
     );
     answers.push(env.to_string());
     host.deploy_failed("web").await;
@@ -228,7 +267,10 @@ pub async fn outgoing_http_follows_the_environment_policy_with_a_host_held_secre
     // A restart rebuilds the environment's access from its stored settings.
     let token = host.token.clone();
     let data = host.stop().await;
-    let host = Host::start_configured(data, Some(token), secrets_config(&secret_file)).await;
+    let host = Host::start_configured(data, Some(token), secrets_config(&secret_file, &[&base])).await;
+    let (status, env) = host.get("/environments/web").await;
+    assert_eq!(status, StatusCode::OK, "{env}");
+    assert_eq!(env["settings"]["http"]["secrets_over_plain_http"], true, "{env}");
     let before = api.requests().len();
     let (status, body) = host.post("/environments/web/repair", &json!({})).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
@@ -238,6 +280,42 @@ pub async fn outgoing_http_follows_the_environment_policy_with_a_host_held_secre
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(api.requests().last().unwrap().as_deref(), Some(SECRET));
+
+    // `null` resets the field to its default, stored as such.
+    let (status, env) = host
+        .patch_settings("web", json!({ "http": { "secrets_over_plain_http": null } }))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{env}");
+    let (_, env) = host.get("/environments/web").await;
+    assert_eq!(env["settings"]["http"]["secrets_over_plain_http"], false, "{env}");
+}
+
+/// A host whose configuration binds a secret to no origin does not start, and says which secret.
+pub async fn a_host_secret_without_origins_stops_the_start_naming_it(backend: Backend) {
+    let data = Data::fresh(backend).await;
+    let secret_dir = tempfile::tempdir().unwrap();
+    let secret_file = secret_dir.path().join("api-token");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let mut config = orc_host::config::HostConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: data.path().to_path_buf(),
+        database: data.database.clone(),
+        ..orc_host::config::HostConfig::default()
+    };
+    secrets_config(&secret_file, &[])(&mut config);
+    let Err(err) = orc_host::server::Server::start(&config).await else {
+        panic!("the host started with a secret bound to no origin");
+    };
+    let mut chain = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(e) = source {
+        chain = format!("{chain}: {e}");
+        source = e.source();
+    }
+    assert!(
+        chain.starts_with("cannot load the host-held secrets: secret `api-token`: no `origins`"),
+        "{chain}"
+    );
 }
 
 /// `call_timeout_s` bounds every plugin call of the environment: a call longer than it times
@@ -295,44 +373,107 @@ pub async fn the_call_timeout_is_an_environment_setting(backend: Backend) {
 }
 
 /// The embedded deploy takes the same policy (`orc-host deploy --allow-http … --http-addresses …
-/// --secret NAME=VAR`): denied without it, deployed with it, the secret sent by the host.
+/// --secret NAME=VAR@ORIGIN --secrets-over-plain-http`): denied without it, deployed with it, the
+/// secret sent by the host — only to the origin it is bound to, and over plain HTTP only when
+/// allowed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_embedded_deploy_takes_the_same_policy() {
     let (api, base) = serve_api().await;
+    let (other_api, other_base) = serve_api().await;
     let dir = tempfile::tempdir().unwrap();
     let secret_file = dir.path().join("token");
     std::fs::write(&secret_file, SECRET).unwrap();
-    let intent = json!({ "resources": [{
-        "id": "http-object[billing,e]", "adaptor": "http-object@0.1.0",
-        "attributes": { "url": format!("{base}/objects/e"), "body": { "name": "e" }, "secret": "api-token" },
-    }]})
-    .to_string();
+    let intent = |base: &str| {
+        json!({ "resources": [{
+            "id": "http-object[billing,e]", "adaptor": "http-object@0.1.0",
+            "attributes": { "url": format!("{base}/objects/e"), "body": { "name": "e" }, "secret": "api-token" },
+        }]})
+        .to_string()
+    };
     let denied = orc_host::embedded::EmbeddedConfig::new(dir.path().join("data"), orc_host::executor::Mode::Deploy, 4);
-    let report = orc_host::embedded::deploy(&denied, intent.as_bytes(), |_, _, _| {}).await.unwrap();
+    let report = orc_host::embedded::deploy(&denied, intent(&base).as_bytes(), |_, _, _| {})
+        .await
+        .unwrap();
     let error = report.actions[0].error.clone().expect("denied");
     assert!(error.message.contains("is not allowed by this environment's policy"), "{error:?}");
     assert!(api.requests().is_empty());
 
     let bad = orc_host::embedded::EmbeddedConfig {
         http: orc_host::store::HttpSettings {
-            allowed_origins: vec![base.clone()],
+            allowed_origins: vec![base.clone(), other_base.clone()],
             addresses: orc_host::store::AddressRule::Networks(vec!["127.0.0.0/8".into()]),
             secrets: vec!["unknown".into()],
+            secrets_over_plain_http: false,
         },
         ..denied.clone()
     };
-    let err = orc_host::embedded::deploy(&bad, intent.as_bytes(), |_, _, _| {}).await.unwrap_err();
+    let err = orc_host::embedded::deploy(&bad, intent(&base).as_bytes(), |_, _, _| {})
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("`unknown`"), "{err}");
 
+    // `--secret api-token=VAR@<base>`, the file standing in for the variable.
+    let bound_to = |origins: &[&str]| {
+        BTreeMap::from([(
+            "api-token".to_string(),
+            SecretConfig {
+                source: SecretSource::File(secret_file.clone()),
+                origins: origins.iter().map(|o| o.to_string()).collect(),
+            },
+        )])
+    };
     let allowed = orc_host::embedded::EmbeddedConfig {
         http: orc_host::store::HttpSettings {
             secrets: Vec::new(),
             ..bad.http.clone()
         },
-        secrets: BTreeMap::from([("api-token".to_string(), SecretSource::File(secret_file))]),
+        secrets: bound_to(&[&base]),
         ..denied.clone()
     };
-    let report = orc_host::embedded::deploy(&allowed, intent.as_bytes(), |_, _, _| {}).await.unwrap();
+    // A secret bound to an origin `--allow-http` does not give is refused before anything runs.
+    let elsewhere = orc_host::embedded::EmbeddedConfig {
+        secrets: bound_to(&["https://elsewhere.example.com"]),
+        ..allowed.clone()
+    };
+    let err = orc_host::embedded::deploy(&elsewhere, intent(&base).as_bytes(), |_, _, _| {})
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`api-token` is bound to https://elsewhere.example.com:443, none of which `http.allowed_origins` allows"),
+        "{err}"
+    );
+    // Both servers are allowed, the secret is bound to one: a request naming it towards the
+    // other is refused before it is sent.
+    let report = orc_host::embedded::deploy(&allowed, intent(&other_base).as_bytes(), |_, _, _| {})
+        .await
+        .unwrap();
+    let error = report.actions[0].error.clone().expect("denied");
+    assert!(
+        error.message.contains(&format!(
+            "secret `api-token` may not be sent to {other_base}: it is bound to {base}"
+        )),
+        "{error:?}"
+    );
+    assert!(other_api.requests().is_empty(), "{:?}", other_api.requests());
+    // Its own origin is plain HTTP: refused until `--secrets-over-plain-http`.
+    let report = orc_host::embedded::deploy(&allowed, intent(&base).as_bytes(), |_, _, _| {})
+        .await
+        .unwrap();
+    let error = report.actions[0].error.clone().expect("denied");
+    assert!(error.message.contains("`http.secrets_over_plain_http`"), "{error:?}");
+    assert!(api.requests().is_empty(), "{:?}", api.requests());
+
+    let plain = orc_host::embedded::EmbeddedConfig {
+        http: orc_host::store::HttpSettings {
+            secrets_over_plain_http: true,
+            ..allowed.http.clone()
+        },
+        ..allowed.clone()
+    };
+    let report = orc_host::embedded::deploy(&plain, intent(&base).as_bytes(), |_, _, _| {})
+        .await
+        .unwrap();
     assert!(report.succeeded(), "{:?}", report.actions);
     assert_eq!(api.objects.lock().unwrap().get("e"), Some(&json!({ "name": "e" })));
     let requests = api.requests();
@@ -340,6 +481,7 @@ async fn the_embedded_deploy_takes_the_same_policy() {
         !requests.is_empty() && requests.iter().all(|a| a.as_deref() == Some(SECRET)),
         "{requests:?}"
     );
+    assert!(other_api.requests().is_empty(), "{:?}", other_api.requests());
     let text = serde_json::to_string(&report).unwrap();
     assert!(!text.contains(SECRET.trim_start_matches("Bearer ")), "{text}");
 }

@@ -74,6 +74,7 @@ on_both_backends!(
     readiness_and_metrics_follow_the_deploy,
     resources_dropped_from_the_intent_are_no_longer_listed,
     outgoing_http_follows_the_environment_policy_with_a_host_held_secret,
+    a_host_secret_without_origins_stops_the_start_naming_it,
     the_call_timeout_is_an_environment_setting,
     deleting_an_environment_forgets_its_plugin_state,
     a_repair_requested_while_actions_run_reaches_every_file,

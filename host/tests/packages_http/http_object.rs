@@ -14,7 +14,7 @@ use axum::routing::{get, post};
 use orc_host::executor::Outcome;
 use orc_host::scheduler::{self, Status, Trigger};
 use orc_runtime::CallContext;
-use orc_runtime::capability::{AddressPolicy, HttpAccess, HttpPolicy, Origin};
+use orc_runtime::capability::{AddressPolicy, BoundSecret, HttpAccess, HttpPolicy, Origin};
 use serde_json::{Value, json};
 
 use crate::{Harness, self_healing, until};
@@ -152,7 +152,15 @@ async fn objects_converge_repair_drift_and_are_deleted_with_a_host_held_secret()
     let policy = HttpPolicy {
         allowed: vec![Origin::parse(&base).unwrap()],
         addresses: AddressPolicy::Networks(vec!["127.0.0.1/32".parse().unwrap()]),
-        secrets: HashMap::from([("api-token".to_string(), TOKEN.to_string())]),
+        secrets: HashMap::from([(
+            "api-token".to_string(),
+            BoundSecret {
+                value: TOKEN.to_string(),
+                origins: vec![Origin::parse(&base).unwrap()],
+            },
+        )]),
+        // The test's API is plain HTTP on loopback.
+        secrets_over_plain_http: true,
         ..HttpPolicy::default()
     };
     let h = Harness::new(CallContext {

@@ -86,11 +86,19 @@ pub async fn environments_crud(db: &TestDb) -> Result<()> {
     let err = store.rename_environment(&staging.id, "prod").await.unwrap_err();
     assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
 
+    // Every field round-trips, the HTTP policy's too.
     let new_settings = EnvironmentSettings {
         per_node_concurrency: 2,
+        http: orc_host::store::HttpSettings {
+            allowed_origins: vec!["http://10.0.0.5:8080".into()],
+            addresses: orc_host::store::AddressRule::Networks(vec!["10.0.0.0/8".into()]),
+            secrets: vec!["billing".into()],
+            secrets_over_plain_http: true,
+        },
         ..settings.clone()
     };
     assert_eq!(store.update_settings(&prod.id, &new_settings).await?.settings, new_settings);
+    assert_eq!(store.get_environment(&prod.id).await?.settings, new_settings);
     assert!(store.set_halted(&prod.id, true).await?.halted);
     assert!(store.get_environment(&prod.id).await?.halted);
     assert!(!store.set_halted(&prod.id, false).await?.halted);

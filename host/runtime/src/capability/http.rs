@@ -6,7 +6,9 @@
 //! resolves to loopback, link-local or a cloud metadata address is refused unless the policy
 //! names that network. Redirects are not followed (a redirect could leave the allowed origins),
 //! responses are capped in size, and a plugin names a secret that the host injects as the
-//! `Authorization` header, so the plugin never holds its value.
+//! `Authorization` header, so the plugin never holds its value. A secret goes only to the origins
+//! it is bound to, and only over `https://` unless the policy allows plain HTTP for secrets; both
+//! are checked before anything is sent.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -31,11 +33,34 @@ pub struct Origin {
 }
 
 impl Origin {
-    /// Parses `http://host:port` (the port defaults by scheme).
+    /// Parses `scheme://host[:port]` (http or https, the port defaulting by scheme); a path,
+    /// query, fragment or user is refused: an origin names a server, nothing inside it. The one
+    /// origin parser: `http.allowed_origins` and the origins a host-held secret is bound to.
     pub fn parse(text: &str) -> Result<Origin, String> {
+        let rest = text.split_once("://").map(|(_, rest)| rest.trim_end_matches('/'));
+        if rest.is_some_and(|rest| rest.contains(['/', '?', '#', '@'])) {
+            return Err(format!(
+                "`{text}` is not an origin: give `scheme://host[:port]`, without path, query or user"
+            ));
+        }
         let url = reqwest::Url::parse(text).map_err(|e| format!("`{text}` is not a URL: {e}"))?;
         origin_of(&url).ok_or_else(|| format!("`{text}` has no host or an unsupported scheme"))
     }
+}
+
+/// `scheme://host:port`, the port always given.
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}:{}", self.scheme, self.host, self.port)
+    }
+}
+
+/// Origins as a message lists them: `https://a:443, https://b:443`, or `none`.
+pub fn list_origins(origins: &[Origin]) -> String {
+    if origins.is_empty() {
+        return "none".to_string();
+    }
+    origins.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 
 fn origin_of(url: &reqwest::Url) -> Option<Origin> {
@@ -253,26 +278,46 @@ fn refusal_in<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a Ad
     None
 }
 
+/// A host-held secret as the client sends it: the `Authorization` header value, and the only
+/// origins it may be sent to. `Debug` shows the origins, never the value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BoundSecret {
+    pub value: String,
+    pub origins: Vec<Origin>,
+}
+
+impl fmt::Debug for BoundSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoundSecret")
+            .field("origins", &self.origins)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What an environment allows. `Debug` names the secrets, never their values.
 #[derive(Clone)]
 pub struct HttpPolicy {
     pub allowed: Vec<Origin>,
     /// Where the allowed origins' hosts may resolve to.
     pub addresses: AddressPolicy,
-    /// Secret name → `Authorization` header value.
-    pub secrets: HashMap<String, String>,
+    /// Secret name → its value and the origins it is bound to.
+    pub secrets: HashMap<String, BoundSecret>,
+    /// Secrets may be sent over plain `http://` (to an origin they are bound to); otherwise only
+    /// over `https://`.
+    pub secrets_over_plain_http: bool,
     pub timeout: Duration,
     pub max_response_bytes: usize,
 }
 
 impl fmt::Debug for HttpPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut secrets: Vec<&str> = self.secrets.keys().map(String::as_str).collect();
-        secrets.sort_unstable();
+        let mut secrets: Vec<(&str, &[Origin])> = self.secrets.iter().map(|(k, v)| (k.as_str(), v.origins.as_slice())).collect();
+        secrets.sort_unstable_by_key(|(name, _)| *name);
         f.debug_struct("HttpPolicy")
             .field("allowed", &self.allowed)
             .field("addresses", &self.addresses)
             .field("secrets", &secrets)
+            .field("secrets_over_plain_http", &self.secrets_over_plain_http)
             .field("timeout", &self.timeout)
             .field("max_response_bytes", &self.max_response_bytes)
             .finish()
@@ -285,6 +330,7 @@ impl Default for HttpPolicy {
             allowed: Vec::new(),
             addresses: AddressPolicy::default(),
             secrets: HashMap::new(),
+            secrets_over_plain_http: false,
             timeout: Duration::from_secs(30),
             max_response_bytes: 16 << 20,
         }
@@ -326,17 +372,15 @@ impl HttpAccess {
 
     /// Checks the request against the policy; the error names the refused origin, address or
     /// secret. A host name's addresses are checked by the resolver, an IP literal's here (the
-    /// client does not resolve literals).
+    /// client does not resolve literals). A secret must be bound to the request's origin, and
+    /// the origin be `https://` unless the policy allows secrets over plain HTTP.
     fn check(&self, url: &reqwest::Url, secret: Option<&str>) -> Result<Option<String>, Error> {
         let origin =
             origin_of(url).ok_or_else(|| wit_error(ErrorKind::InvalidInput, format!("`{url}` is not an http(s) URL with a host")))?;
         if !self.policy.allowed.contains(&origin) {
             return Err(wit_error(
                 ErrorKind::Denied,
-                format!(
-                    "outgoing HTTP to {}://{}:{} is not allowed by this environment's policy",
-                    origin.scheme, origin.host, origin.port
-                ),
+                format!("outgoing HTTP to {origin} is not allowed by this environment's policy"),
             ));
         }
         let literal = origin.host.trim_start_matches('[').trim_end_matches(']');
@@ -350,16 +394,32 @@ impl HttpAccess {
             };
             return Err(wit_error(ErrorKind::Denied, refused.to_string()));
         }
-        match secret {
-            None => Ok(None),
-            Some(name) => self
-                .policy
-                .secrets
-                .get(name)
-                .cloned()
-                .map(Some)
-                .ok_or_else(|| wit_error(ErrorKind::Denied, format!("secret `{name}` is not defined for this environment"))),
+        let Some(name) = secret else {
+            return Ok(None);
+        };
+        let bound = self
+            .policy
+            .secrets
+            .get(name)
+            .ok_or_else(|| wit_error(ErrorKind::Denied, format!("secret `{name}` is not defined for this environment")))?;
+        if !bound.origins.contains(&origin) {
+            return Err(wit_error(
+                ErrorKind::Denied,
+                format!(
+                    "secret `{name}` may not be sent to {origin}: it is bound to {}",
+                    list_origins(&bound.origins)
+                ),
+            ));
         }
+        if origin.scheme != "https" && !self.policy.secrets_over_plain_http {
+            return Err(wit_error(
+                ErrorKind::Denied,
+                format!(
+                    "secret `{name}` may not be sent to {origin} over plain HTTP: secrets go over https only unless the environment's setting `http.secrets_over_plain_http` is true"
+                ),
+            ));
+        }
+        Ok(Some(bound.value.clone()))
     }
 }
 
@@ -527,11 +587,20 @@ mod tests {
     #[test]
     fn debug_names_secrets_but_never_shows_their_values() {
         let policy = HttpPolicy {
-            secrets: HashMap::from([("api-token".to_string(), "Bearer hunter2".to_string())]),
+            secrets: HashMap::from([(
+                "api-token".to_string(),
+                BoundSecret {
+                    value: "Bearer hunter2".to_string(),
+                    origins: vec![Origin::parse("https://api.example.com").unwrap()],
+                },
+            )]),
             ..HttpPolicy::default()
         };
         let text = format!("{policy:?} {:?}", HttpAccess::new(policy.clone()).unwrap());
-        assert!(text.contains("api-token") && !text.contains("hunter2"), "{text}");
+        assert!(
+            text.contains("api-token") && text.contains("api.example.com") && !text.contains("hunter2"),
+            "{text}"
+        );
     }
 
     #[test]

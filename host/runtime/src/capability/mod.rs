@@ -22,7 +22,7 @@ use wasmtime::component::{HasSelf, Linker};
 use crate::bindings::host::orc::plugin as wit;
 use crate::state::CallState;
 
-pub use http::{AddressKind, AddressPolicy, HttpAccess, HttpPolicy, IpNet, Origin};
+pub use http::{AddressKind, AddressPolicy, BoundSecret, HttpAccess, HttpPolicy, IpNet, Origin, list_origins};
 pub use kv::{DirKv, KvAccounts, KvError, KvQuota, KvStore, KvUsage, MemoryKv};
 pub use node::{LocalNode, NodeBackend, NodeDirectory, NodeError, NodeErrorKind, Nodes};
 pub use sandbox::{CommandLimits, Sandbox, SandboxError};

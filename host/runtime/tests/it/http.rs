@@ -1,13 +1,16 @@
 //! The `http` capability's policy, through real plugins against a real HTTP server on loopback:
 //! origins not granted and addresses the policy refuses are refused before any connection (the
-//! server counts what reaches it), and an explicitly allowed network is reached.
+//! server counts what reaches it), and an explicitly allowed network is reached. A host-held
+//! secret reaches only the origins it is bound to, and plain HTTP only where the policy allows
+//! secrets over it (the server records every request it gets).
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use orc_manifest::Capability;
 use orc_plugin_artifacts::{HTTP_OBJECT, MISBEHAVE};
-use orc_runtime::capability::{AddressPolicy, HttpAccess, HttpPolicy, Origin};
+use orc_runtime::capability::{AddressPolicy, BoundSecret, HttpAccess, HttpPolicy, Origin};
 use orc_runtime::{CallContext, Grants, PluginError, PluginErrorKind};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -16,10 +19,11 @@ use tokio::net::TcpListener;
 use crate::{load, runtime, target};
 
 /// A minimal HTTP server: answers every request with `200` and a JSON object, counting the
-/// connections it accepts.
+/// connections it accepts and keeping every request's head (the request line and headers).
 struct Server {
     port: u16,
     connections: Arc<AtomicUsize>,
+    requests: Arc<Mutex<Vec<String>>>,
 }
 
 impl Server {
@@ -27,10 +31,12 @@ impl Server {
         let listener = TcpListener::bind(address).await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let connections = Arc::new(AtomicUsize::new(0));
-        let counter = connections.clone();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let (counter, heads) = (connections.clone(), requests.clone());
         tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
                 counter.fetch_add(1, Ordering::SeqCst);
+                let heads = heads.clone();
                 tokio::spawn(async move {
                     let mut request = Vec::new();
                     let mut buf = [0u8; 1024];
@@ -40,6 +46,7 @@ impl Server {
                             Ok(n) => request.extend_from_slice(&buf[..n]),
                         }
                     }
+                    heads.lock().unwrap().push(String::from_utf8_lossy(&request).into_owned());
                     let body = br#"{"name":"served"}"#;
                     let head = format!(
                         "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
@@ -51,11 +58,24 @@ impl Server {
                 });
             }
         });
-        Server { port, connections }
+        Server {
+            port,
+            connections,
+            requests,
+        }
     }
 
     fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
+    }
+
+    /// The heads of the requests received so far.
+    fn requests(&self) -> Vec<String> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    fn origin(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
     }
 }
 
@@ -73,10 +93,19 @@ fn context(allowed: &[String], addresses: AddressPolicy) -> CallContext {
 
 /// Reads an object through the `http-object` plugin.
 async fn get(ctx: &CallContext, url: &str) -> Result<Option<serde_json::Value>, PluginError> {
+    read(ctx, json!({"url": url, "body": {}})).await
+}
+
+/// Reads an object through the `http-object` plugin, the request naming the host-held `secret`.
+async fn get_with_secret(ctx: &CallContext, url: &str, secret: &str) -> Result<Option<serde_json::Value>, PluginError> {
+    read(ctx, json!({"url": url, "body": {}, "secret": secret})).await
+}
+
+async fn read(ctx: &CallContext, attributes: serde_json::Value) -> Result<Option<serde_json::Value>, PluginError> {
     let rt = runtime();
     let plugin = load(&rt, &HTTP_OBJECT, &Grants::none().with(Capability::Http));
     let mut instance = plugin.adaptor(ctx).await.unwrap();
-    let read = instance.read(&target("http-object", "o", json!({"url": url, "body": {}}))).await;
+    let read = instance.read(&target("http-object", "o", attributes)).await;
     match read {
         Ok(current) => Ok(current.map(|c| serde_json::from_str(&c).unwrap())),
         Err(e) => Err(e.plugin_error().unwrap_or_else(|| panic!("not a plugin error: {e}")).clone()),
@@ -198,7 +227,8 @@ async fn a_secret_echoed_back_never_reaches_the_plugin_and_host_cannot_be_set() 
     let policy = HttpPolicy {
         allowed: vec![Origin::parse(&base).unwrap()],
         addresses: networks(&["127.0.0.0/8"]),
-        secrets: std::collections::HashMap::from([("token".to_string(), SECRET.to_string())]),
+        secrets: HashMap::from([("token".to_string(), bound(SECRET, &[&base]))]),
+        secrets_over_plain_http: true,
         ..HttpPolicy::default()
     };
     let ctx = CallContext {
@@ -235,4 +265,111 @@ async fn a_secret_echoed_back_never_reaches_the_plugin_and_host_cannot_be_set() 
     let e = err.plugin_error().expect("a plugin error");
     assert_eq!(e.kind, PluginErrorKind::Denied, "{e:?}");
     assert!(e.message.contains("may not set the `Host` header"), "{}", e.message);
+}
+
+fn bound(value: &str, origins: &[&str]) -> BoundSecret {
+    BoundSecret {
+        value: value.to_string(),
+        origins: origins.iter().map(|o| Origin::parse(o).unwrap()).collect(),
+    }
+}
+
+/// A loopback policy allowing `allowed`, with the secret `token` bound to `bound_to`.
+fn with_secret(allowed: &[String], bound_to: &[&str], secrets_over_plain_http: bool) -> CallContext {
+    let policy = HttpPolicy {
+        allowed: allowed.iter().map(|o| Origin::parse(o).unwrap()).collect(),
+        addresses: networks(&["127.0.0.0/8"]),
+        secrets: HashMap::from([("token".to_string(), bound(BOUND_SECRET, bound_to))]),
+        secrets_over_plain_http,
+        ..HttpPolicy::default()
+    };
+    CallContext {
+        http: Arc::new(HttpAccess::new(policy).unwrap()),
+        ..CallContext::new("test")
+    }
+}
+
+const BOUND_SECRET: &str = "Bearer bound-to-one-origin-41c7e2";
+
+/// Two servers the environment allows, the secret bound to one: a request naming the secret
+/// towards the other is refused before anything is sent — that server sees no request at all —
+/// while the same request without the secret, and the secret towards its own origin, go through.
+/// An origin differing only in scheme is another origin.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_secret_is_never_sent_to_an_origin_it_is_not_bound_to() {
+    let home = Server::start("127.0.0.1:0").await;
+    let other = Server::start("127.0.0.1:0").await;
+    let (home_origin, other_origin) = (home.origin(), other.origin());
+    let allowed = [home_origin.clone(), other_origin.clone()];
+    let ctx = with_secret(&allowed, &[&home_origin], true);
+
+    let e = get_with_secret(&ctx, &format!("{other_origin}/o"), "token").await.unwrap_err();
+    assert_eq!(e.kind, PluginErrorKind::Denied, "{e:?}");
+    // The plugin puts the request before the host's refusal.
+    assert_eq!(
+        e.message,
+        format!("GET {other_origin}/o: secret `token` may not be sent to {other_origin}: it is bound to {home_origin}")
+    );
+    // The same host and port over https is another origin, to which the secret is bound instead.
+    let https_home = home_origin.replace("http://", "https://");
+    let ctx_https = with_secret(&allowed, &[&https_home], true);
+    let e = get_with_secret(&ctx_https, &format!("{home_origin}/o"), "token").await.unwrap_err();
+    assert_eq!(e.kind, PluginErrorKind::Denied, "{e:?}");
+    assert!(e.message.ends_with(&format!("it is bound to {https_home}")), "{}", e.message);
+    assert_eq!((home.connections(), other.connections()), (0, 0), "nothing was sent");
+
+    // Without the secret the other origin is reached: the refusal was the binding's.
+    assert_eq!(
+        get(&ctx, &format!("{other_origin}/o")).await.unwrap(),
+        Some(json!({"name": "served"}))
+    );
+    assert_eq!(
+        get_with_secret(&ctx, &format!("{home_origin}/o"), "token").await.unwrap(),
+        Some(json!({"name": "served"}))
+    );
+    let carried = |head: &String| head.to_ascii_lowercase().contains(&BOUND_SECRET.to_ascii_lowercase());
+    let (home_seen, other_seen) = (home.requests(), other.requests());
+    assert_eq!(other_seen.len(), 1, "{other_seen:?}");
+    assert!(!other_seen.iter().any(carried), "{other_seen:?}");
+    assert_eq!(home_seen.len(), 1, "{home_seen:?}");
+    assert!(home_seen.iter().all(carried), "the secret went to its origin: {home_seen:?}");
+}
+
+/// A secret bound to an `http://` origin: refused before sending (the server sees nothing) while
+/// the policy does not allow secrets over plain HTTP, the message naming the setting; sent once
+/// it does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_secret_over_plain_http_is_refused_unless_the_policy_allows_it() {
+    let server = Server::start("127.0.0.1:0").await;
+    let origin = server.origin();
+    let allowed = [origin.clone()];
+
+    let ctx = with_secret(&allowed, &[&origin], false);
+    let e = get_with_secret(&ctx, &format!("{origin}/o"), "token").await.unwrap_err();
+    assert_eq!(e.kind, PluginErrorKind::Denied, "{e:?}");
+    assert_eq!(
+        e.message,
+        format!(
+            "GET {origin}/o: secret `token` may not be sent to {origin} over plain HTTP: secrets go over https only unless the environment's setting `http.secrets_over_plain_http` is true"
+        )
+    );
+    assert_eq!(server.connections(), 0, "nothing was sent");
+    // Plain HTTP without a secret is the origin policy's business alone.
+    assert_eq!(get(&ctx, &format!("{origin}/o")).await.unwrap(), Some(json!({"name": "served"})));
+
+    let ctx = with_secret(&allowed, &[&origin], true);
+    assert_eq!(
+        get_with_secret(&ctx, &format!("{origin}/o"), "token").await.unwrap(),
+        Some(json!({"name": "served"}))
+    );
+    let seen = server.requests();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(!seen[0].contains(BOUND_SECRET), "{}", seen[0]);
+    assert!(
+        seen[1]
+            .lines()
+            .any(|l| l.eq_ignore_ascii_case(&format!("authorization: {BOUND_SECRET}"))),
+        "{}",
+        seen[1]
+    );
 }
