@@ -457,7 +457,8 @@ impl Host for CallState {
             builder = builder.body(body);
         }
         if let Some(ms) = request.timeout_ms {
-            builder = builder.timeout(Duration::from_millis(ms.into()));
+            // Shorter than the policy's, never longer.
+            builder = builder.timeout(Duration::from_millis(ms.into()).min(access.policy.timeout));
         }
         let response = builder.send().await.map_err(|e| {
             if let Some(refused) = refusal_in(&e) {

@@ -373,3 +373,51 @@ async fn a_secret_over_plain_http_is_refused_unless_the_policy_allows_it() {
         seen[1]
     );
 }
+
+/// A plugin's own request timeout can shorten the policy's, never lengthen it: against a server
+/// that answers after 3 s, a policy of 300 ms ends the request at about 300 ms though the plugin
+/// asked for 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugins_request_timeout_never_exceeds_the_policys() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ = stream.read(&mut buf).await;
+                tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+                    .await;
+            });
+        }
+    });
+    let origin = format!("http://127.0.0.1:{port}");
+    let policy = HttpPolicy {
+        allowed: [Origin::parse(&origin).unwrap()].into_iter().collect(),
+        addresses: networks(&["127.0.0.0/8"]),
+        timeout: std::time::Duration::from_millis(300),
+        ..HttpPolicy::default()
+    };
+    let ctx = CallContext {
+        http: Arc::new(HttpAccess::new(policy).unwrap()),
+        ..CallContext::new("test")
+    };
+    let rt = runtime();
+    let plugin = load(&rt, &MISBEHAVE, &Grants::all());
+    let mut instance = plugin.adaptor(&ctx).await.unwrap();
+    let started = std::time::Instant::now();
+    let err = instance
+        .read(&target(
+            "misbehave",
+            "/x",
+            json!({"behave": "http", "url": format!("{origin}/slow"), "ms": 10000}),
+        ))
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    let e = err.plugin_error().expect("a plugin error");
+    assert_eq!(e.kind, PluginErrorKind::Unavailable, "{e:?}");
+    assert!(elapsed < std::time::Duration::from_millis(2000), "the request ran {elapsed:?}");
+}
