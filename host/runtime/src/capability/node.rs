@@ -369,6 +369,9 @@ impl LocalNode {
     pub fn open(root: impl Into<PathBuf>) -> std::io::Result<LocalNode> {
         let root_path: PathBuf = root.into();
         std::fs::create_dir_all(&root_path)?;
+        // Absolute and without symlinks: what commands get bound, and checked against what they
+        // see of the system (`Sandbox::confine`), whatever the working directory.
+        let root_path = std::fs::canonicalize(&root_path)?;
         let root = Dir::open_ambient_dir(&root_path, ambient_authority())?;
         let root_dev = root.dir_metadata()?.dev();
         let sync_handle = Arc::new(std::fs::File::open(&root_path)?);
@@ -452,6 +455,34 @@ impl LocalNode {
     ) -> BoxFuture<'a, Result<T, NodeError>> {
         self.file_work(path, true, f)
     }
+}
+
+/// Creates a new temporary file beside `rel` (in `parent`), to be renamed over it: only ever a
+/// new file (`O_EXCL`: whatever a command left at the name — a FIFO that would block the open, a
+/// symlink out — is never opened), under another name while one is taken.
+fn create_temp(root: &Dir, parent: &Path, rel: &Path) -> Result<(cap_std::fs::File, PathBuf), NodeError> {
+    use cap_std::fs::OpenOptionsExt as _;
+    let name = rel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut options = OpenOptions::new();
+    options
+        .write(true)
+        .create_new(true)
+        .custom_flags((rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY).bits() as i32);
+    let mut last = None;
+    for _ in 0..16 {
+        let tmp = parent.join(format!(
+            ".{name}.orc-tmp-{}-{}",
+            std::process::id(),
+            TMP_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        match root.open_with(&tmp, &options) {
+            Ok(file) => return Ok((file, tmp)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some((tmp, e)),
+            Err(e) => return Err(io_error(&tmp, "create", e)),
+        }
+    }
+    let (tmp, e) = last.expect("tried");
+    Err(io_error(&tmp, "create", e))
 }
 
 /// Files up to this size are read and written inline (see [`LocalNode::file_work`]).
@@ -753,12 +784,8 @@ impl NodeBackend for LocalNode {
                     }
                 },
                 _ => {
-                    let name = rel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-                    let tmp = parent.join(format!(".{name}.orc-tmp-{}", std::process::id()));
+                    let (mut file, tmp) = create_temp(root, &parent, rel)?;
                     let result = (|| {
-                        let mut file = root
-                            .open_with(&tmp, OpenOptions::new().write(true).create(true).truncate(true))
-                            .map_err(|e| io_error(&tmp, "create", e))?;
                         file.write_all(&content).map_err(|e| io_error(&tmp, "write", e))?;
                         file.set_permissions(Permissions::from_mode(mode))
                             .map_err(|e| io_error(&tmp, "chmod", e))?;
@@ -959,7 +986,7 @@ impl NodeBackend for LocalNode {
     }
 }
 
-static TMP_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+pub(crate) static TMP_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// How the node shows a path relative to its root: `/etc/motd`.
 fn shown(rel: &Path) -> String {

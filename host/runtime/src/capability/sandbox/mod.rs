@@ -246,6 +246,17 @@ impl Sandbox {
         env: &[(String, String)],
         limits: CommandLimits,
     ) -> Result<Confined, String> {
+        if !root.is_absolute() {
+            return Err(format!("the node's root {} is not an absolute path", root.display()));
+        }
+        // Under a directory commands see whole (`/usr`, …), the data directory beside the root
+        // would be visible to them: its database, its secret key.
+        if let Some(system) = SYSTEM.iter().chain(ETC).find(|p| root.starts_with(p)) {
+            return Err(format!(
+                "the node's root {} is under {system}, which commands see read-only: keep the data directory elsewhere",
+                root.display()
+            ));
+        }
         let group = self
             .cgroups
             .group(limits.processes, limits.memory_bytes)

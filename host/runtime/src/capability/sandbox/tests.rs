@@ -226,3 +226,48 @@ async fn bad_working_directories_and_programs_are_named() {
     assert_eq!(err.kind, crate::capability::NodeErrorKind::InvalidInput, "{err}");
     assert!(err.message.contains("cannot start `no-such-program`"), "{err}");
 }
+
+/// What a command leaves where the file functions work does not hold them: FIFOs and a symlink
+/// planted at the next temporary names of a write (`.<name>.orc-tmp-<pid>-<n>`, a FIFO would
+/// block an open for good) are passed over, and the write lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn traps_planted_by_a_command_do_not_hold_a_write() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let node = node_in(dir.path());
+    let (pid, next) = (std::process::id(), crate::capability::node::TMP_COUNTER.load(Ordering::SeqCst));
+    let script = format!(
+        "mkfifo .target.orc-tmp-{pid}; for i in $(seq {next} {}); do mkfifo .target.orc-tmp-{pid}-$i; done; ln -s {}/secret.key .target.orc-tmp-{pid}-{}",
+        next + 5,
+        dir.path().display(),
+        next + 6
+    );
+    let out = sh(&node, &script).await;
+    assert_eq!(out.exit_code, 0, "{}", text(&out.stderr));
+    let written = tokio::time::timeout(Duration::from_secs(10), node.write_file("/target", b"landed".to_vec(), None))
+        .await
+        .expect("a write blocked on a planted FIFO");
+    written.unwrap();
+    assert_eq!(std::fs::read(dir.path().join("root/target")).unwrap(), b"landed");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("secret.key")).unwrap(),
+        "the host's secret key"
+    );
+}
+
+/// A root under a directory commands see whole would show them the data directory beside it; a
+/// relative root would be bound relative to `/`: both refused.
+#[tokio::test]
+async fn a_root_under_the_system_or_relative_is_refused() {
+    let sandbox = super::Sandbox::host().await.unwrap();
+    let argv = ["true".to_string()];
+    for (root, expected) in [
+        ("/usr/share", "is under /usr, which commands see read-only"),
+        ("/etc/ssl/certs/orc", "is under /etc/ssl/certs"),
+        ("relative/root", "is not an absolute path"),
+    ] {
+        let root = Path::new(root);
+        let err = sandbox.confine(root, root, &argv, &[], CommandLimits::default()).err().unwrap();
+        assert!(err.contains(expected), "{}: {err}", root.display());
+    }
+}
