@@ -614,6 +614,12 @@ impl NodeBackend for LocalNode {
             let Some(program) = command.argv.first().cloned() else {
                 return Err(NodeError::new(NodeErrorKind::InvalidInput, "command has an empty argv"));
             };
+            if let Some((name, _)) = command.env.iter().find(|(k, _)| k.is_empty() || k.contains(['=', '\0'])) {
+                return Err(NodeError::new(
+                    NodeErrorKind::InvalidInput,
+                    format!("`{}` is not an environment variable's name", name.escape_debug()),
+                ));
+            }
             let sandbox = Sandbox::host()
                 .await
                 .map_err(|e| NodeError::new(NodeErrorKind::Denied, e.to_string()))?;

@@ -102,6 +102,28 @@ pub const ETC: &[&str] = &[
     "/etc/magic",
 ];
 
+/// Files of the sandbox's own `/proc` that still show (or change) the host's kernel, and which
+/// its user — the host's user outside, by the kernel's checks on file modes — could otherwise
+/// read or write: covered by an empty file or directory, as Docker masks them. `/proc/sys`,
+/// `/proc/sysrq-trigger`, `/proc/irq` and `/proc/bus` bwrap makes read-only itself.
+const PROC_MASKED_FILES: &[&str] = &[
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/key-users",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/latency_stats",
+    "/proc/kpageflags",
+    "/proc/kpagecount",
+    "/proc/kpagecgroup",
+    "/proc/kallsyms",
+    "/proc/kmsg",
+];
+const PROC_MASKED_DIRS: &[&str] = &["/proc/acpi", "/proc/scsi", "/proc/asound", "/proc/driver"];
+/// Read-only, as Docker keeps them: file systems' tunables (`/proc/fs/cifs/SecurityFlags`).
+const PROC_READ_ONLY: &[&str] = &["/proc/fs"];
+
 /// System directories bound read-only (or recreated as the symlinks they are, as on merged-`/usr`
 /// systems).
 const SYSTEM: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"];
@@ -115,16 +137,16 @@ const SETUP_FAILED: i32 = 125;
 /// How the sandbox's own messages start on a command's stderr.
 pub const MARK: &str = "orc-sandbox: ";
 
-/// Run by `sh` on the host before `bwrap`: the limits no namespace gives (`rlimit`s: CPU time,
-/// file size, no core dumps), then joins the command's control group(s), then becomes `bwrap`.
-/// `$1` CPU seconds, `$2` file size in 512-byte blocks, `$3` how many `cgroup.procs` follow.
+/// Run by `sh` on the host before the rest: joins the command's control group(s), then becomes
+/// `prlimit`, which sets the limits no namespace gives and becomes `bwrap`. `$1` how many
+/// `cgroup.procs` files follow.
 const PRELUDE: &str = r#"fail() { echo "orc-sandbox: $1" >&2; exit 125; }
-ulimit -t "$1" || fail "cannot set the CPU time limit"
-ulimit -f "$2" || fail "cannot set the file size limit"
-ulimit -c 0 || fail "cannot turn core dumps off"
-n=$3; shift 3
+n=$1; shift
 while [ "$n" -gt 0 ]; do echo 0 > "$1" || fail "cannot join the control group $1"; shift; n=$((n - 1)); done
 exec "$@""#;
+
+/// Open files per process: what commands need, short of what would strain the host's tables.
+const MAX_OPEN_FILES: u64 = 4096;
 
 static HOST: OnceLock<Result<Arc<Sandbox>, SandboxError>> = OnceLock::new();
 
@@ -132,10 +154,14 @@ static HOST: OnceLock<Result<Arc<Sandbox>, SandboxError>> = OnceLock::new();
 #[derive(Debug)]
 pub struct Sandbox {
     bwrap: PathBuf,
-    filters: [Arc<[u8]>; 2],
+    /// util-linux's `prlimit`, which sets the `rlimit`s exactly (in bytes, unlike `ulimit`).
+    prlimit: PathBuf,
+    filters: Vec<Arc<[u8]>>,
     cgroups: cgroup::Hierarchy,
     /// `bwrap` arguments for the system directories and `/etc` files.
     system: Vec<OsString>,
+    /// `bwrap` arguments masking what of `/proc` shows the host ([`PROC_MASKED_FILES`]).
+    proc_masks: Vec<OsString>,
 }
 
 /// One command, ready to spawn, and the group that limits it (dropping it kills what is left).
@@ -200,14 +226,27 @@ impl Sandbox {
                 .find(|p| p.is_file()),
         }
         .ok_or(SandboxError::NoBwrap)?;
+        if !bwrap.is_absolute() {
+            return Err(SandboxError::Unavailable(format!(
+                "{BWRAP_VAR} must be an absolute path, not {}",
+                bwrap.display()
+            )));
+        }
+        let prlimit = ["/usr/bin/prlimit", "/bin/prlimit"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+            .ok_or_else(|| SandboxError::Unavailable("`prlimit` (util-linux) is not installed".into()))?;
         let unavailable = |e: &dyn std::fmt::Display| SandboxError::Unavailable(e.to_string());
         let filters = seccomp::programs().map_err(|e| unavailable(&e))?;
         let cgroups = cgroup::Hierarchy::open().map_err(|e| unavailable(&e))?;
         let sandbox = Sandbox {
             bwrap,
-            filters: filters.map(Arc::from),
+            filters: filters.into_iter().map(Arc::from).collect(),
+            prlimit,
             cgroups,
             system: system_binds(),
+            proc_masks: proc_masks(),
         };
         sandbox.try_once()?;
         Ok(sandbox)
@@ -262,7 +301,7 @@ impl Sandbox {
             .group(limits.processes, limits.memory_bytes)
             .map_err(|e| e.to_string())?;
         let procs = group.procs_files();
-        let mut fds = Vec::with_capacity(2);
+        let mut fds = Vec::with_capacity(self.filters.len());
         for (i, program) in self.filters.iter().enumerate() {
             fds.push(FdMapping {
                 parent_fd: memfd(program).map_err(|e| format!("cannot hand the seccomp filter over: {e}"))?,
@@ -274,10 +313,17 @@ impl Sandbox {
             .arg("-c")
             .arg(PRELUDE)
             .arg("orc-sandbox")
-            .arg(limits.cpu_seconds.to_string())
-            .arg(limits.file_size_bytes.div_ceil(512).to_string())
             .arg(procs.len().to_string())
             .args(&procs)
+            // `rlimit`s (soft and hard, so the command cannot raise them): CPU seconds per
+            // process, largest file, open files, and a core size of 1 byte, which also keeps the
+            // kernel from piping a crash's core to a host helper (`core_pattern` `|…`), as 0
+            // would not.
+            .arg(&self.prlimit)
+            .arg(format!("--cpu={0}:{0}", limits.cpu_seconds))
+            .arg(format!("--fsize={0}:{0}", limits.file_size_bytes))
+            .arg(format!("--nofile={MAX_OPEN_FILES}:{MAX_OPEN_FILES}"))
+            .args(["--core=1:1", "--"])
             .arg(&self.bwrap)
             .args([
                 "--unshare-all",
@@ -300,6 +346,7 @@ impl Sandbox {
         command
             .args(&self.system)
             .args(["--proc", "/proc", "--dev", "/dev"])
+            .args(&self.proc_masks)
             .arg("--size")
             .arg(limits.memory_bytes.to_string())
             .args(["--tmpfs", "/tmp"])
@@ -307,20 +354,45 @@ impl Sandbox {
             .arg(root)
             .arg(root)
             .arg("--chdir")
-            .arg(cwd)
-            .args(["--add-seccomp-fd", "3", "--add-seccomp-fd", "4"]);
+            .arg(cwd);
+        for fd in &fds {
+            command.arg("--add-seccomp-fd").arg(fd.child_fd.to_string());
+        }
         for (k, v) in env {
             command.arg("--setenv").arg(k).arg(v);
         }
         command.arg("--").args(argv).current_dir("/");
+        let first_unmapped = 3 + fds.len() as u32;
         command
             .fd_mappings(fds)
             .map_err(|e| format!("cannot hand the seccomp filter over: {e}"))?;
+        close_the_rest_on_exec(&mut command, first_unmapped);
         Ok(Confined { command, group, limits })
     }
 }
 
-/// A sealed-off copy of `bytes` to hand a child as a file descriptor (read from its start).
+/// Marks every descriptor of the child from `first` on close-on-exec (after the seccomp
+/// programs are in place below it), so that nothing the host holds open without `O_CLOEXEC` — a
+/// library's slip, or what the host itself inherited (`cargo`'s jobserver pipe, a service
+/// manager's sockets) — reaches the sandbox, where one descriptor of the data directory would
+/// be a way out. Needs Linux 5.11 (`CLOSE_RANGE_CLOEXEC`); before that, the command fails to
+/// start.
+#[allow(unsafe_code)]
+fn close_the_rest_on_exec(command: &mut tokio::process::Command, first: u32) {
+    // SAFETY: the closure runs in the child between `fork` and `exec`: it makes one system call,
+    // which is async-signal-safe, and neither allocates nor takes a lock.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::close_range(first, u32::MAX, libc::CLOSE_RANGE_CLOEXEC as i32) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+}
+
+/// A copy of `bytes` to hand a child as a file descriptor (read from its start).
 fn memfd(bytes: &[u8]) -> std::io::Result<OwnedFd> {
     use rustix::fs::{MemfdFlags, SeekFrom};
     let fd = rustix::fs::memfd_create("orc-seccomp", MemfdFlags::CLOEXEC)?;
@@ -354,6 +426,22 @@ fn system_binds() -> Vec<OsString> {
     args
 }
 
+/// `bwrap` arguments that mask [`PROC_MASKED_FILES`] and [`PROC_MASKED_DIRS`] and make
+/// [`PROC_READ_ONLY`] read-only, for those this kernel has.
+fn proc_masks() -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
+    for path in PROC_MASKED_FILES.iter().filter(|p| Path::new(p).exists()) {
+        args.extend(["--ro-bind".into(), "/dev/null".into(), (*path).into()]);
+    }
+    for path in PROC_MASKED_DIRS.iter().filter(|p| Path::new(p).is_dir()) {
+        args.extend(["--tmpfs".into(), (*path).into(), "--remount-ro".into(), (*path).into()]);
+    }
+    for path in PROC_READ_ONLY.iter().filter(|p| Path::new(p).is_dir()) {
+        args.extend(["--ro-bind".into(), (*path).into(), (*path).into()]);
+    }
+    args
+}
+
 /// Whether a command's stderr and exit status say the sandbox itself failed (rather than the
 /// command): its message then, for the error.
 pub(crate) fn setup_failure(exit_code: Option<i32>, stderr: &[u8]) -> Option<String> {
@@ -361,7 +449,7 @@ pub(crate) fn setup_failure(exit_code: Option<i32>, stderr: &[u8]) -> Option<Str
     let first = text.lines().next().unwrap_or_default();
     let failed = match exit_code {
         Some(SETUP_FAILED) => first.starts_with(MARK),
-        Some(1) => first.starts_with("bwrap: "),
+        Some(1) => first.starts_with("bwrap: ") || first.starts_with("prlimit: "),
         _ => false,
     };
     failed.then(|| first.to_string())

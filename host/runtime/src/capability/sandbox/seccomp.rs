@@ -12,7 +12,9 @@
 
 use std::collections::BTreeMap;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch, sock_filter,
+};
 
 /// System calls refused whatever their arguments.
 /// (`seccompiler` builds filters for 64-bit machines only, where these are `i64` and `u64`.)
@@ -81,9 +83,11 @@ pub struct FilterError {
     source: seccompiler::BackendError,
 }
 
-/// The two programs, as the bytes `bwrap` reads: the refusals (`EPERM`), then `clone3`
-/// (`ENOSYS`). Two because a filter has one action for what it matches.
-pub(super) fn programs() -> Result<[Vec<u8>; 2], FilterError> {
+/// The programs, as the bytes `bwrap` reads: the refusals (`EPERM`), then `clone3` (`ENOSYS`) —
+/// two because a filter has one action for what it matches —, then on x86-64 the x32 ABI's
+/// calls (numbers from `0x4000_0000`: the same architecture tag, so the first two would let
+/// them through), which kill the process.
+pub(super) fn programs() -> Result<Vec<Vec<u8>>, FilterError> {
     let arch = std::env::consts::ARCH;
     let fail = |source| FilterError { arch, source };
     let target = TargetArch::try_from(arch).map_err(fail)?;
@@ -111,7 +115,26 @@ pub(super) fn programs() -> Result<[Vec<u8>; 2], FilterError> {
         target,
     )
     .map_err(fail)?;
-    Ok([bytes(refusals.try_into().map_err(fail)?), bytes(clone3.try_into().map_err(fail)?)])
+    let mut programs = vec![bytes(refusals.try_into().map_err(fail)?), bytes(clone3.try_into().map_err(fail)?)];
+    if target == TargetArch::x86_64 {
+        programs.push(bytes(no_x32()));
+    }
+    Ok(programs)
+}
+
+/// Kills the process at any system call numbered from `__X32_SYSCALL_BIT` (`0x4000_0000`).
+fn no_x32() -> BpfProgram {
+    const LD_W_ABS: u16 = 0x00 | 0x00 | 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JGE_K: u16 = 0x05 | 0x30 | 0x00; // BPF_JMP | BPF_JGE | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    let insn = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    vec![
+        // The system call's number: `seccomp_data.nr`, at offset 0.
+        insn(LD_W_ABS, 0, 0, 0),
+        insn(JGE_K, 0, 1, 0x4000_0000),
+        insn(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
+        insn(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ]
 }
 
 /// A program as the kernel's `struct sock_filter` array, in native byte order.
@@ -131,10 +154,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn both_programs_compile_for_this_machine() {
-        let [refusals, clone3] = programs().unwrap();
-        assert_eq!(refusals.len() % 8, 0);
-        assert_eq!(clone3.len() % 8, 0);
-        assert!(refusals.len() > clone3.len());
+    fn the_programs_compile_for_this_machine() {
+        let programs = programs().unwrap();
+        assert!(programs.iter().all(|p| !p.is_empty() && p.len() % 8 == 0));
+        assert!(programs[0].len() > programs[1].len());
+        assert_eq!(programs.len(), if cfg!(target_arch = "x86_64") { 3 } else { 2 });
     }
 }

@@ -59,6 +59,11 @@ async fn the_host_s_files_processes_and_environment_are_out_of_reach() {
     assert!(!seen.contains("CARGO"), "the host's environment: {seen}");
     let processes: u32 = seen.lines().last().unwrap().trim().parse().unwrap();
     assert!(processes <= 5, "the sandbox sees {processes} processes");
+    // What of its own `/proc` still shows the host's kernel is masked (`/proc/timer_list` lists
+    // the host's processes and is readable by its owner, root, which the sandbox's user is to
+    // the kernel's mode checks); `/proc/fs` is read-only.
+    let out = sh(&node, "for f in /proc/timer_list /proc/kpageflags /proc/keys; do cat $f; done | wc -c; ls -A /proc/acpi | wc -l; touch /proc/fs/x && echo wrote").await;
+    assert_eq!(text(&out.stdout), "0\n0\n", "{}", text(&out.stderr));
     // Nor can it signal the host.
     let out = sh(&node, &format!("kill -KILL {host_pid}")).await;
     assert_ne!(out.exit_code, 0, "a signal reached pid {host_pid}");
@@ -89,8 +94,15 @@ async fn only_the_root_is_writable_and_as_the_host_s_user() {
 async fn privileges_cannot_be_regained() {
     let dir = tempfile::tempdir().unwrap();
     let node = node_in(dir.path());
-    let out = sh(&node, "grep -E '^(CapEff|CapPrm|NoNewPrivs|Seccomp):' /proc/self/status").await;
+    let out = sh(
+        &node,
+        "grep -E '^(CapEff|CapPrm|NoNewPrivs|Seccomp|Seccomp_filters):' /proc/self/status",
+    )
+    .await;
     let status = text(&out.stdout);
+    // The refusals, `clone3`, and on x86-64 the x32 calls.
+    let filters = if cfg!(target_arch = "x86_64") { 3 } else { 2 };
+    assert!(status.contains(&format!("Seccomp_filters:\t{filters}")), "{status}");
     assert!(status.contains("CapEff:\t0000000000000000"), "{status}");
     assert!(status.contains("CapPrm:\t0000000000000000"), "{status}");
     assert!(status.contains("NoNewPrivs:\t1"), "{status}");
@@ -270,4 +282,72 @@ async fn a_root_under_the_system_or_relative_is_refused() {
         let err = sandbox.confine(root, root, &argv, &[], CommandLimits::default()).err().unwrap();
         assert!(err.contains(expected), "{}: {err}", root.display());
     }
+}
+
+/// A command holds no descriptor of the host's beyond its stdio (one leaked to the data
+/// directory would be a way out), and runs under the `rlimit`s: CPU, file size, open files, and a
+/// core size of 1 byte (0 would still pipe a crash to a `core_pattern` helper on the host).
+#[tokio::test]
+async fn no_descriptor_of_the_host_s_and_the_rlimits_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = node_in(dir.path());
+    // Some open descriptors of the host's own, as a server has (without `O_CLOEXEC` only by mistake).
+    let _held = std::fs::File::open(dir.path().join("secret.key")).unwrap();
+    // `ls` itself, not a shell (which keeps descriptors of its own): its directory handle is
+    // the one more.
+    let out = node
+        .run(NodeCommand {
+            argv: vec!["ls".into(), "-l".into(), "/proc/self/fd".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let fds = text(&out.stdout);
+    for line in fds.lines().skip(1) {
+        let (before, target) = line.split_once(" -> ").unwrap_or_else(|| panic!("{line}"));
+        let fd = before.split_whitespace().last().unwrap().to_string();
+        let target = target.to_string();
+        let (fd, target) = (fd.as_str(), target.as_str());
+        let expected = match fd {
+            "0" => target == "/dev/null",
+            "1" | "2" => target.starts_with("pipe:"),
+            // The loop's own directory handle.
+            _ => target.starts_with("/proc/"),
+        };
+        assert!(expected, "descriptor {fd} → {target} in the sandbox:\n{fds}");
+    }
+    let out = sh(
+        &node,
+        "grep -E '^Max (cpu time|file size|open files|core file size)' /proc/self/limits",
+    )
+    .await;
+    let limits: Vec<Vec<String>> = text(&out.stdout)
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect();
+    let soft_hard = |name: &str| {
+        limits
+            .iter()
+            .find(|l| l.join(" ").starts_with(name))
+            .map(|l| (l[l.len() - 3].clone(), l[l.len() - 2].clone()))
+            .unwrap_or_else(|| panic!("{name}: {limits:?}"))
+    };
+    let d = CommandLimits::default();
+    assert_eq!(soft_hard("Max cpu time"), (d.cpu_seconds.to_string(), d.cpu_seconds.to_string()));
+    assert_eq!(
+        soft_hard("Max file size"),
+        (d.file_size_bytes.to_string(), d.file_size_bytes.to_string())
+    );
+    assert_eq!(soft_hard("Max open files"), ("4096".to_string(), "4096".to_string()));
+    assert_eq!(soft_hard("Max core file size"), ("1".to_string(), "1".to_string()));
+    // Names a process environment cannot hold are the plugin's error.
+    let err = node
+        .run(NodeCommand {
+            argv: vec!["true".into()],
+            env: vec![("A=B".into(), "c".into())],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, crate::capability::NodeErrorKind::InvalidInput, "{err}");
 }
