@@ -790,7 +790,7 @@ impl NodeBackend for LocalNode {
                     }
                 },
                 _ => {
-                    let (mut file, tmp) = create_temp(root, &parent, rel)?;
+                    let (mut file, tmp) = create_temp(root, parent, rel)?;
                     let result = (|| {
                         file.write_all(&content).map_err(|e| io_error(&tmp, "write", e))?;
                         file.set_permissions(Permissions::from_mode(mode))

@@ -124,9 +124,10 @@ pub(super) fn programs() -> Result<Vec<Vec<u8>>, FilterError> {
 
 /// Kills the process at any system call numbered from `__X32_SYSCALL_BIT` (`0x4000_0000`).
 fn no_x32() -> BpfProgram {
-    const LD_W_ABS: u16 = 0x00 | 0x00 | 0x20; // BPF_LD | BPF_W | BPF_ABS
-    const JGE_K: u16 = 0x05 | 0x30 | 0x00; // BPF_JMP | BPF_JGE | BPF_K
-    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    // The classic BPF opcodes (`linux/bpf_common.h`): class | size | mode or operation | source.
+    const LD_W_ABS: u16 = 0x20; // BPF_LD (0x00) | BPF_W (0x00) | BPF_ABS (0x20)
+    const JGE_K: u16 = 0x35; // BPF_JMP (0x05) | BPF_JGE (0x30) | BPF_K (0x00)
+    const RET_K: u16 = 0x06; // BPF_RET (0x06) | BPF_K (0x00)
     let insn = |code, jt, jf, k| sock_filter { code, jt, jf, k };
     vec![
         // The system call's number: `seccomp_data.nr`, at offset 0.
