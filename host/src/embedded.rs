@@ -45,6 +45,8 @@ pub struct EmbeddedConfig {
     pub secrets: BTreeMap<String, SecretConfig>,
     /// Longest one plugin call may run, in seconds.
     pub call_timeout_s: u64,
+    /// Commands on the local node reach the host's network (`local_commands.network`).
+    pub local_network: bool,
 }
 
 impl EmbeddedConfig {
@@ -59,6 +61,7 @@ impl EmbeddedConfig {
             http: HttpSettings::default(),
             secrets: BTreeMap::new(),
             call_timeout_s: EnvironmentSettings::default().call_timeout_s,
+            local_network: false,
         }
     }
 }
@@ -138,9 +141,10 @@ pub async fn deploy(
         // by `http`'s allowed origins.
         capabilities: CapabilitySettings::everything(),
         // Commands are confined all the same (the sandbox keeps a plugin from the operator's
-        // files and credentials), but reach the network, as the operator's own would.
+        // files and credentials); the network only when asked for (`--local-network`): there
+        // a command reaches the host's local services as the host's user.
         local_commands: LocalCommandSettings {
-            network: true,
+            network: config.local_network,
             ..LocalCommandSettings::default()
         },
         ..EnvironmentSettings::default()

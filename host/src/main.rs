@@ -69,6 +69,10 @@ enum Command {
         /// Longest one plugin call may run, in seconds.
         #[arg(long, env = "ORC_CALL_TIMEOUT_S", default_value_t = 30)]
         call_timeout_s: u64,
+        /// Let commands on the local node reach the host's network (they run confined, without
+        /// it by default: with it they reach the host's local services, as the host's user).
+        #[arg(long)]
+        local_network: bool,
     },
     /// Server mode: the REST API (`/api/v1`) over persistent environments, one scheduler each.
     /// Prints `listening on http://ADDR` first; stops gracefully on SIGINT or SIGTERM.
@@ -168,6 +172,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             secrets,
             secrets_over_plain_http,
             call_timeout_s,
+            local_network,
         } => {
             let bytes = std::fs::read(&intent).with_context(|| format!("reading {}", intent.display()))?;
             let addresses = match http_addresses.as_str() {
@@ -188,6 +193,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
                 secrets,
                 call_timeout_s,
+                local_network,
                 ..EmbeddedConfig::new(data_dir, if dryrun { Mode::Dryrun } else { Mode::Deploy }, concurrency)
             };
             let bar = if std::io::stderr().is_terminal() && !json {

@@ -83,7 +83,12 @@ impl Hierarchy {
         };
         for dir in hierarchy.parents() {
             for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                // `<pid>-<n>`: only those of hosts no longer running (another host on this
+                // machine may have just made one it is about to join).
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let owner = name.split_once('-').and_then(|(pid, _)| pid.parse::<u32>().ok());
+                let running = owner.is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+                if entry.file_type().is_ok_and(|t| t.is_dir()) && !running {
                     // Fails (EBUSY) where processes still run; those are left alone.
                     let _ = std::fs::remove_dir(entry.path());
                 }
