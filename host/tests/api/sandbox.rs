@@ -1,5 +1,5 @@
 //! The confined local node through a real server: `command` resources (the first-party adaptor,
-//! granted `node-commands`) that try to read the host's secret key, database, `/etc/shadow` and
+//! granted `node-commands`) that try to read the host's secret key, database, registry, `/etc/shadow` and
 //! environment, to signal the server, to fork without end and to take all memory. Each fails on
 //! its own, named in the resource's error, while the server goes on answering; the limits are
 //! environment settings, bounded.
@@ -59,6 +59,7 @@ pub async fn local_commands_reach_nothing_of_the_host_and_their_limits_hold(back
     let thefts = [
         ("key", format!("cat {data}/secret.key")),
         ("database", format!("cat {data}/{}", orc_host::store::SQLITE_FILE)),
+        ("registry", format!("ls {data}/registry")),
         ("shadow", "cat /etc/shadow".to_string()),
         ("environ", format!("cat /proc/{server_pid}/environ")),
         ("signal", format!("kill -TERM {server_pid}")),
@@ -80,7 +81,7 @@ pub async fn local_commands_reach_nothing_of_the_host_and_their_limits_hold(back
         slowest = slowest.max(asked.elapsed());
         assert_eq!(status, StatusCode::OK, "{page}");
         let items = page["items"].as_array().cloned().unwrap_or_default();
-        if items.len() == 8 {
+        if items.len() == 9 {
             break items;
         }
         assert!(started.elapsed() < Duration::from_secs(120), "not every command failed: {page}");
@@ -92,7 +93,7 @@ pub async fn local_commands_reach_nothing_of_the_host_and_their_limits_hold(back
         let r = failed.iter().find(|r| r["resource_id"] == id.as_str()).unwrap();
         r["last_error"]["message"].as_str().unwrap_or_default().to_string()
     };
-    for (name, _) in &thefts[..4] {
+    for (name, _) in &thefts[..5] {
         let message = error(name);
         assert!(message.contains("No such file or directory"), "{name}: {message}");
     }
