@@ -111,7 +111,8 @@ pub fn router(environments: Arc<Environments>, max_body_bytes: usize) -> Router 
             "/openapi.json",
             get(move || std::future::ready(([(axum::http::header::CONTENT_TYPE, "application/json")], document.to_string()))),
         )
-        .merge(protected);
+        .merge(protected)
+        .method_not_allowed_fallback(method_not_allowed);
     // The registry's own API (index and fetch by digest open to read; publishing needs the token),
     // served by the same process.
     let registry = orc_registry::server::router(environments.registry().clone())
@@ -122,10 +123,20 @@ pub fn router(environments: Arc<Environments>, max_body_bytes: usize) -> Router 
         .route("/metrics", get(ops::metrics))
         .nest_service("/registry", registry)
         .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(environments.clone(), ops::track_requests))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(TraceLayer::new_for_http())
         .with_state(environments)
+}
+
+/// A method the path does not take: a JSON error like every other answer.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not take {method}", uri.path()),
+    )
 }
 
 /// Every API call but health, readiness and the document carries `Authorization: Bearer <token>`
@@ -144,8 +155,8 @@ async fn require_token(State(environments): State<AppState>, request: Request, n
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|v| v.trim().to_string());
+        .and_then(bearer_token)
+        .map(str::to_string);
     let refusal = match authorised(&environments, token.as_deref()).await {
         Ok(()) => return next.run(request).await,
         Err(refusal) => refusal,
@@ -157,6 +168,14 @@ async fn require_token(State(environments): State<AppState>, request: Request, n
             .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
     }
     response
+}
+
+/// The token of an `Authorization: Bearer <token>` value; the scheme's name is case-insensitive
+/// (RFC 7235).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 async fn authorised(environments: &Environments, token: Option<&str>) -> Result<()> {

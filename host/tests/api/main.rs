@@ -645,6 +645,28 @@ async fn the_api_requires_the_admin_token(backend: Backend) {
     );
     let (status, _) = host.get("/environments").await;
     assert_eq!(status, StatusCode::OK);
+    // The scheme's name is case-insensitive (RFC 7235).
+    for scheme in ["bearer", "BEARER", "BeArEr"] {
+        let resp = client
+            .get(&url)
+            .header("authorization", format!("{scheme} {}", host.token))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{scheme}");
+    }
+    // A method a path does not take is answered in JSON too.
+    for (method, path) in [(reqwest::Method::DELETE, "/health"), (reqwest::Method::PUT, "/environments")] {
+        let resp = client
+            .request(method.clone(), format!("{}{path}", host.base))
+            .bearer_auth(&host.token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["code"], "method_not_allowed", "{method} {path}: {body}");
+    }
 
     let root = host.base.trim_end_matches("/api/v1").to_string();
     let publish = client
