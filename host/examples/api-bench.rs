@@ -14,7 +14,7 @@
 //! With `--file`, the resources are real files instead: COUNT `file` resources (the first-party
 //! `file` adaptor, content and mode 0644) in one directory (a `directory` resource they all
 //! require) on the environment's `local` node, whose root is `DATA_DIR/nodes/<env>/local`
-//! (`server::node_root`). Each phase is timed — deploy (intent `POST` → all deployed), update (a
+//! (`app::node_root`). Each phase is timed — deploy (intent `POST` → all deployed), update (a
 //! new version changing every file's content → all deployed at that version), repair with
 //! nothing to change (→ operation done), dryrun (→ report done) — and after each one, untimed,
 //! every file is read back from disk (content, mode, nothing missing, nothing left beside them).
@@ -76,7 +76,7 @@ const REST: std::time::Duration = std::time::Duration::from_secs(6);
 
 /// One environment: deploy, repair, dryrun, memory.
 /// With `at_rest`, memory is also read once the server has been idle past its heap trimmer's
-/// period (`orc_host::memory`: freed pages go back to the system every 5 s).
+/// period (`orc_host::server::memory`: freed pages go back to the system every 5 s).
 async fn run_case(host: &Host, env: &str, n: usize, graph: bool, at_rest: bool) -> Result<()> {
     let settings = json!({
         // Everything is on `local`: the node limit is the environment's.
@@ -270,7 +270,7 @@ async fn run_files(host: &Host, data_dir: &Path, env: &str, n: usize) -> Result<
         warmed.elapsed.as_secs_f64()
     );
     host.create_environment(env, settings).await?;
-    let dir: PathBuf = orc_host::server::node_root(data_dir, env).join(FILE_DIR.trim_start_matches('/'));
+    let dir: PathBuf = orc_host::app::node_root(data_dir, env).join(FILE_DIR.trim_start_matches('/'));
     let total = n + 1;
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
 

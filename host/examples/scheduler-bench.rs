@@ -96,7 +96,7 @@ async fn main() {
             Some(store) => {
                 let name = format!("bench-{}-{graph}", std::process::id());
                 let env = store.create_environment(&name, &Default::default()).await.expect("environment").id;
-                let persist = Arc::new(orc_host::persistence::StoreSink::new(store.clone(), env));
+                let persist = Arc::new(orc_host::scheduler::persistence::StoreSink::new(store.clone(), env));
                 Scheduler::spawn(ctx.clone(), settings.clone(), persist, HashMap::new())
             }
         };

@@ -21,13 +21,13 @@ use orc_runtime::{CallContext, EngineError, Runtime, RuntimeConfig};
 use std::sync::Mutex;
 
 use crate::executor::{self, ActionReport, Mode, Outcome};
+use crate::intent::pinning::{self, PinError};
 use crate::intent::{Intent, IntentError, ResourceId};
-use crate::outbound::{self, HostSecrets, SecretConfig, SecretError};
-use crate::pinning::{self, PinError};
+use crate::policy::outbound::{self, HostSecrets, SecretConfig, SecretError};
 use crate::scheduler::{self, BoxFuture, Event, Scheduler, Settings, Sink, Status, Version};
 use crate::store::{CapabilitySettings, EnvironmentSettings, HttpSettings, LocalCommandSettings};
 
-pub use crate::pinning::LOCAL_NODE;
+pub use crate::intent::pinning::LOCAL_NODE;
 
 #[derive(Debug, Clone)]
 pub struct EmbeddedConfig {

@@ -1,29 +1,27 @@
-//! orc-host: the host side of orc. It validates intents ([`intent`]), pins their adaptors
-//! ([`pinning`]), runs resource actions through adaptors ([`executor`]) under one scheduler per
-//! environment ([`scheduler`], persisted through [`store`]), and runs either embedded
-//! ([`embedded`]: one deploy over a local data directory) or as a server ([`server`], the REST
-//! API in [`api`], configured by [`config`]). Clusters ([`clusters`]) are laid out by solver
-//! plugins, planned into tasks and deployed by the same scheduler through automator plugins.
+//! orc-host: the host side of orc. Its folders follow an intent from the REST call to the
+//! device: [`api`] (the REST API) → [`app`] (the application: environments, versions,
+//! operations, clusters, nodes, tokens) → [`scheduler`] (one per environment, persisted through
+//! [`store`], reporting events) → [`executor`] (one resource action through its adaptor) → the
+//! Wasm runtime (`orc-runtime`) → the nodes (`orc-node`, `orc-ssh`). Beside the flow: [`intent`]
+//! (the desired state, its validation, diff and pinning), [`clusters`] (templates, layouts and
+//! the planner), [`nodes`] (the SSH node registry), [`policy`] (what an environment's plugins
+//! may reach), [`metrics`]; at the edges [`server`] (`orc-host serve`) and [`embedded`]
+//! (`orc-host deploy`).
 //!
 //! Architecture invariants: plugins are addressed only by digest (names are resolved and pinned
-//! when an intent is accepted); the Wasm runtime (`orc-runtime`) knows nothing of intents or
-//! storage; no `println!` here — output is the binary's business.
+//! when an intent is accepted); the Wasm runtime knows nothing of intents or storage; the API
+//! reaches the store only through the application; no `println!` here — output is the binary's
+//! business.
 
 pub mod api;
+pub mod app;
 pub mod clusters;
-pub mod config;
-pub mod diff;
-pub mod dryrun;
 pub mod embedded;
-pub mod events;
 pub mod executor;
 pub mod intent;
-pub mod memory;
 pub mod metrics;
 pub mod nodes;
-pub mod outbound;
-pub mod persistence;
-pub mod pinning;
+pub mod policy;
 pub mod scheduler;
 pub mod server;
 pub mod store;

@@ -7,11 +7,11 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use orc_host::config::HostConfig;
 use orc_host::embedded::{self, EmbeddedConfig};
 use orc_host::executor::{Mode, Outcome};
-use orc_host::outbound::SecretConfig;
+use orc_host::policy::outbound::SecretConfig;
 use orc_host::server::Server;
+use orc_host::server::config::HostConfig;
 use orc_host::store::{AddressRule, HttpSettings};
 
 #[derive(Parser)]
@@ -223,7 +223,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Serve(args) => {
             let config = args.config()?;
-            orc_host::memory::tune_for_server(orc_host::memory::SERVER_ARENAS, orc_host::memory::TRIM_EVERY);
+            orc_host::server::memory::tune_for_server(orc_host::server::memory::SERVER_ARENAS, orc_host::server::memory::TRIM_EVERY);
             tokio::runtime::Runtime::new()?.block_on(serve(config))
         }
     }

@@ -22,8 +22,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::events::Observer;
 use crate::executor::Outcome;
+use crate::scheduler::events::Observer;
 use crate::scheduler::{Event, Trigger};
 use crate::store::ResourceStatus;
 

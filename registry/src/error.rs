@@ -87,18 +87,6 @@ impl RegistryError {
     }
 }
 
-/// The message of `err` followed by those of its sources, `: `-separated.
-pub(crate) fn chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}
-
 /// Parses a `sha256:<hex>` digest given by a user or a URL.
 pub fn parse_digest(text: &str) -> Result<Digest> {
     text.parse()

@@ -86,7 +86,7 @@ impl From<RegistryError> for ApiError {
     fn from(err: RegistryError) -> ApiError {
         let status = status_of(&err);
         if status.is_server_error() {
-            tracing::error!(code = err.code(), error = %crate::error::chain(&err), "registry request failed");
+            tracing::error!(code = err.code(), error = %orc_manifest::error_chain(&err), "registry request failed");
         } else {
             tracing::debug!(code = err.code(), error = %err, "registry request refused");
         }

@@ -25,7 +25,7 @@ use orc_manifest::{Capability, Digest, PluginKind};
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
-use crate::error::{RegistryError, Result, chain};
+use crate::error::{RegistryError, Result};
 
 /// The default largest blob a store accepts: 64 MiB.
 pub const DEFAULT_MAX_BLOB_SIZE: u64 = 64 * 1024 * 1024;
@@ -247,7 +247,7 @@ impl Store {
                     orc_manifest::MANIFEST_SECTION
                 )));
             }
-            Err(e) => return Err(RegistryError::InvalidPlugin(chain(&e))),
+            Err(e) => return Err(RegistryError::InvalidPlugin(orc_manifest::error_chain(&e))),
         };
         check_name(&manifest.name)?;
         check_version(&manifest.version)?;

@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 
 use super::extract::{Body, Path};
 use super::{ApiError, AppState, ErrorBody, Result};
-use crate::dryrun::DryrunResult;
+use crate::scheduler::dryrun::report::DryrunResult;
 use crate::store::{DryrunId, DryrunReport, DryrunStatus, Millis, Operation, OperationId, OperationKind, OperationStatus};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
@@ -132,7 +132,7 @@ async fn get_operation(State(envs): State<AppState>, Path((env, id)): Path<(Stri
         )
     })?;
     let env = envs.get(&env).await?;
-    Ok(axum::Json(envs.store().get_operation(&env.id, &id).await?.into()))
+    Ok(axum::Json(envs.operation(&env, &id).await?.into()))
 }
 
 /// Reads and compares every resource of a version through its adaptor, changing nothing.
@@ -162,7 +162,7 @@ async fn start_dryrun(State(envs): State<AppState>, Path(env): Path<String>, Bod
     responses((status = 200, body = DryrunList), (status = 404, body = ErrorBody)))]
 async fn list_dryruns(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<DryrunList>> {
     let env = envs.get(&env).await?;
-    let items = envs.store().list_dryruns(&env.id).await?;
+    let items = envs.dryruns(&env).await?;
     Ok(axum::Json(DryrunList {
         items: items.into_iter().map(DryrunView::from).collect(),
     }))
@@ -179,5 +179,5 @@ async fn get_dryrun(State(envs): State<AppState>, Path((env, id)): Path<(String,
         )
     })?;
     let env = envs.get(&env).await?;
-    Ok(axum::Json(envs.store().get_dryrun(&env.id, &id).await?.into()))
+    Ok(axum::Json(envs.dryrun(&env, &id).await?.into()))
 }

@@ -12,7 +12,8 @@ use utoipa_axum::routes;
 
 use super::extract::{Json, Path, Query};
 use super::{ApiError, AppState, ErrorBody, Result};
-use crate::clusters::{AmendRequest, ClusterError, ClusterView, CreateRequest, Outcome, PlanPreview, ReconfigureRequest, ServiceAction};
+use crate::app::clusters::{AmendRequest, ClusterView, CreateRequest, Outcome, PlanPreview, ReconfigureRequest, ServiceAction};
+use crate::clusters::ClusterError;
 use crate::store::{Millis, TemplateRecord};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {

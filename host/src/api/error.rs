@@ -7,11 +7,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::app::EnvError;
 use crate::intent::IntentError;
+use crate::intent::pinning::PinError;
 use crate::nodes::NodesError;
-use crate::pinning::PinError;
-use crate::server::{EnvError, error_chain};
 use crate::store::StoreError;
+use orc_manifest::error_chain;
 
 #[derive(Debug)]
 pub struct ApiError {

@@ -12,8 +12,8 @@ use utoipa_axum::routes;
 
 use super::extract::{Body, Path};
 use super::{AppState, ErrorBody, Result};
-use crate::diff::IntentDiff;
 use crate::intent::IntentDocument;
+use crate::intent::diff::IntentDiff;
 use crate::store::{IntentVersion, VersionInfo};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
@@ -83,7 +83,7 @@ async fn submit_intent(State(envs): State<AppState>, Path(env): Path<String>, Bo
 async fn list_intents(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<VersionList>> {
     let env = envs.get(&env).await?;
     Ok(axum::Json(VersionList {
-        items: envs.store().list_versions(&env.id).await?,
+        items: envs.versions(&env).await?,
     }))
 }
 
@@ -92,7 +92,7 @@ async fn list_intents(State(envs): State<AppState>, Path(env): Path<String>) -> 
     responses((status = 200, body = VersionView), (status = 404, body = ErrorBody)))]
 async fn get_intent(State(envs): State<AppState>, Path((env, version)): Path<(String, i64)>) -> Result<axum::Json<VersionView>> {
     let env = envs.get(&env).await?;
-    let version = envs.store().get_version(&env.id, version).await?;
+    let version = envs.version(&env, version).await?;
     Ok(axum::Json(VersionView::from(version)))
 }
 

@@ -1,7 +1,7 @@
 //! The REST API under `/api/v1`: environments, intent versions, resources, actions (deploy,
 //! repair, dryrun), the action log, events, SSH nodes, cluster templates and clusters, health, readiness and the OpenAPI
 //! document generated from these handlers (`/api/v1/openapi.json`). Handlers are thin: they
-//! decode the request, call [`Environments`] (writes) or the store (reads) and encode the
+//! decode the request, call the application ([`crate::app`]) and encode the
 //! answer. Every refusal is an [`ApiError`]: JSON `{code, message}` with a stable code.
 //!
 //! Architecture invariant: handlers never issue SQL; they reach the database only through
@@ -35,9 +35,9 @@ use utoipa_axum::routes;
 
 pub use error::{ApiError, ErrorBody};
 
-use crate::server::Environments;
+use crate::app::App;
 
-type AppState = Arc<Environments>;
+type AppState = Arc<App>;
 type Result<T, E = ApiError> = std::result::Result<T, E>;
 
 #[derive(OpenApi)]
@@ -99,7 +99,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 }
 
 /// The API over `environments`; bodies over `max_body_bytes` are answered 413.
-pub fn router(environments: Arc<Environments>, max_body_bytes: usize) -> Router {
+pub fn router(environments: Arc<App>, max_body_bytes: usize) -> Router {
     let document: Arc<str> = openapi().to_json().expect("the OpenAPI document serialises").into();
     let (protected, _) = protected()
         .route_layer(middleware::from_fn_with_state(environments.clone(), require_token))
@@ -178,11 +178,12 @@ fn bearer_token(value: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-async fn authorised(environments: &Environments, token: Option<&str>) -> Result<()> {
+async fn authorised(app: &App, token: Option<&str>) -> Result<()> {
     let token = token.ok_or_else(ApiError::unauthorized)?;
-    match environments.store().find_admin_token(&crate::store::hash_token(token)).await? {
-        Some(_) => Ok(()),
-        None => Err(ApiError::unauthorized()),
+    if app.is_admin_token(token).await? {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized())
     }
 }
 

@@ -16,22 +16,23 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::ApiError;
+use crate::app::App;
 use crate::metrics::{self, Metrics};
-use crate::server::{Environments, error_chain};
-use crate::store::Store;
+use crate::store::StoreError;
+use orc_manifest::error_chain;
 
 /// How long readiness waits for the database before answering 503: well under a probe's usual
 /// timeout, and far under the pool's acquire timeout.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `GET /metrics`.
-pub async fn metrics(State(envs): State<Arc<Environments>>) -> Response {
+pub async fn metrics(State(envs): State<Arc<App>>) -> Response {
     metrics_response(envs.metrics())
 }
 
 /// `GET /api/v1/ready`: 200 `{"status":"ready"}` when the database answers and every started
 /// environment's scheduler runs, else 503 `{code:"not_ready", message}`.
-pub async fn ready(State(envs): State<Arc<Environments>>) -> Response {
+pub async fn ready(State(envs): State<Arc<App>>) -> Response {
     let failed = envs.failed_schedulers().await;
     if !failed.is_empty() {
         let names: Vec<String> = failed.iter().map(|(name, _)| format!("`{name}`")).collect();
@@ -40,13 +41,13 @@ pub async fn ready(State(envs): State<Arc<Environments>>) -> Response {
             names.join(", ")
         ));
     }
-    readiness(envs.store()).await
+    readiness(envs.ping_store()).await
 }
 
 /// Counts and times every request, labelled by the route template it matched (never the raw
 /// path, which would make a series per resource id). Mount with `Router::layer`, so that the
 /// matched route is known.
-pub async fn track_requests(State(envs): State<Arc<Environments>>, request: Request, next: Next) -> Response {
+pub async fn track_requests(State(envs): State<Arc<App>>, request: Request, next: Next) -> Response {
     track(envs.metrics(), request, next).await
 }
 
@@ -55,9 +56,9 @@ pub fn metrics_response(metrics: &Metrics) -> Response {
     ([(CONTENT_TYPE, HeaderValue::from_static(metrics::CONTENT_TYPE))], metrics.render()).into_response()
 }
 
-/// Whether `store`'s database answers within [`READY_TIMEOUT`].
-pub async fn readiness(store: &Store) -> Response {
-    match tokio::time::timeout(READY_TIMEOUT, store.ping()).await {
+/// Whether the database answers (`ping`) within [`READY_TIMEOUT`].
+pub async fn readiness(ping: impl std::future::Future<Output = Result<(), StoreError>>) -> Response {
+    match tokio::time::timeout(READY_TIMEOUT, ping).await {
         Ok(Ok(())) => axum::Json(json!({ "status": "ready" })).into_response(),
         Ok(Err(e)) => {
             tracing::warn!(error = %error_chain(&e), "not ready: the database does not answer");
@@ -101,6 +102,7 @@ fn route_label(matched: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Store;
 
     #[tokio::test]
     async fn metrics_are_served_as_openmetrics_text() {
@@ -127,12 +129,12 @@ mod tests {
     async fn ready_while_the_database_answers_and_503_once_it_does_not() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_sqlite(dir.path().join("orc.db")).await.unwrap();
-        let response = readiness(&store).await;
+        let response = readiness(store.ping()).await;
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(body_of(response).await, json!({ "status": "ready" }));
 
         store.close().await;
-        let response = readiness(&store).await;
+        let response = readiness(store.ping()).await;
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         let body = body_of(response).await;
         assert_eq!(body["code"], "not_ready", "{body}");

@@ -146,7 +146,7 @@ async fn list_resources(
         after: q.after,
         limit: q.limit.unwrap_or(0),
     };
-    Ok(axum::Json(envs.store().list_states(&env.id, &filter).await?))
+    Ok(axum::Json(envs.resource_states(&env, &filter).await?))
 }
 
 #[utoipa::path(get, path = "/environments/{env}/resources/{id}", tag = "resources",
@@ -154,8 +154,8 @@ async fn list_resources(
     responses((status = 200, body = ResourceView), (status = 404, body = ErrorBody)))]
 async fn get_resource(State(envs): State<AppState>, Path((env, id)): Path<(String, String)>) -> Result<axum::Json<ResourceView>> {
     let env = envs.get(&env).await?;
-    let state = envs.store().get_state(&env.id, &id).await?;
-    let actions = envs.store().resource_actions(&env.id, &id, RECENT_ACTIONS).await?;
+    let state = envs.resource_state(&env, &id).await?;
+    let actions = envs.recent_actions(&env, &id, RECENT_ACTIONS).await?;
     Ok(axum::Json(ResourceView {
         state,
         actions: actions.into_iter().map(ActionView::from).collect(),
@@ -175,12 +175,12 @@ async fn resource_actions(
         return Err(ApiError::bad_request("invalid_query", "`resource` is already given by the path"));
     }
     let env = envs.get(&env).await?;
-    envs.store().get_state(&env.id, &id).await?;
+    envs.resource_state(&env, &id).await?;
     let filter = ActionFilter {
         resource_id: Some(id),
         ..q.filter()
     };
-    action_page(&envs, &env.id, &filter).await
+    action_page(&envs, &env, &filter).await
 }
 
 /// The action log of the environment: every action (kind, start, end, outcome, changes,
@@ -194,11 +194,11 @@ async fn environment_actions(
     Query(q): Query<ActionQuery>,
 ) -> Result<axum::Json<ActionPageView>> {
     let env = envs.get(&env).await?;
-    action_page(&envs, &env.id, &q.filter()).await
+    action_page(&envs, &env, &q.filter()).await
 }
 
-async fn action_page(envs: &AppState, env: &crate::store::EnvironmentId, filter: &ActionFilter) -> Result<axum::Json<ActionPageView>> {
-    let page = envs.store().list_actions(env, filter).await?;
+async fn action_page(envs: &AppState, env: &crate::store::Environment, filter: &ActionFilter) -> Result<axum::Json<ActionPageView>> {
+    let page = envs.actions(env, filter).await?;
     Ok(axum::Json(ActionPageView {
         items: page.items.into_iter().map(ActionView::from).collect(),
         next_before: page.next_before,

@@ -36,7 +36,7 @@ pub(super) struct TokenList {
 
 #[utoipa::path(post, path = "/tokens", tag = "host", responses((status = 201, body = NewToken)))]
 async fn create_token(State(envs): State<AppState>) -> Result<impl IntoResponse> {
-    let (record, token) = crate::server::create_admin_token(envs.store()).await?;
+    let (record, token) = envs.create_admin_token().await?;
     Ok((
         StatusCode::CREATED,
         axum::Json(NewToken {
@@ -50,7 +50,7 @@ async fn create_token(State(envs): State<AppState>) -> Result<impl IntoResponse>
 #[utoipa::path(get, path = "/tokens", tag = "host", responses((status = 200, body = TokenList)))]
 async fn list_tokens(State(envs): State<AppState>) -> Result<axum::Json<TokenList>> {
     Ok(axum::Json(TokenList {
-        items: envs.store().list_admin_tokens().await?,
+        items: envs.admin_tokens().await?,
     }))
 }
 
@@ -70,6 +70,6 @@ async fn delete_token(State(envs): State<AppState>, Path(id): Path<String>) -> R
             format!("`{}` is not a token id", id.chars().take(100).collect::<String>()),
         )
     })?;
-    envs.store().delete_admin_token_keeping_one(&id).await?;
+    envs.delete_admin_token(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -23,9 +23,7 @@
 //! task and its error; during another operation → `failed`, still watched (a later retry that
 //! succeeds makes it `active` again). Watchers are restarted with the environment.
 
-mod ops;
 pub mod planner;
-mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -33,14 +31,9 @@ use orc_cluster::{Layout, TemplateError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::app::EnvError;
 use crate::intent::ResourceSpec;
-use crate::server::EnvError;
 use crate::store::Millis;
-
-pub use ops::{
-    AmendRequest, ClusterView, CreateRequest, DEFAULT_MAX_ATTEMPTS, DEFAULT_SOLVER, Outcome, PlanPreview, PreviewTask, ReconfigureRequest,
-    ServiceAction, TaskView,
-};
 
 /// A cluster's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -191,8 +184,8 @@ impl From<crate::store::StoreError> for ClusterError {
     }
 }
 
-impl From<crate::pinning::PinError> for ClusterError {
-    fn from(e: crate::pinning::PinError) -> ClusterError {
+impl From<crate::intent::pinning::PinError> for ClusterError {
+    fn from(e: crate::intent::pinning::PinError) -> ClusterError {
         ClusterError::Env(e.into())
     }
 }
@@ -203,14 +196,10 @@ impl From<crate::intent::IntentError> for ClusterError {
     }
 }
 
-/// Names of clusters and templates: as environment names (they become parts of resource keys).
+/// Names of clusters and templates follow the rule of service names
+/// ([`orc_manifest::names::SERVICE`]): they become parts of resource keys.
 pub(crate) fn validate_name(kind: &str, name: &str) -> Result<(), ClusterError> {
-    if orc_cluster::valid_service_name(name) {
-        Ok(())
-    } else {
-        Err(ClusterError::Invalid(format!(
-            "{kind} name `{}`: use 1-63 lowercase letters, digits, `-` or `_`, starting with a letter",
-            name.chars().take(100).collect::<String>()
-        )))
-    }
+    orc_manifest::names::SERVICE
+        .check(name)
+        .map_err(|e| ClusterError::Invalid(format!("{kind} name `{}`: {e}", name.chars().take(100).collect::<String>())))
 }

@@ -26,7 +26,7 @@ use orc_ssh::{Credential, HostKeyPolicy, SshError, SshNode, SshOptions, SshTarge
 
 pub use secret::{SECRET_KEY_FILE, SecretError, SecretKey};
 
-use crate::pinning::LOCAL_NODE;
+use crate::intent::pinning::LOCAL_NODE;
 use crate::store::{
     EnvironmentId, NewNode, NodeDeletion, NodeObservation, NodePatch, NodePatched, NodeRecord, NodeStatus, Store, StoreError, now_ms,
 };
@@ -354,7 +354,7 @@ impl NodeRegistry {
         let inner = self.inner.clone();
         tokio::spawn(async move {
             if let Err(e) = verify_now(&inner, &name).await {
-                tracing::warn!(node = %name, error = %crate::server::error_chain(&e), "cannot verify node");
+                tracing::warn!(node = %name, error = %orc_manifest::error_chain(&e), "cannot verify node");
             }
         });
     }
@@ -419,7 +419,7 @@ async fn reverify_loop(inner: Weak<Inner>, every: Duration) {
                 // A verification already running answers for this round.
                 let Ok(_turn) = lock.try_lock() else { return };
                 if let Err(e) = verify_locked(&inner, &name).await {
-                    tracing::debug!(node = %name, error = %crate::server::error_chain(&e), "re-verification failed");
+                    tracing::debug!(node = %name, error = %orc_manifest::error_chain(&e), "re-verification failed");
                 }
             });
         }
@@ -707,7 +707,7 @@ impl WatchedNode {
                 let name = self.name.clone();
                 tokio::spawn(async move {
                     if let Err(e) = verify_now(&inner, &name).await {
-                        tracing::warn!(node = %name, error = %crate::server::error_chain(&e), "cannot re-verify node");
+                        tracing::warn!(node = %name, error = %orc_manifest::error_chain(&e), "cannot re-verify node");
                     }
                 });
             }
@@ -818,27 +818,15 @@ fn clip(s: &str) -> String {
     s.chars().take(100).collect()
 }
 
-/// Node names appear in resource ids (`file[web1,/etc/motd]`): 1–63 of `a-z 0-9 . - _`,
-/// starting with a letter or digit; `local` is every environment's own local node.
+/// Node names ([`orc_manifest::names::NODE`]); `local` is every environment's own local node.
 fn validate_name(name: &str) -> Result<(), NodesError> {
-    let invalid = |reason: &str| NodesError::Invalid {
+    let invalid = |reason: String| NodesError::Invalid {
         field: "name",
         reason: format!("`{}`: {reason}", clip(name)),
     };
-    if name.is_empty() || name.len() > 63 {
-        return Err(invalid("it must have 1 to 63 characters"));
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b))
-    {
-        return Err(invalid("use lowercase letters, digits, `-`, `_` and `.`"));
-    }
-    if !name.as_bytes()[0].is_ascii_alphanumeric() {
-        return Err(invalid("it must start with a letter or digit"));
-    }
+    orc_manifest::names::NODE.check(name).map_err(|e| invalid(e.0))?;
     if name == LOCAL_NODE {
-        return Err(invalid("`local` is each environment's own local node"));
+        return Err(invalid("`local` is each environment's own local node".into()));
     }
     Ok(())
 }

@@ -18,10 +18,14 @@
 //!
 //! Parts: `state` (the loop and its per-resource state), `timers` (backoff, self-healing, the
 //! heap, checked clock arithmetic), `writer` (the sink's task and the backpressure it applies),
-//! `actions` (how one action runs), `dryrun`, `version`.
+//! `actions` (how one action runs), `dryrun` (a whole version read and diffed; its `report`),
+//! `version`; and what connects it to the rest: `persistence` (the store as its sink, and the
+//! resume) and `events` (the event stream and observers after persistence).
 
 mod actions;
-mod dryrun;
+pub mod dryrun;
+pub mod events;
+pub mod persistence;
 mod state;
 mod timers;
 mod version;

@@ -578,12 +578,9 @@ impl HttpSettings {
     }
 }
 
-/// A host-held secret's name: 1 to 64 of `A-Z a-z 0-9 - _ .`.
+/// A host-held secret's name ([`orc_manifest::names::SECRET`]).
 pub fn valid_secret_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+    orc_manifest::names::SECRET.accepts(name)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

@@ -11,7 +11,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode as AxumStatus};
 use axum::response::{IntoResponse, Response};
-use orc_host::outbound::{SecretConfig, SecretSource};
+use orc_host::policy::outbound::{SecretConfig, SecretSource};
 use orc_host::store::Backend;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -98,7 +98,7 @@ fn failed_with(text: &'static str) -> impl Fn(&Value) -> bool {
 }
 
 /// The host holds `api-token`, read from `file`, bound to `origins`.
-fn secrets_config(file: &std::path::Path, origins: &[&str]) -> impl FnOnce(&mut orc_host::config::HostConfig) {
+fn secrets_config(file: &std::path::Path, origins: &[&str]) -> impl FnOnce(&mut orc_host::server::config::HostConfig) {
     let secret = SecretConfig {
         source: SecretSource::File(file.to_path_buf()),
         origins: origins.iter().map(|o| o.to_string()).collect(),
@@ -296,11 +296,11 @@ pub async fn a_host_secret_without_origins_stops_the_start_naming_it(backend: Ba
     let secret_dir = tempfile::tempdir().unwrap();
     let secret_file = secret_dir.path().join("api-token");
     std::fs::write(&secret_file, SECRET).unwrap();
-    let mut config = orc_host::config::HostConfig {
+    let mut config = orc_host::server::config::HostConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         data_dir: data.path().to_path_buf(),
         database: data.database.clone(),
-        ..orc_host::config::HostConfig::default()
+        ..orc_host::server::config::HostConfig::default()
     };
     secrets_config(&secret_file, &[])(&mut config);
     let Err(err) = orc_host::server::Server::start(&config).await else {

@@ -6,8 +6,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use orc_host::config::HostConfig;
 use orc_host::server::Server;
+use orc_host::server::config::HostConfig;
 use orc_host::store::{Backend, SQLITE_FILE};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -238,7 +238,7 @@ impl Host {
     }
 
     fn node_root(&self, env: &str) -> std::path::PathBuf {
-        orc_host::server::node_root(self.data.path(), env)
+        orc_host::app::node_root(self.data.path(), env)
     }
 }
 

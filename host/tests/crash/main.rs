@@ -324,7 +324,7 @@ async fn killed_mid_deploy(backend: Backend) {
         .clone()
         .unwrap_or_else(|| format!("sqlite:{}", data_dir.join(SQLITE_FILE).display()));
     let (first, files) = intent(1);
-    let root = orc_host::server::node_root(&data_dir, ENV);
+    let root = orc_host::app::node_root(&data_dir, ENV);
 
     // First run: submit, and kill the host once the deploy is under way.
     let host = Host::spawn(1, &data_dir, database.as_deref(), None).await;

@@ -270,7 +270,7 @@ async fn purged_resources_are_removed_dependents_first() {
 /// deployed, and nothing whose deployment was confirmed in the store runs again.
 #[test]
 fn a_deploy_interrupted_mid_flight_resumes_from_the_store() {
-    use orc_host::persistence::{StoreSink, resume};
+    use orc_host::scheduler::persistence::{StoreSink, resume};
     use orc_host::store::{EnvironmentSettings, Store};
 
     let dir = tempfile::tempdir().unwrap();

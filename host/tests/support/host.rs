@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use orc_host::config::HostConfig;
 use orc_host::server::Server;
+use orc_host::server::config::HostConfig;
 use orc_host::store::Backend;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};

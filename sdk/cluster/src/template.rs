@@ -209,14 +209,9 @@ fn err(path: impl Into<String>, message: impl Into<String>) -> TemplateError {
     }
 }
 
-/// Whether `name` may name a service: 1–63 of lowercase letters, digits, `-` and `_`, starting
-/// with a letter (it becomes part of resource keys and of environment variable values).
+/// Whether `name` may name a service ([`orc_manifest::names::SERVICE`]).
 pub fn valid_service_name(name: &str) -> bool {
-    (1..=63).contains(&name.len())
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_')
+    orc_manifest::names::SERVICE.accepts(name)
 }
 
 impl Template {

@@ -6,6 +6,7 @@
 //! capabilities a manifest requests) and the `orc-plugin` CLI and build scripts (which write it).
 
 mod digest;
+pub mod names;
 pub mod project;
 mod section;
 
@@ -17,6 +18,18 @@ use serde::{Deserialize, Serialize};
 
 pub use digest::{Digest, DigestError};
 pub use section::{MANIFEST_SECTION, embed, extract};
+
+/// An error with its sources, `: `-separated, for logs and for messages that must say why.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
 
 /// The WIT package every world of this version lives in.
 pub const WIT_PACKAGE: &str = "orc:plugin@0.1.0";
@@ -239,22 +252,11 @@ impl Manifest {
     }
 }
 
-/// A plugin or resource-type name: 1–64 of `a-z`, `0-9`, `-`, `_`, starting with a letter.
+/// A plugin or resource-type name ([`names::PLUGIN`]).
 pub fn validate_name(name: &str) -> Result<(), ManifestError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name.starts_with(|c: char| c.is_ascii_lowercase())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
-    if ok {
-        Ok(())
-    } else {
-        Err(ManifestError::Invalid(format!(
-            "name `{}` must be 1-64 characters of a-z, 0-9, `-` or `_`, starting with a letter",
-            name.escape_debug()
-        )))
-    }
+    names::PLUGIN
+        .check(name)
+        .map_err(|e| ManifestError::Invalid(format!("name `{}`: {e} ({})", name.escape_debug(), names::PLUGIN.describe())))
 }
 
 /// A version: `MAJOR.MINOR.PATCH` with an optional `-pre` or `+build` part of `[0-9A-Za-z.-]`.

@@ -2,6 +2,8 @@
 //! enforced, within the environment's and each node's limits. It runs beside the scheduler (it
 //! changes nothing the scheduler owns), through the same executor.
 
+pub mod report;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 

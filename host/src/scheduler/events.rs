@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast;
 
-use crate::persistence::StoreSink;
+use crate::scheduler::persistence::StoreSink;
 use crate::scheduler::{BoxFuture, Event, Sink};
 use crate::store::ResourceStatus;
 

@@ -1,4 +1,7 @@
-//! Template and cluster operations on [`Environments`]: what the REST API calls.
+//! Template and cluster operations of the application: what the REST API calls; [`watch`]
+//! follows each cluster operation to its end.
+
+mod watch;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -10,12 +13,12 @@ use orc_runtime::wit;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::planner::{self, PlanInput, Step, TASK_TYPE};
-use super::{ClusterDoc, ClusterError, ClusterFailure, ClusterStatus, OperationKind, validate_name};
+use crate::app::{App, EnvError, merge_patch};
+use crate::clusters::planner::{self, PlanInput, Step, TASK_TYPE};
+use crate::clusters::{ClusterDoc, ClusterError, ClusterFailure, ClusterStatus, OperationKind, validate_name};
+use crate::intent::pinning;
 use crate::intent::{Intent, IntentDocument, PluginRef, ResourceSpec};
-use crate::pinning;
 use crate::scheduler::Version;
-use crate::server::{EnvError, Environments, merge_patch};
 use crate::store::{ClusterRecord, Environment, Millis, ResourceState, ResourceStatus, StateFilter, StoreError, TemplateRecord, now_ms};
 
 /// The solver a template gets when it names none.
@@ -157,7 +160,7 @@ pub struct PreviewTask {
     pub requires: Vec<String>,
 }
 
-/// What [`Environments::release_cluster_tasks`] does to the cluster's row once the tasks are
+/// What [`App::release_cluster_tasks`] does to the cluster's row once the tasks are
 /// released.
 #[derive(Debug)]
 pub(crate) enum RowChange<'a> {
@@ -182,7 +185,7 @@ pub(crate) struct Progress {
     pub tasks: Vec<TaskView>,
 }
 
-impl Environments {
+impl App {
     // --- templates ---
 
     /// Validates `body` as a template, pins its solver and automators (each must be a plugin of

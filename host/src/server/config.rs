@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::outbound::{self, SecretConfig};
+use crate::policy::outbound::{self, SecretConfig};
 use crate::store::{EnvironmentSettings, SQLITE_FILE};
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -88,11 +88,11 @@ fn sqlite_url(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbound::SecretSource;
+    use crate::policy::outbound::SecretSource;
 
     #[test]
     fn the_shipped_example_parses() {
-        let text = include_str!("../orc-host.example.toml");
+        let text = include_str!("../../orc-host.example.toml");
         let config = HostConfig::from_toml(text).unwrap();
         assert_eq!(config.listen, "127.0.0.1:8420".parse().unwrap());
         assert_eq!(config.data_dir, PathBuf::from("/var/lib/orc"));

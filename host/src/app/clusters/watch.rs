@@ -1,16 +1,17 @@
 //! The cluster watcher: one task per cluster operation that follows the environment's events
 //! and moves the cluster on when its tasks are done or have failed (see the module doc of
-//! [`super`]). Also the lease sweeper and the restart of watchers with the host.
+//! [`crate::clusters`]). Also the lease sweeper and the restart of watchers with the host.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::Instrument;
 
-use super::ops::{RowChange, has_removals, plan_for, stored_doc, stored_template};
-use super::{ClusterError, ClusterStatus, OperationKind};
-use crate::server::{Environments, error_chain};
+use super::{RowChange, has_removals, plan_for, stored_doc, stored_template};
+use crate::app::App;
+use crate::clusters::{ClusterDoc, ClusterError, ClusterStatus, OperationKind};
 use crate::store::{ClusterRecord, Environment, EnvironmentId, StoreError, now_ms};
+use orc_manifest::error_chain;
 
 /// How often a watcher looks again without an event (events wake it sooner).
 const TICK: Duration = Duration::from_secs(2);
@@ -23,7 +24,7 @@ enum Next {
     Done,
 }
 
-impl Environments {
+impl App {
     /// Follows `cluster`'s operation `generation` until it is over.
     pub(crate) fn spawn_watcher(self: &Arc<Self>, env: EnvironmentId, cluster: String, generation: u64) {
         let this = self.clone();
@@ -160,7 +161,7 @@ impl Environments {
         &self,
         env: &Environment,
         record: &mut ClusterRecord,
-        doc: &mut super::ClusterDoc,
+        doc: &mut ClusterDoc,
         selected: &orc_cluster::Template,
         status: ClusterStatus,
     ) -> Result<(), ClusterError> {

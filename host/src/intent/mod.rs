@@ -3,6 +3,9 @@
 //! validation: duplicate ids, requirements that name nothing and dependency cycles are refused
 //! with an error that names the culprit.
 
+pub mod diff;
+pub mod pinning;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;

@@ -1,0 +1,138 @@
+//! Environments: create, read, change settings (a JSON merge patch), halt and delete.
+
+use super::running::{node_dir, scheduler_settings};
+use super::{App, EnvError};
+use crate::policy::outbound;
+use crate::store::{Environment, EnvironmentId, EnvironmentSettings, StoreError};
+
+impl App {
+    pub async fn create(&self, name: &str, settings: Option<EnvironmentSettings>) -> Result<Environment, EnvError> {
+        validate_name(name)?;
+        let settings = settings.unwrap_or_else(|| self.defaults.clone());
+        self.check_settings(&settings)?;
+        let env = self.store.create_environment(name, &settings).await?;
+        self.running(&env).await?;
+        Ok(env)
+    }
+
+    pub async fn list(&self) -> Result<Vec<Environment>, EnvError> {
+        Ok(self.store.list_environments().await?)
+    }
+
+    /// An environment by name or id.
+    pub async fn get(&self, key: &str) -> Result<Environment, EnvError> {
+        let unknown = || EnvError::UnknownEnvironment(key.chars().take(100).collect());
+        if let Ok(id) = key.parse::<EnvironmentId>() {
+            return match self.store.get_environment(&id).await {
+                Err(StoreError::NotFound { .. }) => Err(unknown()),
+                other => Ok(other?),
+            };
+        }
+        self.store.find_environment_by_name(key).await?.ok_or_else(unknown)
+    }
+
+    /// Stops the environment's scheduler (actions in flight finish) and deletes everything stored
+    /// for it, its plugins' key/value state and its local node's directory included.
+    pub async fn delete(&self, key: &str) -> Result<(), EnvError> {
+        let env = self.get(key).await?;
+        let running = self.running.lock().await.remove(&env.id);
+        if let Some(running) = running {
+            running.scheduler.stop().await;
+        }
+        self.store.delete_environment(&env.id).await?;
+        // Its plugins' state: scopes are `environment-id/plugin`.
+        if let Err(e) = self.kv.forget(&format!("{}/", env.id)).await {
+            tracing::warn!(environment = %env.name, error = %e, "cannot delete the plugins' key/value state");
+        }
+        self.nodes.forget_environment(&env.id);
+        self.metrics.forget(&env.name);
+        let root = node_dir(&self.data_dir, &env.name);
+        if let Err(e) = std::fs::remove_dir_all(&root)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(environment = %env.name, path = %root.display(), error = %e, "cannot remove the node directory");
+        }
+        Ok(())
+    }
+
+    /// Changes some settings: `patch` is a JSON merge patch (RFC 7396) of the settings — only
+    /// the fields given change, nested objects (`http`) merge field by field, `null` resets a
+    /// field to its default, unknown fields are refused by name. The scheduler applies them to
+    /// what it starts or schedules next (a new HTTP policy or call timeout to the actions that
+    /// start after the change); turning `auto_deploy` on does not release anything already
+    /// submitted.
+    pub async fn update_settings(&self, key: &str, patch: serde_json::Value) -> Result<Environment, EnvError> {
+        let env = self.get(key).await?;
+        if !patch.is_object() {
+            return Err(EnvError::InvalidSettings("the settings must be a JSON object".into()));
+        }
+        let mut merged = serde_json::to_value(&env.settings).expect("settings serialise");
+        merge_patch(&mut merged, patch);
+        let settings: EnvironmentSettings = serde_json::from_value(merged).map_err(|e| EnvError::InvalidSettings(e.to_string()))?;
+        self.check_settings(&settings)?;
+        let running = self.running(&env).await?;
+        // Held until the settings are stored: no version using a capability being revoked is
+        // released in between.
+        let _turn = running.releases.lock().await;
+        running.check_scheduler()?;
+        running.check_revocation(&settings.capabilities)?;
+        let ctx = outbound::call_context(&running.ctx(), &settings, &self.secrets).map_err(EnvError::InvalidSettings)?;
+        let env = self.store.update_settings(&env.id, &settings).await?;
+        *running.ctx.write().expect("call context") = ctx.clone();
+        *running.capabilities.lock().expect("capabilities") = env.settings.capabilities;
+        // Stored: a scheduler that stopped meanwhile takes them from the store at the next start.
+        running
+            .scheduler
+            .update_settings(scheduler_settings(&env.settings))
+            .and_then(|()| running.scheduler.update_context(ctx))
+            .map_err(|e| running.unavailable(e))?;
+        Ok(env)
+    }
+
+    /// Settings the scheduler can run with, naming only secrets this host holds, each bound to
+    /// at least one of the allowed origins.
+    fn check_settings(&self, settings: &EnvironmentSettings) -> Result<(), EnvError> {
+        settings.validate().map_err(EnvError::InvalidSettings)?;
+        self.secrets.check(&settings.http).map_err(EnvError::InvalidSettings)
+    }
+
+    /// Halts (nothing new starts; actions in flight finish) or resumes the environment. Persisted:
+    /// a halted environment stays halted across restarts.
+    pub async fn set_halted(&self, key: &str, halted: bool) -> Result<Environment, EnvError> {
+        let env = self.get(key).await?;
+        let running = self.running(&env).await?;
+        running.check_scheduler()?;
+        let env = self.store.set_halted(&env.id, halted).await?;
+        running.scheduler.set_halted(halted).map_err(|e| running.unavailable(e))?;
+        Ok(env)
+    }
+}
+
+/// JSON merge patch (RFC 7396): objects merge field by field, `null` removes a field (so that it
+/// takes its default), anything else replaces.
+pub fn merge_patch(target: &mut serde_json::Value, patch: serde_json::Value) {
+    let serde_json::Value::Object(fields) = patch else {
+        *target = patch;
+        return;
+    };
+    if !target.is_object() {
+        *target = serde_json::Value::Object(Default::default());
+    }
+    let object = target.as_object_mut().expect("an object");
+    for (key, value) in fields {
+        if value.is_null() {
+            object.remove(&key);
+        } else {
+            merge_patch(object.entry(key).or_insert(serde_json::Value::Null), value);
+        }
+    }
+}
+
+/// Environment names ([`orc_manifest::names::ENVIRONMENT`]) become directory names (node
+/// roots), so they are kept plain.
+fn validate_name(name: &str) -> Result<(), EnvError> {
+    orc_manifest::names::ENVIRONMENT.check(name).map_err(|e| EnvError::InvalidName {
+        name: name.chars().take(100).collect(),
+        reason: e.0,
+    })
+}

@@ -1,0 +1,191 @@
+//! The application layer: what the host does, as the REST API (and the cluster watchers)
+//! ask for it. [`App`] owns the store, the plugin registry, one Wasm runtime, the SSH node
+//! registry and one running scheduler per environment ([`running`]); its operations are cut by
+//! concern — [`environments`] (create, settings, halt, delete), [`versions`] (submit, release,
+//! rollback, diff, node checks), [`operations`] (deploy, repair, dryrun), [`resources`] (what the
+//! store says of resources and actions), [`nodes`] (node changes that need the environments'
+//! release turns), [`tokens`] (admin tokens) and [`clusters`] (templates, clusters and their
+//! watchers). API handlers call these and never the store.
+//!
+//! Data directory layout: `orc.db` (the default SQLite database), `registry/`, `cache/`
+//! (compiled plugins), `nodes/<environment>/local/` (each environment's local node root),
+//! `secret.key` (the key node credentials are sealed with, unless `secret_key_file` says where).
+
+pub mod clusters;
+mod environments;
+mod error;
+mod nodes;
+mod operations;
+mod resources;
+mod running;
+mod tokens;
+mod versions;
+
+pub use environments::merge_patch;
+pub use error::{EnvError, StartError};
+pub(crate) use running::Running;
+pub use running::{node_root, node_spares, scheduler_settings};
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use orc_manifest::error_chain;
+use orc_registry::StoreOptions;
+use orc_runtime::{Runtime, RuntimeConfig};
+use tokio::sync::{Mutex, broadcast};
+
+use crate::metrics::Metrics;
+use crate::nodes::{NodeRegistry, SECRET_KEY_FILE, SecretKey};
+use crate::policy::outbound::HostSecrets;
+use crate::scheduler::events::{Batch, Observer};
+use crate::server::config::HostConfig;
+use crate::store::{DbKv, Environment, EnvironmentId, EnvironmentSettings, ResourceStatus, Store};
+
+/// Every environment of the host, each with its scheduler.
+pub struct App {
+    pub(crate) store: Store,
+    pub(crate) registry: orc_registry::Store,
+    pub(crate) runtime: Runtime,
+    kv: Arc<DbKv>,
+    /// The SSH nodes, shared by the environments allowed to use them.
+    pub(crate) nodes: NodeRegistry,
+    /// Secrets for plugins' outgoing HTTP, used by the environments whose settings name them.
+    secrets: HostSecrets,
+    data_dir: PathBuf,
+    defaults: EnvironmentSettings,
+    running: Mutex<HashMap<EnvironmentId, Arc<Running>>>,
+    /// Looks at every environment's events after persistence.
+    observers: Vec<Arc<dyn Observer>>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Set when the host shuts down: cluster watchers and the lease sweeper stop.
+    pub(crate) stopping: tokio::sync::watch::Sender<bool>,
+}
+
+impl App {
+    /// The plugin registry this host serves at `/registry` and loads plugins from.
+    pub fn registry(&self) -> &orc_registry::Store {
+        &self.registry
+    }
+
+    /// Opens the store and the registry (seeded with the first-party plugins) and starts the
+    /// scheduler of every environment, resuming what was persisted.
+    pub async fn open(config: &HostConfig) -> Result<App, StartError> {
+        // First: a secret that cannot be read or is bound to no origin stops the start before
+        // anything is created.
+        let secrets = HostSecrets::load(&config.secrets)?;
+        let data_dir = config.data_dir.clone();
+        std::fs::create_dir_all(&data_dir).map_err(|source| StartError::DataDir {
+            path: data_dir.clone(),
+            source,
+        })?;
+        let store = Store::connect(&config.database_url()).await?;
+        let registry = orc_registry::Store::open(data_dir.join("registry"), StoreOptions::default())?;
+        for artifact in orc_plugin_artifacts::FIRST_PARTY {
+            registry.publish(artifact.bytes)?;
+        }
+        let runtime = Runtime::new(RuntimeConfig {
+            cache_dir: Some(data_dir.join("cache")),
+            ..RuntimeConfig::default()
+        })?;
+        let kv = Arc::new(DbKv::open(&store).await?);
+        let key_file = config.secret_key_file.clone().unwrap_or_else(|| data_dir.join(SECRET_KEY_FILE));
+        let key = SecretKey::load_or_create(&key_file)?;
+        let nodes = NodeRegistry::open(
+            store.clone(),
+            key,
+            orc_ssh::SshOptions::default(),
+            Duration::from_secs(config.node_reverify_interval_s),
+        )
+        .await?;
+        let environments = App {
+            nodes,
+            secrets,
+            store,
+            registry,
+            runtime,
+            kv,
+            data_dir,
+            defaults: config.environment_defaults.clone(),
+            running: Mutex::new(HashMap::new()),
+            observers: Vec::new(),
+            metrics: Arc::new(Metrics::new()),
+            stopping: tokio::sync::watch::channel(false).0,
+        };
+        for env in environments.store.list_environments().await? {
+            // One environment that cannot resume (say, a plugin gone from the registry) must
+            // not keep the others down; requests retry the start.
+            if let Err(e) = environments.running(&env).await {
+                tracing::error!(environment = %env.name, error = %error_chain(&e), "cannot resume environment");
+            }
+        }
+        Ok(environments)
+    }
+
+    /// What `GET /metrics` shows.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The SSH nodes.
+    pub fn nodes(&self) -> &NodeRegistry {
+        &self.nodes
+    }
+
+    /// How many of the environment's resources are in each status (statuses with none left
+    /// out), as persisted: kept in memory by a running environment's sink, else counted in the
+    /// store.
+    pub async fn status_counts(&self, env: &Environment) -> Result<Vec<(ResourceStatus, i64)>, EnvError> {
+        let counts = self.running.lock().await.get(&env.id).and_then(|r| r.counts.get());
+        match counts {
+            Some(counts) => Ok(counts),
+            None => Ok(self.store.status_counts(&env.id).await?),
+        }
+    }
+
+    /// Why the environment's scheduler stopped on its own, if it did (`None` also when it has
+    /// not been started yet).
+    pub async fn scheduler_failure(&self, env: &Environment) -> Option<String> {
+        self.running.lock().await.get(&env.id).and_then(|r| r.scheduler.failure())
+    }
+
+    /// Every environment whose scheduler stopped on its own, with the reason.
+    pub async fn failed_schedulers(&self) -> Vec<(String, String)> {
+        let running = self.running.lock().await;
+        let mut failed: Vec<(String, String)> = running
+            .values()
+            .filter_map(|r| r.scheduler.failure().map(|reason| (r.name.clone(), reason)))
+            .collect();
+        failed.sort();
+        failed
+    }
+
+    /// The environment's event stream, from now on.
+    pub async fn subscribe(&self, key: &str) -> Result<broadcast::Receiver<Batch>, EnvError> {
+        let env = self.get(key).await?;
+        Ok(self.running(&env).await?.stream.subscribe())
+    }
+
+    /// Stops every scheduler: nothing new starts, and actions in flight get `grace` to finish and
+    /// be recorded. What is still running then is abandoned safely (a restart sets what was left
+    /// `deploying` back to `available` and runs it again). Then the database is closed.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.stopping.send_replace(true);
+        let running: Vec<Arc<Running>> = self.running.lock().await.drain().map(|(_, r)| r).collect();
+        let stops = futures::future::join_all(running.iter().map(|r| r.scheduler.stop()));
+        if tokio::time::timeout(grace, stops).await.is_err() {
+            tracing::warn!(
+                grace_s = grace.as_secs_f64(),
+                "actions still in flight after the grace period are abandoned"
+            );
+        }
+        drop(running);
+        // Plugin state accepted by actions that finished is committed before the pool closes
+        // (the scheduler's sink already waited for what its batches depended on).
+        if tokio::time::timeout(grace, self.kv.durable()).await.is_err() {
+            tracing::warn!("plugin key/value writes not committed within the grace period are lost");
+        }
+        self.store.close().await;
+    }
+}

@@ -1,0 +1,258 @@
+//! One environment's running parts ([`Running`]: its scheduler, call context, event stream,
+//! status counts and release turn), started and resumed from the store on first use; where its
+//! local node lives on the host; the scheduler's settings from the environment's.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use orc_runtime::capability::LocalNode;
+use orc_runtime::{CallContext, Grants};
+use tokio::sync::Mutex;
+
+use super::{App, EnvError};
+use crate::intent::Intent;
+use crate::intent::pinning::{self, LOCAL_NODE};
+use crate::policy::outbound;
+use crate::scheduler::events::{EnvironmentSink, EventStream, StatusCounts};
+use crate::scheduler::persistence::{self, StoreSink};
+use crate::scheduler::{Scheduler, Settings, Start, Unavailable, Version};
+use crate::store::{CapabilitySettings, Environment, EnvironmentId, EnvironmentSettings};
+
+/// One environment's running parts.
+pub(crate) struct Running {
+    /// The environment's name.
+    pub(super) name: String,
+    pub(crate) scheduler: Scheduler,
+    /// Serialises submissions and releases, so the scheduler sees versions in the store's order.
+    pub(crate) releases: Mutex<()>,
+    /// What the environment's plugins are called with (nodes, kv, HTTP, deadline); dryruns use
+    /// it too. Replaced when the settings change.
+    pub(super) ctx: std::sync::RwLock<CallContext>,
+    /// What the environment grants its plugins, as stored; changed only while holding
+    /// `releases`, so a submission reads it under its turn and never pins against grants a
+    /// concurrent settings change is revoking.
+    pub(super) capabilities: std::sync::Mutex<CapabilitySettings>,
+    pub(crate) stream: EventStream,
+    /// Resources per status as persisted, kept by the scheduler's sink.
+    pub(super) counts: Arc<StatusCounts>,
+    /// The version last handed to the scheduler (which holds it too): a dryrun of it shares it
+    /// instead of loading a second copy (100,000 resources are tens of MiB).
+    pub(super) released: std::sync::Mutex<Option<Arc<Version>>>,
+}
+
+impl Running {
+    pub(crate) fn ctx(&self) -> CallContext {
+        self.ctx.read().expect("call context").clone()
+    }
+
+    /// The grants of the environment's settings (read under the release turn when pinning).
+    pub(crate) fn grants(&self) -> Grants {
+        self.capabilities.lock().expect("capabilities").grants()
+    }
+
+    /// The version last released.
+    pub(crate) fn released_version(&self) -> Option<Arc<Version>> {
+        self.released.lock().expect("released version").clone()
+    }
+
+    /// Hands `version` to the scheduler and waits until its states are recorded, so that the
+    /// environment's counts and resources describe it once this returns.
+    pub(crate) async fn release(&self, version: Version) -> Result<(), EnvError> {
+        let version = Arc::new(version);
+        *self.released.lock().expect("released version") = Some(version.clone());
+        let receipt = self.scheduler.release(version).map_err(|e| self.unavailable(e))?;
+        receipt.recorded().await.map_err(|e| self.unavailable(e))
+    }
+
+    /// Refuses with [`EnvError::SchedulerUnavailable`] if the scheduler stopped on its own.
+    pub(crate) fn check_scheduler(&self) -> Result<(), EnvError> {
+        match self.scheduler.failure() {
+            Some(reason) => Err(self.unavailable(Unavailable { reason })),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn unavailable(&self, e: Unavailable) -> EnvError {
+        EnvError::SchedulerUnavailable {
+            environment: self.name.clone(),
+            reason: e.reason,
+        }
+    }
+
+    /// Whether the released version has a resource on `node` through an adaptor that uses
+    /// nodes (a purged one too: purging it needs the node).
+    pub(super) fn uses_node(&self, node: &str) -> bool {
+        self.released_version().is_some_and(|v| {
+            v.intent
+                .resources
+                .iter()
+                .zip(&v.plugins)
+                .any(|(r, p)| r.id.node == node && pinning::uses_nodes(&p.manifest))
+        })
+    }
+
+    /// Refuses capabilities that the released version's plugins request and `granted` lacks
+    /// (its resources would fail at their next load), naming the setting and the resources.
+    pub(super) fn check_revocation(&self, granted: &CapabilitySettings) -> Result<(), EnvError> {
+        let Some(version) = self.released_version() else {
+            return Ok(());
+        };
+        let users = |capability| {
+            version
+                .intent
+                .resources
+                .iter()
+                .zip(&version.plugins)
+                .filter(move |(_, p)| p.manifest.capabilities.contains(&capability))
+                .map(|(r, _)| r)
+        };
+        let revoked = orc_manifest::Capability::ALL
+            .into_iter()
+            .find(|c| !granted.allows(*c) && users(*c).next().is_some());
+        let Some(capability) = revoked else {
+            return Ok(());
+        };
+        const SHOWN: usize = 5;
+        let mut resources: Vec<String> = users(capability).take(SHOWN).map(|r| format!("`{}`", r.id)).collect();
+        let total = users(capability).count();
+        if total > SHOWN {
+            resources.push(format!("and {} more", total - SHOWN));
+        }
+        Err(EnvError::CapabilityInUse {
+            environment: self.name.clone(),
+            setting: CapabilitySettings::setting(capability),
+            capability,
+            resources: resources.join(", "),
+        })
+    }
+
+    /// The released version if it is `number`.
+    pub(super) fn released(&self, number: i64) -> Option<Arc<Version>> {
+        let released = self.released.lock().expect("released version");
+        released.as_ref().filter(|v| v.number as i64 == number).cloned()
+    }
+}
+
+impl App {
+    /// A stored version with its adaptors loaded from their pinned digests, under the
+    /// environment's grants.
+    pub(super) async fn load_version(&self, env: &EnvironmentId, version: i64, grants: &Grants) -> Result<Version, EnvError> {
+        let stored = self.store.get_version(env, version).await?;
+        let intent = Intent::parse(stored.document.as_bytes())?;
+        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, grants).await?;
+        Ok(Version::new(version as u64, intent, pinned.plugins))
+    }
+
+    /// The environment's scheduler, started (and resumed from the store) on first use.
+    pub(crate) async fn running(&self, env: &Environment) -> Result<Arc<Running>, EnvError> {
+        let mut running = self.running.lock().await;
+        if let Some(r) = running.get(&env.id) {
+            return Ok(r.clone());
+        }
+        let root = node_root(&self.data_dir, &env.name);
+        let spares = node_spares(&self.data_dir, &env.name);
+        let node = LocalNode::open(&root)
+            .and_then(|node| node.with_spares(&spares))
+            .map_err(|source| EnvError::NodeRoot { path: root, source })?;
+        let nodes = Arc::new(self.nodes.directory(env.id, &env.name, Arc::new(node)));
+        let base = CallContext {
+            kv: self.kv.clone(),
+            nodes: nodes.clone(),
+            ..CallContext::new(env.id.to_string())
+        };
+        // Stored settings were valid when stored; what can still fail (a client that cannot be
+        // built) leaves the environment running without outgoing HTTP.
+        let ctx = outbound::call_context(&base, &env.settings, &self.secrets).unwrap_or_else(|e| {
+            tracing::error!(environment = %env.name, error = %e, "outgoing HTTP disabled");
+            outbound::settled_context(&base, &env.settings)
+        });
+        let resumed = persistence::resume(&self.store, &env.id).await?;
+        let interrupted = serde_json::json!({ "error": { "code": "interrupted", "message": "the host stopped before it finished" } });
+        self.store.interrupt_unfinished(&env.id, &interrupted.to_string()).await?;
+        let released = match env.released_version {
+            Some(v) => Some(self.load_version(&env.id, v, &env.settings.capabilities.grants()).await?),
+            None => None,
+        };
+        self.metrics
+            .seed(&env.name, resumed.states.iter().map(|s| (s.resource_id.as_str(), s.status)));
+        let known = resumed.known;
+        let mut observers = self.observers.clone();
+        observers.push(Arc::new(self.metrics.environment(&env.name)));
+        let stream = EventStream::default();
+        let counts = Arc::new(StatusCounts::seed(
+            resumed.states.iter().map(|s| (s.resource_id.as_str(), s.status, s.version)),
+        ));
+        let sink = Arc::new(EnvironmentSink::new(
+            StoreSink::new(self.store.clone(), env.id)
+                .after_plugin_state(self.kv.clone())
+                .after_nodes(nodes),
+            stream.clone(),
+            observers,
+            counts.clone(),
+        ));
+        let metrics = self.metrics.clone();
+        let name = env.name.clone();
+        let scheduler = Scheduler::start(
+            Start {
+                halted: env.halted,
+                known,
+                on_failure: Some(Box::new(move |reason: &str| {
+                    tracing::error!(environment = %name, %reason, "the environment's scheduler stopped; requests that need it answer 503");
+                    metrics.scheduler_failed(&name);
+                })),
+                ..Start::new(ctx.clone(), scheduler_settings(&env.settings))
+            },
+            sink,
+        );
+        let r = Arc::new(Running {
+            name: env.name.clone(),
+            scheduler,
+            releases: Mutex::new(()),
+            ctx: std::sync::RwLock::new(ctx),
+            capabilities: std::sync::Mutex::new(env.settings.capabilities),
+            stream,
+            counts,
+            released: std::sync::Mutex::new(None),
+        });
+        if let Some(version) = released {
+            // Not waited for: a request that needs the environment need not wait for its
+            // states to be rewritten.
+            *r.released.lock().expect("released version") = Some(Arc::new(version));
+            let version = r.released_version().expect("just set");
+            if let Err(e) = r.scheduler.release(version) {
+                tracing::error!(environment = %env.name, error = %e, "cannot resume the released version");
+            }
+        }
+        running.insert(env.id, r.clone());
+        Ok(r)
+    }
+}
+
+/// The root of an environment's local node.
+pub fn node_root(data_dir: &Path, environment: &str) -> PathBuf {
+    node_dir(data_dir, environment).join(LOCAL_NODE)
+}
+
+/// Where the local node of `environment` keeps replaced files for reuse
+/// (`LocalNode::with_spares`): beside its root, outside it.
+pub fn node_spares(data_dir: &Path, environment: &str) -> PathBuf {
+    node_dir(data_dir, environment).join(format!(".{LOCAL_NODE}-spares"))
+}
+
+/// What an environment's local node keeps on the host (its root, its spares): removed with it.
+pub(crate) fn node_dir(data_dir: &Path, environment: &str) -> PathBuf {
+    data_dir.join("nodes").join(environment)
+}
+
+/// The scheduler's settings from an environment's.
+pub fn scheduler_settings(s: &EnvironmentSettings) -> Settings {
+    let retry = Duration::from_secs(s.retry_interval_s.max(1));
+    Settings {
+        env_concurrency: (s.env_concurrency as usize).max(1),
+        node_concurrency: (s.per_node_concurrency as usize).max(1),
+        retry_interval: retry,
+        max_retry_interval: retry.max(Duration::from_secs(3600)),
+        repair_interval: (s.repair_interval_s > 0).then(|| Duration::from_secs(s.repair_interval_s)),
+    }
+}

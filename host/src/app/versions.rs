@@ -1,0 +1,148 @@
+//! Intent versions: submit (validate, pin, store, release with `auto_deploy`), release,
+//! rollback and diff; every version released carries the clusters' current tasks and names only
+//! nodes the environment may use.
+
+use std::sync::Arc;
+
+use super::running::Running;
+use super::{App, EnvError};
+use crate::intent::Intent;
+use crate::intent::diff::IntentDiff;
+use crate::intent::pinning::{self, LOCAL_NODE};
+use crate::nodes::Refusal;
+use crate::scheduler::Version;
+use crate::store::{Environment, VersionInfo};
+
+impl App {
+    /// Validates `intent_json`, pins its adaptors to digests, stores it as the next version (the
+    /// pinned document, with every cluster's current tasks added) and, with `auto_deploy`,
+    /// releases it. Resources of the reserved type `task` are refused.
+    pub async fn submit(&self, key: &str, intent_json: &[u8]) -> Result<(VersionInfo, bool), EnvError> {
+        let env = self.get(key).await?;
+        let submitted = Intent::parse(intent_json)?;
+        if let Some(task) = submitted
+            .resources
+            .iter()
+            .find(|r| r.id.resource_type == crate::clusters::planner::TASK_TYPE)
+        {
+            return Err(EnvError::ReservedType(task.id.clone()));
+        }
+        let running = self.running(&env).await?;
+        let _turn = running.releases.lock().await;
+        running.check_scheduler()?;
+        let intent = self.with_cluster_tasks(&env, submitted.resources).await?;
+        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &running.grants()).await?;
+        self.check_nodes(&intent, &pinned.plugins, &env)?;
+        let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
+        let info = self.store.submit_version(&env.id, &document).await?;
+        if !env.settings.auto_deploy {
+            return Ok((info, false));
+        }
+        let info = self.store.release_version(&env.id, info.version).await?;
+        self.metrics.released(&env.name, info.version);
+        running.release(Version::new(info.version as u64, intent, pinned.plugins)).await?;
+        Ok((info, true))
+    }
+
+    /// `resources` without cluster tasks, plus every cluster's current tasks: clusters keep
+    /// their resource sets across an operator's versions.
+    async fn with_cluster_tasks(&self, env: &Environment, resources: Vec<crate::intent::ResourceSpec>) -> Result<Intent, EnvError> {
+        let tasks = self.cluster_tasks(env).await?;
+        let mut resources: Vec<_> = resources
+            .into_iter()
+            .filter(|r| r.id.resource_type != crate::clusters::planner::TASK_TYPE)
+            .collect();
+        resources.extend(tasks);
+        Ok(Intent::validate(crate::intent::IntentDocument { resources })?)
+    }
+
+    /// Stores `intent` (already holding the clusters' current tasks) as a new version and
+    /// releases it.
+    async fn submit_and_release(&self, env: &Environment, running: &Running, intent: Intent) -> Result<VersionInfo, EnvError> {
+        running.check_scheduler()?;
+        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &running.grants()).await?;
+        // An earlier version may name a node deleted since, or made private to another environment.
+        self.check_nodes(&intent, &pinned.plugins, env)?;
+        let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
+        let info = self.store.submit_version(&env.id, &document).await?;
+        let info = self.store.release_version(&env.id, info.version).await?;
+        self.metrics.released(&env.name, info.version);
+        running.release(Version::new(info.version as u64, intent, pinned.plugins)).await?;
+        Ok(info)
+    }
+
+    /// Rolls back to an earlier version: its (pinned) document, with the clusters' current
+    /// tasks, becomes a new version, which is released at once. History stays linear: the new
+    /// version records what is deployed now.
+    pub async fn rollback(&self, key: &str, to: i64) -> Result<VersionInfo, EnvError> {
+        let env = self.get(key).await?;
+        let running = self.running(&env).await?;
+        let _turn = running.releases.lock().await;
+        let stored = Intent::parse(self.store.get_version(&env.id, to).await?.document.as_bytes())?;
+        let intent = self.with_cluster_tasks(&env, stored.resources).await?;
+        self.submit_and_release(&env, &running, intent).await
+    }
+
+    /// What changed from version `from` to version `to`.
+    pub async fn diff(&self, key: &str, from: i64, to: i64) -> Result<IntentDiff, EnvError> {
+        let env = self.get(key).await?;
+        let parse = |document: String| Intent::parse(document.as_bytes());
+        let a = parse(self.store.get_version(&env.id, from).await?.document)?;
+        let b = parse(self.store.get_version(&env.id, to).await?.document)?;
+        Ok(crate::intent::diff::diff(from, &a, to, &b))
+    }
+
+    /// Releases a stored version (also an older one: a rollback). A version whose cluster tasks
+    /// are not the clusters' current ones is released as a new version that carries them.
+    pub async fn release(&self, key: &str, version: i64) -> Result<VersionInfo, EnvError> {
+        let env = self.get(key).await?;
+        let running = self.running(&env).await?;
+        let _turn = running.releases.lock().await;
+        let stored = Intent::parse(self.store.get_version(&env.id, version).await?.document.as_bytes())?;
+        let composed = self.with_cluster_tasks(&env, stored.resources.clone()).await?;
+        if composed.resources != stored.resources {
+            // Its cluster tasks are not the clusters' current ones: a new version carries them.
+            return self.submit_and_release(&env, &running, composed).await;
+        }
+        running.check_scheduler()?;
+        let loaded = self.load_version(&env.id, version, &running.grants()).await?;
+        self.check_nodes(&loaded.intent, &loaded.plugins, &env)?;
+        let info = self.store.release_version(&env.id, version).await?;
+        self.metrics.released(&env.name, info.version);
+        running.release(loaded).await?;
+        Ok(info)
+    }
+
+    /// Every resource's node must be `local` or a registered node the environment may use. A
+    /// node not verified yet (or unreachable, or blocked) is accepted: its resources stay
+    /// `unavailable` (or fail as denied) until it is usable, as with a node that goes down later.
+    /// A resource whose adaptor does not use nodes (`http-object`: the node part names an API)
+    /// is not checked.
+    pub(crate) fn check_nodes(&self, intent: &Intent, plugins: &[Arc<orc_runtime::Plugin>], env: &Environment) -> Result<(), EnvError> {
+        let on_nodes = intent
+            .resources
+            .iter()
+            .zip(plugins)
+            .filter(|(_, p)| pinning::uses_nodes(&p.manifest))
+            .map(|(r, _)| r);
+        for r in on_nodes.filter(|r| r.id.node != LOCAL_NODE) {
+            match self.nodes.check(&r.id.node, &env.id) {
+                Ok(()) => {}
+                Err(Refusal::Unknown) => {
+                    return Err(EnvError::UnknownNode {
+                        resource: r.id.clone(),
+                        node: r.id.node.clone(),
+                    });
+                }
+                Err(Refusal::NotAllowed) => {
+                    return Err(EnvError::NodeNotAllowed {
+                        resource: r.id.clone(),
+                        node: r.id.node.clone(),
+                        environment: env.name.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}

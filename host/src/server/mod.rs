@@ -1,0 +1,65 @@
+//! `orc-host serve`: the host as a long-running service. [`Server`] opens the application
+//! ([`crate::app::App`]), makes the first admin token on a first start, binds the REST API
+//! ([`crate::api`]) and serves it until told to shut down; [`config`] is what it runs with and
+//! [`memory`] how its heap is tuned.
+
+pub mod config;
+pub mod memory;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::app::{App, StartError};
+use config::HostConfig;
+
+/// The bound REST server.
+pub struct Server {
+    listener: tokio::net::TcpListener,
+    app: Arc<App>,
+    max_body_bytes: usize,
+    shutdown_grace: Duration,
+    initial_token: Option<String>,
+}
+
+impl Server {
+    /// Opens everything and binds `config.listen`; nothing is served until [`Server::run`].
+    pub async fn start(config: &HostConfig) -> Result<Server, StartError> {
+        let app = Arc::new(App::open(config).await?);
+        app.resume_clusters().await;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let initial_token = app.ensure_admin_token().await?;
+        Ok(Server {
+            listener,
+            app,
+            max_body_bytes: config.max_body_bytes,
+            shutdown_grace: Duration::from_secs(config.shutdown_grace_s),
+            initial_token,
+        })
+    }
+
+    /// The admin token created on this first start of the host (none exists in the store yet).
+    /// It is shown once: only its hash is stored.
+    pub fn initial_token(&self) -> Option<&str> {
+        self.initial_token.as_deref()
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` completes, lets requests in flight finish, then stops the
+    /// schedulers, giving actions in flight the configured grace period.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+        let router = crate::api::router(self.app.clone(), self.max_body_bytes);
+        let served = axum::serve(self.listener, router).with_graceful_shutdown(shutdown).await;
+        self.app.shutdown(self.shutdown_grace).await;
+        served
+    }
+}
