@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use orc_host::intent::Intent;
-use orc_host::scheduler::{self, BoxFuture, Event, Scheduler, Settings, Sink, Status, Version};
+use orc_host::scheduler::{self, BoxFuture, Event, ResourceStatus as Status, Scheduler, Settings, Sink, Version};
 use orc_manifest::{Digest, PluginKind};
 use orc_plugin_artifacts::BENCH_MEMORY;
 use orc_runtime::capability::MemoryKv;

@@ -24,8 +24,8 @@ use crate::executor::{self, ActionReport, Mode, Outcome};
 use crate::intent::pinning::{self, PinError};
 use crate::intent::{Intent, IntentError, ResourceId};
 use crate::policy::outbound::{self, HostSecrets, SecretConfig, SecretError};
-use crate::scheduler::{self, BoxFuture, Event, Scheduler, Settings, Sink, Status, Version};
-use crate::store::{CapabilitySettings, EnvironmentSettings, HttpSettings, LocalCommandSettings};
+use crate::policy::settings::{CapabilitySettings, EnvironmentSettings, HttpSettings, LocalCommandSettings};
+use crate::scheduler::{self, BoxFuture, Event, ResourceStatus as Status, Scheduler, Settings, Sink, Version};
 
 pub use crate::intent::pinning::LOCAL_NODE;
 

@@ -20,6 +20,7 @@ pub mod embedded;
 pub mod executor;
 pub mod intent;
 pub mod metrics;
+mod named;
 pub mod nodes;
 pub mod policy;
 pub mod scheduler;

@@ -10,9 +10,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use orc_host::embedded::{self, EmbeddedConfig};
 use orc_host::executor::{Mode, Outcome};
 use orc_host::policy::outbound::SecretConfig;
+use orc_host::policy::settings::{AddressRule, HttpSettings};
 use orc_host::server::Server;
 use orc_host::server::config::HostConfig;
-use orc_host::store::{AddressRule, HttpSettings};
 
 #[derive(Parser)]
 #[command(

@@ -23,9 +23,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::executor::Outcome;
+use crate::scheduler::ResourceStatus;
 use crate::scheduler::events::Observer;
 use crate::scheduler::{Event, Trigger};
-use crate::store::ResourceStatus;
 
 /// The content type of [`Metrics::render`]'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

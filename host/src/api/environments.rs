@@ -12,7 +12,8 @@ use utoipa_axum::routes;
 
 use super::extract::{Json, Path};
 use super::{AppState, ErrorBody, Result};
-use crate::store::{Environment, EnvironmentSettings};
+use crate::policy::settings::EnvironmentSettings;
+use crate::store::Environment;
 use axum::extract::State;
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {

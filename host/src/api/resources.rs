@@ -10,7 +10,8 @@ use utoipa_axum::routes;
 
 use super::extract::{Path, Query};
 use super::{ApiError, AppState, ErrorBody, Result};
-use crate::store::{ActionFilter, ActionKind, ErrorInfo, LoggedAction, Millis, ResourceState, ResourceStatus, StateFilter, StatePage};
+use crate::scheduler::ResourceStatus;
+use crate::store::{ActionFilter, ActionKind, ErrorInfo, LoggedAction, Millis, ResourceState, StateFilter, StatePage};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

@@ -3,7 +3,8 @@
 use super::running::{node_dir, scheduler_settings};
 use super::{App, EnvError};
 use crate::policy::outbound;
-use crate::store::{Environment, EnvironmentId, EnvironmentSettings, StoreError};
+use crate::policy::settings::EnvironmentSettings;
+use crate::store::{Environment, EnvironmentId, StoreError};
 
 impl App {
     pub async fn create(&self, name: &str, settings: Option<EnvironmentSettings>) -> Result<Environment, EnvError> {

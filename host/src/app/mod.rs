@@ -39,9 +39,11 @@ use tokio::sync::{Mutex, broadcast};
 use crate::metrics::Metrics;
 use crate::nodes::{NodeRegistry, SECRET_KEY_FILE, SecretKey};
 use crate::policy::outbound::HostSecrets;
+use crate::policy::settings::EnvironmentSettings;
+use crate::scheduler::ResourceStatus;
 use crate::scheduler::events::{Batch, Observer};
 use crate::server::config::HostConfig;
-use crate::store::{DbKv, Environment, EnvironmentId, EnvironmentSettings, ResourceStatus, Store};
+use crate::store::{DbKv, Environment, EnvironmentId, Store};
 
 /// Every environment of the host, each with its scheduler.
 pub struct App {

@@ -14,10 +14,11 @@ use super::{App, EnvError};
 use crate::intent::Intent;
 use crate::intent::pinning::{self, LOCAL_NODE};
 use crate::policy::outbound;
+use crate::policy::settings::{CapabilitySettings, EnvironmentSettings};
 use crate::scheduler::events::{EnvironmentSink, EventStream, StatusCounts};
 use crate::scheduler::persistence::{self, StoreSink};
 use crate::scheduler::{Scheduler, Settings, Start, Unavailable, Version};
-use crate::store::{CapabilitySettings, Environment, EnvironmentId, EnvironmentSettings};
+use crate::store::{Environment, EnvironmentId};
 
 /// One environment's running parts.
 pub(crate) struct Running {

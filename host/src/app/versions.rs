@@ -31,17 +31,7 @@ impl App {
         let _turn = running.releases.lock().await;
         running.check_scheduler()?;
         let intent = self.with_cluster_tasks(&env, submitted.resources).await?;
-        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &running.grants()).await?;
-        self.check_nodes(&intent, &pinned.plugins, &env)?;
-        let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
-        let info = self.store.submit_version(&env.id, &document).await?;
-        if !env.settings.auto_deploy {
-            return Ok((info, false));
-        }
-        let info = self.store.release_version(&env.id, info.version).await?;
-        self.metrics.released(&env.name, info.version);
-        running.release(Version::new(info.version as u64, intent, pinned.plugins)).await?;
-        Ok((info, true))
+        self.store_version(&env, &running, intent, env.settings.auto_deploy).await
     }
 
     /// `resources` without cluster tasks, plus every cluster's current tasks: clusters keep
@@ -57,18 +47,37 @@ impl App {
     }
 
     /// Stores `intent` (already holding the clusters' current tasks) as a new version and
-    /// releases it.
-    async fn submit_and_release(&self, env: &Environment, running: &Running, intent: Intent) -> Result<VersionInfo, EnvError> {
+    /// releases it. Every path that makes a version and releases it at once comes here: a
+    /// rollback, a release of a version whose cluster tasks are stale, a cluster operation.
+    /// The caller holds the environment's release turn.
+    pub(super) async fn submit_and_release(&self, env: &Environment, running: &Running, intent: Intent) -> Result<VersionInfo, EnvError> {
+        Ok(self.store_version(env, running, intent, true).await?.0)
+    }
+
+    /// Pins `intent`'s adaptors under the environment's grants, checks its nodes, stores it as
+    /// the next version and, when `release`, releases it and waits until its states are
+    /// recorded. Returns the version and whether it was released. The caller holds the release
+    /// turn.
+    async fn store_version(
+        &self,
+        env: &Environment,
+        running: &Running,
+        intent: Intent,
+        release: bool,
+    ) -> Result<(VersionInfo, bool), EnvError> {
         running.check_scheduler()?;
         let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &running.grants()).await?;
         // An earlier version may name a node deleted since, or made private to another environment.
         self.check_nodes(&intent, &pinned.plugins, env)?;
         let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
         let info = self.store.submit_version(&env.id, &document).await?;
+        if !release {
+            return Ok((info, false));
+        }
         let info = self.store.release_version(&env.id, info.version).await?;
         self.metrics.released(&env.name, info.version);
         running.release(Version::new(info.version as u64, intent, pinned.plugins)).await?;
-        Ok(info)
+        Ok((info, true))
     }
 
     /// Rolls back to an earlier version: its (pinned) document, with the clusters' current

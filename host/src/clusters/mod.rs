@@ -157,7 +157,7 @@ pub enum ClusterError {
     },
     #[error(
         "template `{template}`: plugin `{plugin}` ({digest}) requests capability `{capability}`, which this environment does not grant: set `{setting}` to true to allow it",
-        setting = crate::store::CapabilitySettings::setting(*capability)
+        setting = crate::policy::settings::CapabilitySettings::setting(*capability)
     )]
     CapabilityNotGranted {
         template: String,

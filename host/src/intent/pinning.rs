@@ -31,7 +31,7 @@ pub enum PinError {
     },
     #[error(
         "resource `{resource}`: plugin `{plugin}` ({digest}) requests capability `{capability}`, which this environment does not grant: set `{setting}` to true to allow it",
-        setting = crate::store::CapabilitySettings::setting(*capability)
+        setting = crate::policy::settings::CapabilitySettings::setting(*capability)
     )]
     NotGranted {
         resource: ResourceId,

@@ -3,3 +3,4 @@
 //! the call context every plugin call of the environment carries.
 
 pub mod outbound;
+pub mod settings;

@@ -17,7 +17,7 @@ use orc_runtime::CallContext;
 use orc_runtime::capability::{BoundSecret, HttpAccess, HttpPolicy, Origin, list_origins};
 use serde::Deserialize;
 
-use crate::store::{EnvironmentSettings, HttpSettings, valid_secret_name};
+use crate::policy::settings::{EnvironmentSettings, HttpSettings, valid_secret_name};
 
 /// Where a host-held secret's value comes from. Its value is the `Authorization` header as
 /// sent, e.g. `Bearer 5f0c…` or `Basic …`.

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast;
 
+use crate::scheduler::ResourceStatus;
 use crate::scheduler::persistence::StoreSink;
 use crate::scheduler::{BoxFuture, Event, Sink};
-use crate::store::ResourceStatus;
 
 /// Batches kept for slow watchers before they miss some (they are told, and can re-read).
 const STREAM_CAPACITY: usize = 1024;

@@ -27,6 +27,7 @@ pub mod dryrun;
 pub mod events;
 pub mod persistence;
 mod state;
+mod status;
 mod timers;
 mod version;
 mod writer;
@@ -74,7 +75,8 @@ impl Default for Settings {
 }
 
 /// A resource's status: the store's, so that what the scheduler decides is what is persisted.
-pub use crate::store::ResourceStatus as Status;
+pub use status::ResourceStatus;
+use status::ResourceStatus as Status;
 
 /// Why an action ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

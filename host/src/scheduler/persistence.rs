@@ -249,8 +249,8 @@ mod tests {
     use orc_runtime::capability::{NodeBackend, NodeErrorKind};
 
     use super::*;
-    use crate::scheduler::{ResourceState as SchedulerState, Status};
-    use crate::store::EnvironmentSettings;
+    use crate::policy::settings::EnvironmentSettings;
+    use crate::scheduler::{ResourceState as SchedulerState, ResourceStatus as Status};
 
     /// Nodes whose durability fence says when it is entered, then waits to be let through; the
     /// first `failures` fences fail.
@@ -325,6 +325,6 @@ mod tests {
         assert!(writing.await.unwrap());
         let states = store.load_states(&env.id).await.unwrap();
         assert_eq!(states.len(), 1);
-        assert_eq!(states[0].status, crate::store::ResourceStatus::Deployed);
+        assert_eq!(states[0].status, crate::scheduler::ResourceStatus::Deployed);
     }
 }

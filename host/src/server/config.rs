@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::policy::outbound::{self, SecretConfig};
-use crate::store::{EnvironmentSettings, SQLITE_FILE};
+use crate::policy::settings::EnvironmentSettings;
+use crate::store::SQLITE_FILE;
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -99,7 +100,10 @@ mod tests {
         assert_eq!(config.database_url(), "sqlite:/var/lib/orc/orc.db");
         assert_eq!(config.environment_defaults.retry_interval_s, 60);
         assert_eq!(config.environment_defaults.call_timeout_s, 30);
-        assert_eq!(config.environment_defaults.kv_quota, crate::store::KvQuotaSettings::default());
+        assert_eq!(
+            config.environment_defaults.kv_quota,
+            crate::policy::settings::KvQuotaSettings::default()
+        );
         // The commented-out sections parse too, once uncommented.
         let uncommented: String = text
             .lines()

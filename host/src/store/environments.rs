@@ -2,7 +2,8 @@
 //! them, by cascade). Names are unique.
 
 use super::error::{backend, backend_with};
-use super::{CapabilitySettings, Environment, EnvironmentId, EnvironmentSettings, Result, Store, StoreError, now_ms, parse_id};
+use super::{Environment, EnvironmentId, Result, Store, StoreError, now_ms, parse_id};
+use crate::policy::settings::{CapabilitySettings, EnvironmentSettings};
 
 type Row = (String, String, String, bool, i64, Option<i64>, i64, i64);
 

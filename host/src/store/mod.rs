@@ -68,6 +68,7 @@ mod clusters;
 mod dryruns;
 mod environments;
 mod error;
+mod ids;
 mod intents;
 mod kv;
 mod model;
@@ -78,9 +79,11 @@ mod tokens;
 
 pub use clusters::{ClusterRecord, TemplateRecord};
 pub use error::StoreError;
+pub use ids::*;
 pub use kv::DbKv;
 pub use model::*;
 pub use nodes::{NodeDeletion, NodePatched};
+pub use tokens::hash_token;
 
 use error::backend;
 
@@ -381,8 +384,9 @@ pub(crate) fn parse_id<T: std::str::FromStr>(text: &str, what: &str) -> Result<T
 }
 
 /// Parses an enum name read from the database.
-pub(crate) fn parse_name<T: std::str::FromStr<Err = UnknownName>>(text: &str) -> Result<T> {
-    text.parse().map_err(|e: UnknownName| StoreError::corrupt(e.to_string()))
+pub(crate) fn parse_name<T: std::str::FromStr<Err = crate::named::UnknownName>>(text: &str) -> Result<T> {
+    text.parse()
+        .map_err(|e: crate::named::UnknownName| StoreError::corrupt(e.to_string()))
 }
 
 pub(crate) fn error_info(code: Option<String>, message: Option<String>) -> Option<ErrorInfo> {

@@ -15,9 +15,10 @@ use super::actions;
 use super::environments::environment_not_found;
 use super::error::backend_with;
 use super::{
-    ActionRecord, Attempts, BeginWrite, Db, EnvironmentId, ResourceState, ResourceStatus, Result, StateFilter, StatePage, StatusChange,
-    Store, StoreError, error_info, now_ms, page_size, parse_name, sqlite_rows_per_statement,
+    ActionRecord, Attempts, BeginWrite, Db, EnvironmentId, ResourceState, Result, StateFilter, StatePage, StatusChange, Store, StoreError,
+    error_info, now_ms, page_size, parse_name, sqlite_rows_per_statement,
 };
+use crate::scheduler::ResourceStatus;
 
 type Row = (
     String,

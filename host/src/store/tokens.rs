@@ -1,7 +1,13 @@
-//! Admin tokens, stored only as the sha256 of the secret ([`hash_token`](super::hash_token)).
+//! Admin tokens, stored only as the sha256 of the secret ([`hash_token`]).
 
 use super::error::{backend, backend_with};
 use super::{AdminToken, Result, Store, StoreError, TokenId, now_ms, parse_id};
+
+/// The hash under which a token is stored and looked up: lowercase hex of its sha256.
+pub fn hash_token(token: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(token.as_bytes()))
+}
 
 impl Store {
     /// Stores a token by its hash (lowercase hex sha256 of the secret).

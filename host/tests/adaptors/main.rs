@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use orc_host::executor::{ActionReport, Outcome};
 use orc_host::intent::Intent;
-use orc_host::scheduler::{self, BoxFuture, Event, Scheduler, Settings, Sink, Status, Trigger, Version};
+use orc_host::scheduler::{self, BoxFuture, Event, ResourceStatus as Status, Scheduler, Settings, Sink, Trigger, Version};
 use orc_manifest::{Digest, PluginKind};
 use orc_runtime::capability::Nodes;
 use orc_runtime::{CallContext, Grants, Runtime, RuntimeConfig};

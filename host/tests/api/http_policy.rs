@@ -399,9 +399,9 @@ async fn the_embedded_deploy_takes_the_same_policy() {
     assert!(api.requests().is_empty());
 
     let bad = orc_host::embedded::EmbeddedConfig {
-        http: orc_host::store::HttpSettings {
+        http: orc_host::policy::settings::HttpSettings {
             allowed_origins: vec![base.clone(), other_base.clone()],
-            addresses: orc_host::store::AddressRule::Networks(vec!["127.0.0.0/8".into()]),
+            addresses: orc_host::policy::settings::AddressRule::Networks(vec!["127.0.0.0/8".into()]),
             secrets: vec!["unknown".into()],
             secrets_over_plain_http: false,
         },
@@ -423,7 +423,7 @@ async fn the_embedded_deploy_takes_the_same_policy() {
         )])
     };
     let allowed = orc_host::embedded::EmbeddedConfig {
-        http: orc_host::store::HttpSettings {
+        http: orc_host::policy::settings::HttpSettings {
             secrets: Vec::new(),
             ..bad.http.clone()
         },
@@ -465,7 +465,7 @@ async fn the_embedded_deploy_takes_the_same_policy() {
     assert!(api.requests().is_empty(), "{:?}", api.requests());
 
     let plain = orc_host::embedded::EmbeddedConfig {
-        http: orc_host::store::HttpSettings {
+        http: orc_host::policy::settings::HttpSettings {
             secrets_over_plain_http: true,
             ..allowed.http.clone()
         },

@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use orc_host::store::{ActionFilter, Backend, EnvironmentId, ResourceState, ResourceStatus, SQLITE_FILE, Store};
+use orc_host::scheduler::ResourceStatus;
+use orc_host::store::{ActionFilter, Backend, EnvironmentId, ResourceState, SQLITE_FILE, Store};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, BufReader};

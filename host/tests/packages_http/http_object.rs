@@ -12,7 +12,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use orc_host::executor::Outcome;
-use orc_host::scheduler::{self, Status, Trigger};
+use orc_host::scheduler::{self, ResourceStatus as Status, Trigger};
 use orc_runtime::CallContext;
 use orc_runtime::capability::{AddressPolicy, BoundSecret, HttpAccess, HttpPolicy, Origin};
 use serde_json::{Value, json};

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orc_host::executor::{ActionReport, Outcome};
-use orc_host::scheduler::{self, Status, Trigger};
+use orc_host::scheduler::{self, ResourceStatus as Status, Trigger};
 use orc_runtime::CallContext;
 use orc_runtime::capability::Nodes;
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use orc_host::intent::Intent;
-use orc_host::scheduler::{self, BoxFuture, Event, Scheduler, Settings, Sink, Snapshot, Status, Trigger, Version};
+use orc_host::scheduler::{self, BoxFuture, Event, ResourceStatus as Status, Scheduler, Settings, Sink, Snapshot, Trigger, Version};
 use orc_manifest::{Digest, PluginKind};
 use orc_plugin_artifacts::Artifact;
 use orc_runtime::capability::node::{CommandOutput, FileStat, NodeCommand, Ownership};
@@ -270,8 +270,9 @@ async fn purged_resources_are_removed_dependents_first() {
 /// deployed, and nothing whose deployment was confirmed in the store runs again.
 #[test]
 fn a_deploy_interrupted_mid_flight_resumes_from_the_store() {
+    use orc_host::policy::settings::EnvironmentSettings;
     use orc_host::scheduler::persistence::{StoreSink, resume};
-    use orc_host::store::{EnvironmentSettings, Store};
+    use orc_host::store::Store;
 
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("orc.db");

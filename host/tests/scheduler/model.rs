@@ -23,7 +23,9 @@ use std::time::Duration;
 
 use orc_host::executor::{ActionReport, Mode, Outcome};
 use orc_host::intent::{Intent, ResourceSpec};
-use orc_host::scheduler::{Actions, BoxFuture, Event, Inspection, Scheduler, Settings, Sink, Start, Status, Version, desired_hash};
+use orc_host::scheduler::{
+    Actions, BoxFuture, Event, Inspection, ResourceStatus as Status, Scheduler, Settings, Sink, Start, Version, desired_hash,
+};
 use orc_manifest::{Digest, PluginKind};
 use orc_runtime::{CallContext, Grants, Plugin, Runtime, RuntimeConfig};
 use proptest::prelude::*;

@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Result, ensure};
+use orc_host::policy::settings::EnvironmentSettings;
+use orc_host::scheduler::ResourceStatus;
 use orc_host::store::{
-    ActionFilter, ActionId, ActionKind, ActionRecord, Attempts, Backend, DbKv, DryrunId, DryrunStatus, EnvironmentId, EnvironmentSettings,
-    ErrorInfo, OperationKind, OperationStatus, ResourceState, ResourceStatus, StateFilter, StatusChange, Store, StoreError, hash_token,
-    now_ms,
+    ActionFilter, ActionId, ActionKind, ActionRecord, Attempts, Backend, DbKv, DryrunId, DryrunStatus, EnvironmentId, ErrorInfo,
+    OperationKind, OperationStatus, ResourceState, StateFilter, StatusChange, Store, StoreError, hash_token, now_ms,
 };
 use orc_runtime::capability::kv::{KvError, KvQuota, KvStore, KvUsage, delete_counted, set_within};
 
@@ -89,9 +90,9 @@ pub async fn environments_crud(db: &TestDb) -> Result<()> {
     // Every field round-trips, the HTTP policy's too.
     let new_settings = EnvironmentSettings {
         per_node_concurrency: 2,
-        http: orc_host::store::HttpSettings {
+        http: orc_host::policy::settings::HttpSettings {
             allowed_origins: vec!["http://10.0.0.5:8080".into()],
-            addresses: orc_host::store::AddressRule::Networks(vec!["10.0.0.0/8".into()]),
+            addresses: orc_host::policy::settings::AddressRule::Networks(vec!["10.0.0.0/8".into()]),
             secrets: vec!["billing".into()],
             secrets_over_plain_http: true,
         },

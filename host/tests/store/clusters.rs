@@ -3,7 +3,8 @@
 use std::collections::BTreeSet;
 
 use anyhow::{Result, ensure};
-use orc_host::store::{ClusterRecord, EnvironmentId, EnvironmentSettings, Store, StoreError, now_ms};
+use orc_host::policy::settings::EnvironmentSettings;
+use orc_host::store::{ClusterRecord, EnvironmentId, Store, StoreError, now_ms};
 
 use crate::harness::TestDb;
 

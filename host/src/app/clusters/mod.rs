@@ -18,8 +18,8 @@ use crate::clusters::planner::{self, PlanInput, Step, TASK_TYPE};
 use crate::clusters::{ClusterDoc, ClusterError, ClusterFailure, ClusterStatus, OperationKind, validate_name};
 use crate::intent::pinning;
 use crate::intent::{Intent, IntentDocument, PluginRef, ResourceSpec};
-use crate::scheduler::Version;
-use crate::store::{ClusterRecord, Environment, Millis, ResourceState, ResourceStatus, StateFilter, StoreError, TemplateRecord, now_ms};
+use crate::scheduler::ResourceStatus;
+use crate::store::{ClusterRecord, Environment, Millis, ResourceState, StateFilter, StoreError, TemplateRecord, now_ms};
 
 /// The solver a template gets when it names none.
 pub const DEFAULT_SOLVER: &str = "layout-solver";
@@ -692,13 +692,7 @@ impl App {
         };
         resources.extend(tasks.iter().cloned());
         let intent = Intent::validate(IntentDocument { resources })?;
-        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &running.grants()).await?;
-        self.check_nodes(&intent, &pinned.plugins, env)?;
-        let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
-        let info = self.store.submit_version(&env.id, &document).await?;
-        let info = self.store.release_version(&env.id, info.version).await?;
-        self.metrics.released(&env.name, info.version);
-        running.release(Version::new(info.version as u64, intent, pinned.plugins)).await?;
+        let info = self.submit_and_release(env, &running, intent).await?;
         tracing::debug!(environment = %env.name, cluster, version = info.version, "cluster tasks released");
         Ok(match row {
             RowChange::Keep => None,

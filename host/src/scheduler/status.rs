@@ -1,0 +1,21 @@
+//! Where a resource stands, as the scheduler moves it: the status the store keeps and the API
+//! shows.
+
+use crate::named::named_enum;
+
+named_enum!(
+    /// Where a resource stands: `available` → `deploying` → `deployed` | `failed` | `skipped` |
+    /// `unavailable`.
+    ResourceStatus("resource status") {
+        /// Waiting to be deployed (new, changed, or recovered after a crash).
+        Available => "available",
+        /// An action is in flight. Never left behind: see `Store::recover_deploying`.
+        Deploying => "deploying",
+        Deployed => "deployed",
+        Failed => "failed",
+        /// A resource it requires did not succeed.
+        Skipped => "skipped",
+        /// Its node cannot be reached.
+        Unavailable => "unavailable",
+    }
+);
