@@ -131,6 +131,22 @@ pub(super) async fn insert_postgres(conn: &mut PgConnection, actions: &[ActionRe
 }
 
 impl Store {
+    /// How many action-log entries of the environment started in `[since, until)`, per outcome.
+    pub async fn count_actions(&self, env: &EnvironmentId, since: super::Millis, until: super::Millis) -> Result<Vec<(String, i64)>> {
+        on_pool!(self, pool => {
+            sqlx::query_as(
+                "SELECT outcome, COUNT(*) FROM actions WHERE environment_id = $1 AND started_at >= $2 AND started_at < $3 \
+                 GROUP BY outcome ORDER BY outcome",
+            )
+            .bind(env.to_string())
+            .bind(since)
+            .bind(until)
+            .fetch_all(pool)
+            .await
+            .map_err(backend_with(|| format!("counting the actions of environment {env}")))
+        })
+    }
+
     /// Appends `actions` (of any environments) in one transaction, in the given order.
     pub async fn insert_actions(&self, actions: &[ActionRecord]) -> Result<()> {
         if actions.is_empty() {

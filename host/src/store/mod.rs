@@ -65,15 +65,14 @@ macro_rules! on_pool {
 
 mod actions;
 mod clusters;
-mod dryruns;
 mod environments;
 mod error;
 mod ids;
 mod intents;
+mod jobs;
 mod kv;
 mod model;
 mod nodes;
-mod operations;
 mod states;
 mod tokens;
 
@@ -355,12 +354,14 @@ const SQLITE_MIGRATIONS: Embedded = &[
     (2, "operations", include_str!("../../migrations/sqlite/0002_operations.sql")),
     (3, "nodes", include_str!("../../migrations/sqlite/0003_nodes.sql")),
     (4, "clusters", include_str!("../../migrations/sqlite/0004_clusters.sql")),
+    (5, "jobs", include_str!("../../migrations/sqlite/0005_jobs.sql")),
 ];
 const POSTGRES_MIGRATIONS: Embedded = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
     (2, "operations", include_str!("../../migrations/postgres/0002_operations.sql")),
     (3, "nodes", include_str!("../../migrations/postgres/0003_nodes.sql")),
     (4, "clusters", include_str!("../../migrations/postgres/0004_clusters.sql")),
+    (5, "jobs", include_str!("../../migrations/postgres/0005_jobs.sql")),
 ];
 
 fn migrator(embedded: Embedded) -> Migrator {

@@ -1112,6 +1112,79 @@ pub async fn migrations_are_idempotent_on_reconnect(db: &TestDb) -> Result<()> {
     Ok(())
 }
 
+/// The migration to one `jobs` table keeps every operation and dryrun, their kinds, versions,
+/// statuses and results: the migrations before it run on an empty schema, rows go into the old
+/// tables, then it runs.
+pub async fn jobs_migration_keeps_operations_and_dryruns(db: &TestDb) -> Result<()> {
+    use sqlx::Connection as _;
+    let folder = match db.store.backend() {
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres => "postgres",
+    };
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations").join(folder);
+    let mut files: Vec<_> = std::fs::read_dir(&dir)?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    files.sort();
+    let jobs = files
+        .iter()
+        .position(|f| f.file_name().is_some_and(|n| n.to_string_lossy().ends_with("_jobs.sql")))
+        .ok_or_else(|| anyhow::anyhow!("no jobs migration in {}", dir.display()))?;
+    let before: Vec<String> = files[..jobs].iter().map(std::fs::read_to_string).collect::<std::io::Result<_>>()?;
+    let migration = std::fs::read_to_string(&files[jobs])?;
+    let rows = "INSERT INTO environments (id, name, settings, created_at, updated_at) VALUES ('e', 'prod', '{}', 1, 1); \
+                INSERT INTO intent_versions (environment_id, version, document, created_at) VALUES ('e', 1, '{}', 1); \
+                INSERT INTO operations (id, environment_id, kind, status, created_at, finished_at, result) \
+                  VALUES ('o1', 'e', 'repair', 'done', 2, 3, '{\"deployed\":1}'), ('o2', 'e', 'deploy', 'interrupted', 4, 5, NULL); \
+                INSERT INTO dryruns (id, environment_id, version, status, created_at, finished_at, report) \
+                  VALUES ('d1', 'e', 1, 'failed', 6, 7, '{\"error\":\"x\"}'), ('d2', 'e', 1, 'running', 8, NULL, NULL);";
+    let read = "SELECT id, kind, version, status, created_at, finished_at, result FROM jobs ORDER BY id";
+    type Job = (String, String, Option<i64>, String, i64, Option<i64>, Option<String>);
+    let (jobs, old_tables): (Vec<Job>, i64) = match db.store.backend() {
+        Backend::Sqlite => {
+            let mut c = sqlx::SqliteConnection::connect("sqlite::memory:").await?;
+            for sql in &before {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.as_str())).execute(&mut c).await?;
+            }
+            sqlx::raw_sql(rows).execute(&mut c).await?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(migration.as_str())).execute(&mut c).await?;
+            let old = sqlx::query_scalar("SELECT COUNT(*) FROM sqlite_master WHERE name IN ('operations', 'dryruns')")
+                .fetch_one(&mut c)
+                .await?;
+            (sqlx::query_as(read).fetch_all(&mut c).await?, old)
+        }
+        Backend::Postgres => {
+            let mut c = sqlx::PgConnection::connect(&db.location).await?;
+            sqlx::raw_sql("CREATE SCHEMA legacy; SET search_path TO legacy")
+                .execute(&mut c)
+                .await?;
+            for sql in &before {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql.as_str())).execute(&mut c).await?;
+            }
+            sqlx::raw_sql(rows).execute(&mut c).await?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(migration.as_str())).execute(&mut c).await?;
+            let old = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = 'legacy' AND table_name IN ('operations', 'dryruns')",
+            )
+            .fetch_one(&mut c)
+            .await?;
+            (sqlx::query_as(read).fetch_all(&mut c).await?, old)
+        }
+    };
+    let s = |t: &str| t.to_string();
+    assert_eq!(
+        jobs,
+        vec![
+            (s("d1"), s("dryrun"), Some(1), s("failed"), 6, Some(7), Some(s(r#"{"error":"x"}"#))),
+            (s("d2"), s("dryrun"), Some(1), s("running"), 8, None, None),
+            (s("o1"), s("repair"), None, s("done"), 2, Some(3), Some(s(r#"{"deployed":1}"#))),
+            (s("o2"), s("deploy"), None, s("interrupted"), 4, Some(5), None),
+        ]
+    );
+    assert_eq!(old_tables, 0, "the twin tables are gone");
+    Ok(())
+}
+
 /// Not an assertion on time: prints the figures (`cargo test -p orc-host --test store -- --nocapture batch_timings`).
 pub async fn batch_timings_10k(db: &TestDb) -> Result<()> {
     const N: usize = 10_000;

@@ -53,6 +53,7 @@ on_both_backends!(
         db_kv_counts_what_an_environment_holds_for_its_quota,
         deleting_an_environment_removes_its_data,
         migrations_are_idempotent_on_reconnect,
+        jobs_migration_keeps_operations_and_dryruns,
         batch_timings_10k,
     ],
     clusters: [
