@@ -7,6 +7,9 @@
 //! STORE persists every transition and action through the store, as the server does:
 //! `sqlite` (a temporary file) or a `postgres://…` URL. Without it events are only counted.
 
+// A benchmark command: a failed unwrap stops the run where it failed, which is all it should do.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

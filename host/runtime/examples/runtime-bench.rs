@@ -3,6 +3,9 @@
 //!
 //! `cargo run --release -p orc-runtime --example runtime-bench`
 
+// A benchmark command: a failed unwrap stops the run where it failed, which is all it should do.
+#![allow(clippy::unwrap_used)]
+
 use std::time::{Duration, Instant};
 
 use orc_manifest::{Digest, PluginKind};

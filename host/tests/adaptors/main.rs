@@ -3,6 +3,9 @@
 //! starts, as root): first deploy, an idempotent second pass, drift made by hand that a dryrun
 //! reports without touching, drift repaired by self-healing, and purge.
 
+// An integration test: an unwrap that fails is the test failing, where it failed.
+#![allow(clippy::unwrap_used)]
+
 #[path = "../support/ssh_node.rs"]
 mod ssh_node;
 #[path = "../../ssh/tests/support/sshd.rs"]

@@ -3,6 +3,9 @@
 //! file in the data directory) and on PostgreSQL (a new database on the cluster this test binary
 //! starts; see `support/pg.rs`). Tests poll for conditions, never sleep.
 
+// An integration test: an unwrap that fails is the test failing, where it failed.
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

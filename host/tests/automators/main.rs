@@ -3,6 +3,9 @@
 //! action, as the host's executor does. `redis` drives a real `redis-server` (Debian's package,
 //! installed by `.ci/run`) on a free port, which the test talks to over TCP itself.
 
+// An integration test: an unwrap that fails is the test failing, where it failed.
+#![allow(clippy::unwrap_used)]
+
 #[path = "../support/ssh_node.rs"]
 mod ssh_node;
 #[path = "../../ssh/tests/support/sshd.rs"]

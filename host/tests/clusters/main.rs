@@ -6,6 +6,9 @@
 //! in reverse order); a create that fails in the middle rolled back; a cluster of the `redis`
 //! automator answering PING on its port. Tests poll, never sleep for a fixed time.
 
+// An integration test: an unwrap that fails is the test failing, where it failed.
+#![allow(clippy::unwrap_used)]
+
 #[path = "../support/host.rs"]
 mod host;
 #[path = "../support/paths.rs"]

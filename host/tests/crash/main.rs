@@ -14,6 +14,9 @@
 //! process's writes are still in the kernel's page cache, so they survive it whether synced or
 //! not; a power loss, which the fence's `syncfs` is there for, cannot be simulated here.
 
+// An integration test: an unwrap that fails is the test failing, where it failed.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};

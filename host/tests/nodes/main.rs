@@ -5,6 +5,9 @@
 //! key changed under a node in use, a node that goes away and comes back, deletion while in use.
 //! Tests poll, never sleep for a fixed time. They need root (sshd switches users).
 
+// An integration test: an unwrap that fails is the test failing, where it failed.
+#![allow(clippy::unwrap_used)]
+
 use std::time::{Duration, Instant};
 
 use orc_host::store::Backend;

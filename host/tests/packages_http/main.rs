@@ -4,6 +4,9 @@
 //! starts. Each converges, stays unchanged on a second pass, repairs drift by self-healing, shows
 //! its changes in a dryrun, and goes away when purged.
 
+// An integration test: an unwrap that fails is the test failing, where it failed.
+#![allow(clippy::unwrap_used)]
+
 mod http_object;
 mod package;
 #[path = "../support/ssh_node.rs"]

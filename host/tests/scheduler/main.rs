@@ -2,6 +2,9 @@
 //! dependency order, skip and recover, retry, user deploy, user repair, self-healing,
 //! supersession by a newer version, and purge order.
 
+// An integration test: an unwrap that fails is the test failing, where it failed.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -2,6 +2,9 @@
 //! (a file in a temporary directory) and once on PostgreSQL (a cluster this binary starts; see
 //! `support/pg.rs`). `batch_timings_10k` prints how long the 10,000-row batches take (`--nocapture`).
 
+// An integration test: an unwrap that fails is the test failing, where it failed.
+#![allow(clippy::unwrap_used)]
+
 mod cases;
 mod clusters;
 mod harness;

@@ -3,6 +3,9 @@
 //! for `/api/v1`. Include with `#[path = "../support/host.rs"] mod host;` (needs `pg.rs` as
 //! `mod pg`).
 
+// Test support (tests and benchmark examples include it): a failed unwrap stops the run where it failed.
+#![allow(clippy::unwrap_used)]
+
 #![allow(dead_code)]
 
 use std::time::{Duration, Instant};

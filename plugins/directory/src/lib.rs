@@ -60,24 +60,12 @@ pub struct Current {
     owner: Option<Ownership>,
 }
 
-/// The key, checked to be an absolute path.
-fn path(target: &Target) -> Result<&str> {
-    let key = target.key.as_str();
-    if !key.starts_with('/') {
-        return Err(Error::invalid(format!(
-            "{}: the key must be an absolute path, got {key:?}",
-            target.id
-        )));
-    }
-    Ok(key)
-}
-
 impl Adaptor for DirectoryAdaptor {
     type Desired = Desired;
     type Current = Current;
 
     fn read(target: &Target, desired: &Desired) -> Result<Option<Current>> {
-        let path = path(target)?;
+        let path = target.absolute_path()?;
         match node::stat(&target.node, path).context(format_args!("stat {path}"))? {
             None => Ok(None),
             Some(stat) if stat.kind == FileKind::Directory => {
@@ -97,7 +85,7 @@ impl Adaptor for DirectoryAdaptor {
     }
 
     fn diff(target: &Target, desired: &Desired, current: Option<&Current>) -> Result<Vec<Change>> {
-        path(target)?;
+        target.absolute_path()?;
         let (owner, group) = (desired.owner.as_deref(), desired.group.as_deref());
         Ok(match current {
             None => Changes::new()
@@ -111,7 +99,7 @@ impl Adaptor for DirectoryAdaptor {
     }
 
     fn apply(target: &Target, desired: &Desired, current: Option<&Current>, changes: &[Change]) -> Result<Vec<String>> {
-        let path = path(target)?;
+        let path = target.absolute_path()?;
         let mut messages = Vec::new();
         match current {
             None => {
@@ -143,7 +131,7 @@ impl Adaptor for DirectoryAdaptor {
     }
 
     fn delete(target: &Target, _current: &Current) -> Result<Vec<String>> {
-        let path = path(target)?;
+        let path = target.absolute_path()?;
         let recursive = target.attribute::<bool>("purge_recursive")?.unwrap_or(false);
         if recursive && path.trim_end_matches('/').is_empty() {
             return Err(Error::invalid(format!("{}: refusing to remove / recursively", target.id)));

@@ -124,30 +124,12 @@ fn desired_content_value(content: &str) -> Value {
     }
 }
 
-/// The key, checked to be an absolute path that can name a file.
-fn path(target: &Target) -> Result<&str> {
-    let key = target.key.as_str();
-    if !key.starts_with('/') {
-        return Err(Error::invalid(format!(
-            "{}: the key must be an absolute path, got {key:?}",
-            target.id
-        )));
-    }
-    if key.ends_with('/') {
-        return Err(Error::invalid(format!(
-            "{}: the key {key:?} names a directory, not a file",
-            target.id
-        )));
-    }
-    Ok(key)
-}
-
 impl Adaptor for FileAdaptor {
     type Desired = Desired;
     type Current = Current;
 
     fn read(target: &Target, desired: &Desired) -> Result<Option<Current>> {
-        let path = path(target)?;
+        let path = target.absolute_non_directory_path()?;
         let Some(stat) = node::stat(&target.node, path).context(format_args!("stat {path}"))? else {
             return Ok(None);
         };
@@ -171,7 +153,7 @@ impl Adaptor for FileAdaptor {
     }
 
     fn diff(target: &Target, desired: &Desired, current: Option<&Current>) -> Result<Vec<Change>> {
-        path(target)?;
+        target.absolute_non_directory_path()?;
         let Some(current) = current else {
             return Ok(Changes::new()
                 .push(Change::new("content", None, Some(desired_content_value(&desired.content))))
@@ -194,7 +176,7 @@ impl Adaptor for FileAdaptor {
     }
 
     fn apply(target: &Target, desired: &Desired, current: Option<&Current>, changes: &[Change]) -> Result<Vec<String>> {
-        let path = path(target)?;
+        let path = target.absolute_non_directory_path()?;
         let bytes = desired.content.as_bytes();
         let Some(current) = current else {
             let mode = desired.mode.unwrap_or(DEFAULT_MODE);
@@ -247,7 +229,7 @@ impl Adaptor for FileAdaptor {
     }
 
     fn delete(target: &Target, _current: &Current) -> Result<Vec<String>> {
-        let path = path(target)?;
+        let path = target.absolute_non_directory_path()?;
         let existed = node::remove(&target.node, path, false).context(format_args!("remove {path}"))?;
         Ok(vec![if existed {
             format!("removed {path}")

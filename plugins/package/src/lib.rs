@@ -147,7 +147,7 @@ fn run_apt(target: &Target, command: &Command) -> std::result::Result<Output, Ap
             target.id, target.node
         ))));
     }
-    Err(AptFailure::Error(output.check(command).unwrap_err()))
+    Err(AptFailure::Error(output.error(command)))
 }
 
 /// Reads the package's dpkg status.
@@ -198,10 +198,7 @@ fn install(target: &Target, desired: &Desired) -> Result<()> {
         Err(AptFailure::NotFound) => {}
     }
     // The package lists may be stale: refresh once and try again.
-    orc_sdk::info!(
-        "{spec} not found in the package lists of node {}; running apt-get update",
-        target.node
-    );
+    orc_sdk::info!("{spec} not found in the package lists of node {}; updating them", target.node);
     let update = apt::get(&desired.apt_options, &["update"]);
     match run_apt(target, &update) {
         Ok(_) | Err(AptFailure::NotFound) => {}
@@ -286,7 +283,7 @@ impl Adaptor for Package {
                 let version = now.as_ref().and_then(|c| c.version.clone()).unwrap_or_default();
                 if !now.as_ref().is_some_and(Current::installed) {
                     return Err(Error::permanent(format!(
-                        "{}: apt-get succeeded but dpkg reports {name} as {}",
+                        "{}: the apt install succeeded but dpkg reports {name} as {}",
                         target.id,
                         shown_state(now.as_ref()).unwrap_or_else(|| "not installed".into())
                     )));

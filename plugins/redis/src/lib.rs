@@ -239,7 +239,7 @@ impl Instance {
         if output.success() {
             return Ok(output);
         }
-        let e = output.check(&Command::new("redis.sh").arg(command)).unwrap_err();
+        let e = output.error(&Command::new("redis.sh").arg(command));
         Err(Error::retryable(format!("{}: {}", self.who(), e.message())))
     }
 
@@ -351,13 +351,13 @@ fn install(inst: &Instance) -> Result<Outcome> {
             return Err(Error::retryable(format!(
                 "{}: {}",
                 inst.who(),
-                update.check(&apt::get(&[], &["update"])).unwrap_err().message()
+                update.error(&apt::get(&[], &["update"])).message()
             )));
         }
         output = run_apt(inst, &["install", PACKAGE])?;
     }
     if !output.success() {
-        let e = output.check(&apt::get(&[], &["install", PACKAGE])).unwrap_err();
+        let e = output.error(&apt::get(&[], &["install", PACKAGE]));
         return Err(Error::retryable(format!("{}: {}", inst.who(), e.message())));
     }
     Ok(Outcome::new().message(format!("installed {PACKAGE}")))

@@ -43,24 +43,12 @@ impl Current {
     }
 }
 
-/// The key, checked to be an absolute path that can name a link.
-fn path(target: &Target) -> Result<&str> {
-    let key = target.key.as_str();
-    if !key.starts_with('/') || key.ends_with('/') {
-        return Err(Error::invalid(format!(
-            "{}: the key must be an absolute path naming the link, got {key:?}",
-            target.id
-        )));
-    }
-    Ok(key)
-}
-
 impl Adaptor for SymlinkAdaptor {
     type Desired = Desired;
     type Current = Current;
 
     fn read(target: &Target, _desired: &Desired) -> Result<Option<Current>> {
-        let path = path(target)?;
+        let path = target.absolute_non_directory_path()?;
         let Some(stat) = node::stat(&target.node, path).context(format_args!("stat {path}"))? else {
             return Ok(None);
         };
@@ -80,7 +68,7 @@ impl Adaptor for SymlinkAdaptor {
     }
 
     fn diff(target: &Target, desired: &Desired, current: Option<&Current>) -> Result<Vec<Change>> {
-        let path = path(target)?;
+        let path = target.absolute_non_directory_path()?;
         if desired.target.is_empty() {
             return Err(Error::invalid(format!("{}: `target` is empty", target.id)));
         }
@@ -105,7 +93,7 @@ impl Adaptor for SymlinkAdaptor {
     }
 
     fn apply(target: &Target, desired: &Desired, current: Option<&Current>, _changes: &[Change]) -> Result<Vec<String>> {
-        let path = path(target)?;
+        let path = target.absolute_non_directory_path()?;
         let mut messages = Vec::new();
         if let Some(current) = current.filter(|c| !c.is_link()) {
             if !desired.force {
@@ -127,7 +115,7 @@ impl Adaptor for SymlinkAdaptor {
     }
 
     fn delete(target: &Target, current: &Current) -> Result<Vec<String>> {
-        let path = path(target)?;
+        let path = target.absolute_non_directory_path()?;
         if !current.is_link() {
             return Ok(vec![format!("{path} is a {}, not a symlink: left alone", current.kind)]);
         }

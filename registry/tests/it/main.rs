@@ -1,6 +1,9 @@
 //! Integration tests of the registry: the store on a real directory, and the HTTP service on a
 //! real socket driven by the real client.
 
+// An integration test: an unwrap that fails is the test failing, where it failed.
+#![allow(clippy::unwrap_used)]
+
 #[cfg(all(feature = "server", feature = "client"))]
 mod http;
 mod store;

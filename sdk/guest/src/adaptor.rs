@@ -27,6 +27,44 @@ impl Target {
         json::decode(&self.attributes_json).map_err(|e| Error::invalid(e.describe(&format!("{}: invalid attributes", self.id))))
     }
 
+    /// The key as an absolute path on the node, for resource types keyed by path (`file`,
+    /// `directory`, `symlink`). Anything else is an `invalid-input` error naming the resource
+    /// and the key.
+    ///
+    /// ```
+    /// # use orc_sdk::Target;
+    /// let t = Target { id: "directory[web1,srv/www]".into(), resource_type: "directory".into(),
+    ///     node: "web1".into(), key: "srv/www".into(), attributes_json: "{}".into() };
+    /// assert_eq!(
+    ///     t.absolute_path().unwrap_err().message(),
+    ///     r#"directory[web1,srv/www]: the key must be an absolute path, got "srv/www""#
+    /// );
+    /// ```
+    pub fn absolute_path(&self) -> Result<&str> {
+        let key = self.key.as_str();
+        if !key.starts_with('/') {
+            return Err(Error::invalid(format!(
+                "{}: the key must be an absolute path, got {key:?}",
+                self.id
+            )));
+        }
+        Ok(key)
+    }
+
+    /// Like [`Target::absolute_path`], for a resource that is not a directory (a file, a
+    /// symlink): a key ending in `/` names a directory and is refused too, naming the resource
+    /// type it cannot be.
+    pub fn absolute_non_directory_path(&self) -> Result<&str> {
+        let key = self.absolute_path()?;
+        if key.ends_with('/') {
+            return Err(Error::invalid(format!(
+                "{}: the key {key:?} names a directory, not a {}",
+                self.id, self.resource_type
+            )));
+        }
+        Ok(key)
+    }
+
     /// Decodes one top-level attribute, `None` when absent or `null`.
     ///
     /// Meant for [`Adaptor::delete`], which may run for a purged resource whose remaining
@@ -403,6 +441,50 @@ mod tests {
             e.message(),
             "thing[n1,k]: invalid attributes: `other`: invalid type: integer `1`, expected a boolean"
         );
+    }
+
+    fn keyed(resource_type: &str, key: &str) -> Target {
+        Target {
+            id: format!("{resource_type}[n1,{key}]"),
+            resource_type: resource_type.into(),
+            node: "n1".into(),
+            key: key.into(),
+            attributes_json: "{}".into(),
+        }
+    }
+
+    #[test]
+    fn an_absolute_path_key_is_handed_back_as_is() {
+        assert_eq!(keyed("directory", "/srv/www").absolute_path().unwrap(), "/srv/www");
+        assert_eq!(keyed("directory", "/srv/www/").absolute_path().unwrap(), "/srv/www/");
+        assert_eq!(keyed("directory", "/").absolute_path().unwrap(), "/");
+        assert_eq!(keyed("file", "/etc/motd").absolute_non_directory_path().unwrap(), "/etc/motd");
+    }
+
+    #[test]
+    fn a_relative_key_is_invalid_input_naming_the_resource_and_the_key() {
+        for key in ["etc/motd", "", "./x", "~/x"] {
+            for check in [Target::absolute_path, Target::absolute_non_directory_path] {
+                let e = check(&keyed("file", key)).unwrap_err();
+                assert_eq!(e.kind(), ErrorKind::InvalidInput);
+                assert_eq!(
+                    e.message(),
+                    format!("file[n1,{key}]: the key must be an absolute path, got {key:?}")
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_key_ending_in_a_slash_names_a_directory_not_a_file_or_link() {
+        let e = keyed("symlink", "/srv/current/").absolute_non_directory_path().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
+        assert_eq!(
+            e.message(),
+            r#"symlink[n1,/srv/current/]: the key "/srv/current/" names a directory, not a symlink"#
+        );
+        let e = keyed("file", "/").absolute_non_directory_path().unwrap_err();
+        assert_eq!(e.message(), r#"file[n1,/]: the key "/" names a directory, not a file"#);
     }
 
     #[test]

@@ -117,6 +117,12 @@ pub use solver::{LayoutRequest, NodeInfo, Placement, SolveError, Solver};
 /// ```
 ///
 /// Call it once, at the top level of the plugin crate, with a type name in scope.
+///
+/// The component exports are emitted only when the plugin is compiled for Wasm
+/// (`target_family = "wasm"`). Built for the host — `cargo build --workspace`, `cargo clippy
+/// --workspace`, the plugin's own unit tests — the crate still checks that the type implements
+/// its kind's trait, but exports nothing: the names wit-bindgen gives the exports
+/// (`cabi_post_orc:plugin/…#apply`) are not valid symbol names for a native linker.
 #[macro_export]
 macro_rules! export {
     (adaptor: $ty:ident) => {
@@ -150,6 +156,7 @@ macro_rules! export {
 #[macro_export]
 macro_rules! __export_adaptor {
     ($ty:ident) => {
+        #[cfg(target_family = "wasm")]
         $crate::__private::bindings::adaptor::export_adaptor_world!($ty with_types_in $crate::__private::bindings::adaptor);
     };
 }
@@ -170,6 +177,7 @@ macro_rules! __export_adaptor {
 #[macro_export]
 macro_rules! __export_solver {
     ($ty:ident) => {
+        #[cfg(target_family = "wasm")]
         $crate::__private::bindings::solver::export_solver_world!($ty with_types_in $crate::__private::bindings::solver);
     };
 }
@@ -190,6 +198,7 @@ macro_rules! __export_solver {
 #[macro_export]
 macro_rules! __export_automator {
     ($ty:ident) => {
+        #[cfg(target_family = "wasm")]
         $crate::__private::bindings::automator::export_automator_world!($ty with_types_in $crate::__private::bindings::automator);
     };
 }

@@ -118,12 +118,18 @@ impl Output {
         String::from_utf8_lossy(&self.stderr).into_owned()
     }
 
-    /// `Ok(self)` when the command succeeded, else a `permanent` error naming the command, its
-    /// exit code and the end of its stderr.
+    /// `Ok(self)` when the command succeeded, else [`Output::error`].
     pub fn check(self, command: &Command) -> Result<Output> {
         if self.success() {
             return Ok(self);
         }
+        Err(self.error(command))
+    }
+
+    /// The run as a failure of `command`: a `permanent` error naming the command, its exit code
+    /// and the end of its stderr. For a plugin that has seen the run fail ([`Output::success`]
+    /// is false) and wants its own error kind with this message.
+    pub fn error(&self, command: &Command) -> crate::Error {
         let stderr = self.stderr_text();
         let stderr = stderr.trim();
         const TAIL: usize = 1024;
@@ -137,7 +143,7 @@ impl Output {
             format!("exited with {}", self.exit_code)
         };
         let detail = if tail.is_empty() { String::new() } else { format!(": {tail}") };
-        Err(crate::Error::permanent(format!("`{command}` {status}{detail}")))
+        crate::Error::permanent(format!("`{command}` {status}{detail}"))
     }
 }
 
@@ -452,11 +458,13 @@ mod tests {
             stdout: vec![],
             stderr: b"E: Unable to locate package nginx\n".to_vec(),
         };
+        let error = out.error(&cmd);
         let e = out.check(&cmd).unwrap_err();
         assert_eq!(
             e.message(),
             "`apt-get install -y nginx` exited with 100: E: Unable to locate package nginx"
         );
+        assert_eq!((error.kind(), error.message()), (e.kind(), e.message()));
         let ok = Output {
             exit_code: 0,
             stdout: b"hi".to_vec(),

@@ -1,6 +1,9 @@
 //! Runtime tests against real components built from source (first-party plugins and fixtures
 //! that misbehave on purpose), on a real local node in a temporary directory.
 
+// An integration test: an unwrap that fails is the test failing, where it failed.
+#![allow(clippy::unwrap_used)]
+
 mod cache;
 mod file_adaptor;
 mod fixtures;

@@ -1,5 +1,8 @@
 //! orc-ssh against a real OpenSSH sshd started per test (see `tests/support/sshd.rs`).
 
+// An integration test: an unwrap that fails is the test failing, where it failed.
+#![allow(clippy::unwrap_used)]
+
 #[path = "../support/sshd.rs"]
 mod sshd;
 

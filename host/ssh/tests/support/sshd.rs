@@ -7,6 +7,9 @@
 //! if missing with `/bin/sh` as its shell (a heavy login shell makes every command slower), or as
 //! root with the client key.
 
+// Test support (tests and benchmark examples include it): a failed unwrap stops the run where it failed.
+#![allow(clippy::unwrap_used)]
+
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};

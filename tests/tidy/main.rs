@@ -1,0 +1,73 @@
+//! The tidy tests: rules of this repository that no compiler checks, run over its sources and
+//! its resolved dependency graph. A failure lists every offending file and line. The rules
+//! themselves are in `checks`; `can_fail` shows that each one fails on a tree that breaks it.
+
+mod can_fail;
+mod checks;
+
+use std::path::PathBuf;
+
+use checks::{Finding, report};
+
+/// Crates that must depend on no HTTP server and no SQL (see [`SERVER_CRATES`]): the Wasm
+/// runtime and the node transports. Extend it as crates of that side appear (`orc-node`).
+const WITHOUT_SERVER_DEPENDENCIES: &[&str] = &["orc-runtime", "orc-ssh"];
+
+/// The HTTP server and the SQL toolkit, with their parts (`axum-core`, `sqlx-postgres`, …).
+const SERVER_CRATES: &[&str] = &["axum", "sqlx"];
+
+/// The one place production code may use sqlx.
+const SQL_HOME: &[&str] = &["host/src/store/"];
+
+/// The one place production code may run `apt-get`: the SDK's apt command, which every plugin
+/// uses so that apt runs on a node take turns.
+const APT_HOME: &[&str] = &["sdk/guest/src/node/apt.rs"];
+
+fn root() -> PathBuf {
+    orc_tests::repo_root()
+}
+
+fn assert_none(rule: &str, findings: Vec<Finding>) {
+    assert!(findings.is_empty(), "{rule}; {} offending:\n{}", findings.len(), report(&findings));
+}
+
+#[test]
+fn every_rust_file_opens_with_a_doc_header() {
+    let findings = checks::files_without_header(&root()).expect("read the repository's sources");
+    assert_none("every .rs file opens with a `//!` line saying what it is for", findings);
+}
+
+/// Test harnesses are not production sources and may use sqlx (`host/tests/support/pg.rs` and
+/// `host/examples/api-bench.rs` create and drop PostgreSQL databases, the store's tests look at
+/// rows), as may `#[cfg(test)]` modules.
+#[test]
+fn sqlx_is_used_only_in_the_store() {
+    let findings = checks::mentions_outside(&root(), "sqlx", SQL_HOME).expect("read the repository's sources");
+    assert_none("production code reaches the database only through host/src/store", findings);
+}
+
+#[test]
+fn apt_get_runs_only_through_the_sdks_apt_command() {
+    let findings = checks::mentions_outside(&root(), "apt-get", APT_HOME).expect("read the repository's sources");
+    assert_none(
+        "plugins build apt-get runs with orc_sdk::node::apt::get, never their own (say `apt` in messages)",
+        findings,
+    );
+}
+
+#[test]
+fn the_runtime_and_the_node_transports_depend_on_no_http_server_or_sql() {
+    let cargo = PathBuf::from(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    let mut findings = Vec::new();
+    for krate in WITHOUT_SERVER_DEPENDENCIES {
+        findings.extend(checks::forbidden_dependencies(&cargo, &root(), krate, SERVER_CRATES).unwrap_or_else(|e| panic!("{e}")));
+    }
+    assert_none(
+        &format!(
+            "{} depend on none of {}",
+            WITHOUT_SERVER_DEPENDENCIES.join(", "),
+            SERVER_CRATES.join(", ")
+        ),
+        findings,
+    );
+}
