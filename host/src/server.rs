@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use orc_node::LocalNode;
 use orc_registry::{RegistryError, StoreOptions};
-use orc_runtime::capability::LocalNode;
 use orc_runtime::{CallContext, EngineError, Grants, Runtime, RuntimeConfig};
 use tokio::sync::{Mutex, broadcast};
 

@@ -7,8 +7,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use orc_manifest::Capability;
+use orc_node::CommandLimits;
 use orc_runtime::Grants;
-use orc_runtime::capability::{CommandLimits, KvQuota};
+use orc_runtime::capability::KvQuota;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -232,7 +233,7 @@ pub struct EnvironmentSettings {
     pub local_commands: LocalCommandSettings,
 }
 
-/// The sandbox of commands on an environment's local node (`capability::sandbox`): whether they
+/// The sandbox of commands on an environment's local node (`orc_node::sandbox`): whether they
 /// reach the host's network, and what each command may use. A limit reached stops the command
 /// (or the process that passed it), never the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
