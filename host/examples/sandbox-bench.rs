@@ -16,8 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use orc_runtime::capability::node::{NodeBackend, NodeCommand};
-use orc_runtime::capability::{CommandLimits, LocalNode, Sandbox};
+use orc_node::{CommandLimits, LocalNode, NodeBackend, NodeCommand, Sandbox};
 use tokio::io::AsyncReadExt as _;
 
 struct Args {

@@ -15,8 +15,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use orc_manifest::Digest;
+use orc_node::{LocalNode, NodeDirectory, Nodes};
 use orc_registry::{RegistryError, Store, StoreOptions};
-use orc_runtime::capability::{DirKv, LocalNode, NodeDirectory, Nodes};
+use orc_runtime::capability::DirKv;
 use orc_runtime::{CallContext, EngineError, Runtime, RuntimeConfig};
 use std::sync::Mutex;
 
@@ -92,7 +93,7 @@ pub enum EmbeddedError {
     #[error("invalid settings: {0}")]
     Settings(String),
     #[error("cannot make the changes on the local node durable")]
-    NotDurable(#[source] orc_runtime::capability::NodeError),
+    NotDurable(#[source] orc_node::NodeError),
 }
 
 impl From<PinError> for EmbeddedError {

@@ -95,11 +95,8 @@ async fn new_build_publish_and_load_by_digest() {
     // A scaffolded plugin's author tests it with everything granted; environments narrow that.
     let loaded = runtime.load(&digest, PluginKind::Adaptor, &client, &Grants::all()).await.unwrap();
     let node_root = work.path().join("node");
-    let nodes = orc_runtime::capability::Nodes::default();
-    nodes.insert(
-        "web1",
-        std::sync::Arc::new(orc_runtime::capability::LocalNode::open(&node_root).unwrap()),
-    );
+    let nodes = orc_node::Nodes::default();
+    nodes.insert("web1", std::sync::Arc::new(orc_node::LocalNode::open(&node_root).unwrap()));
     let ctx = CallContext {
         nodes: std::sync::Arc::new(nodes),
         ..CallContext::new("e2e")
@@ -225,11 +222,8 @@ async fn solver_and_automator_scaffolds_build_and_run() {
     // As above: the author's own test, everything granted.
     let automator = runtime.load_bytes(digest, bytes, PluginKind::Automator, &Grants::all()).unwrap();
     let node_root = work.path().join("node");
-    let nodes = orc_runtime::capability::Nodes::default();
-    nodes.insert(
-        "n1",
-        std::sync::Arc::new(orc_runtime::capability::LocalNode::open(&node_root).unwrap()),
-    );
+    let nodes = orc_node::Nodes::default();
+    nodes.insert("n1", std::sync::Arc::new(orc_node::LocalNode::open(&node_root).unwrap()));
     let ctx = CallContext {
         nodes: std::sync::Arc::new(nodes),
         ..CallContext::new("e2e")

@@ -11,7 +11,7 @@ use checks::{Finding, report};
 
 /// Crates that must depend on no HTTP server and no SQL (see [`SERVER_CRATES`]): the Wasm
 /// runtime and the node transports. Extend it as crates of that side appear (`orc-node`).
-const WITHOUT_SERVER_DEPENDENCIES: &[&str] = &["orc-runtime", "orc-ssh"];
+const WITHOUT_SERVER_DEPENDENCIES: &[&str] = &["orc-runtime", "orc-node", "orc-ssh"];
 
 /// The HTTP server and the SQL toolkit, with their parts (`axum-core`, `sqlx-postgres`, …).
 const SERVER_CRATES: &[&str] = &["axum", "sqlx"];

@@ -20,7 +20,6 @@ mod plugin;
 mod state;
 
 pub use calls::{AdaptorInstance, AutomatorInstance, Change, LogLine, SolverInstance};
-pub use capability::node::{CommandOutput, FileKind, FileStat, NodeCommand};
 pub use capability::{CallContext, Grants};
 pub use engine::{Runtime, RuntimeConfig};
 pub use error::{CallError, EngineError, LoadError, PluginError, PluginErrorKind};

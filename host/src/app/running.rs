@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use orc_runtime::capability::LocalNode;
+use orc_node::LocalNode;
 use orc_runtime::{CallContext, Grants};
 use tokio::sync::Mutex;
 

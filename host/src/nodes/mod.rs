@@ -20,8 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use orc_runtime::capability::node::{BoxFuture, CommandOutput, FileStat, NodeCommand, Ownership};
-use orc_runtime::capability::{NodeBackend, NodeDirectory, NodeError, NodeErrorKind};
+use orc_node::{BoxFuture, CommandOutput, FileStat, NodeBackend, NodeCommand, NodeDirectory, NodeError, NodeErrorKind, Ownership};
 use orc_ssh::{Credential, HostKeyPolicy, SshError, SshNode, SshOptions, SshTarget};
 
 pub use secret::{SECRET_KEY_FILE, SecretError, SecretKey};

@@ -6,7 +6,8 @@
 
 use orc_manifest::Capability;
 use orc_runtime::Grants;
-use orc_runtime::capability::{CommandLimits, KvQuota};
+use orc_node::CommandLimits;
+use orc_runtime::capability::KvQuota;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use orc_manifest::Digest;
-use orc_runtime::capability::{NodeDirectory, NodeError};
+use orc_node::{NodeDirectory, NodeError};
 
 use crate::scheduler::{BoxFuture, Event, Sink, Trigger};
 use crate::store::{ActionId, ActionKind, ActionRecord, DbKv, EnvironmentId, ErrorInfo, ResourceState, Store, StoreError};
@@ -245,8 +245,8 @@ pub async fn resume(store: &Store, environment: &EnvironmentId) -> Result<Resume
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use orc_runtime::capability::node::BoxFuture as NodeFuture;
-    use orc_runtime::capability::{NodeBackend, NodeErrorKind};
+    use orc_node::BoxFuture as NodeFuture;
+    use orc_node::{NodeBackend, NodeErrorKind};
 
     use super::*;
     use crate::policy::settings::EnvironmentSettings;

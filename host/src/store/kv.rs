@@ -35,8 +35,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use orc_node::BoxFuture;
 use orc_runtime::capability::kv::{KvAccounts, KvError, KvStore, KvUsage};
-use orc_runtime::capability::node::BoxFuture;
 use sqlx::{PgConnection, QueryBuilder, Row as _, Sqlite, SqliteConnection};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 

@@ -10,7 +10,7 @@ mod sshd;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use orc_runtime::capability::node::{NodeBackend, NodeCommand};
+use orc_node::{NodeBackend, NodeCommand};
 use orc_ssh::{Credential, HostKeyPolicy, SshNode, SshOptions, SshTarget};
 
 const FILES: usize = 1000;

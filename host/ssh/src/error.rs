@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use orc_runtime::capability::node::{NodeError, NodeErrorKind};
+use orc_node::{NodeError, NodeErrorKind};
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SshError {

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use orc_runtime::capability::node::MAX_OUTPUT;
+use orc_node::MAX_OUTPUT;
 use russh::{ChannelMsg, Sig};
 
 use crate::SshError;

@@ -1,5 +1,5 @@
 //! `orc-ssh`: the SSH transport of the `node` host interface. [`SshNode`] implements
-//! `orc_runtime::capability::NodeBackend` over one authenticated russh connection per node: commands
+//! `orc_node::NodeBackend` over one authenticated russh connection per node: commands
 //! on their own channels (at most [`SshOptions::max_commands`] at once, under OpenSSH's
 //! `MaxSessions`), files over one SFTP session on another channel. The connection is re-established
 //! on the next call after it is lost, always against the same host key.

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use orc_runtime::capability::node::{
+use orc_node::{
     BoxFuture, CommandOutput, DEFAULT_COMMAND_TIMEOUT, FileKind, FileStat, NodeBackend, NodeCommand, NodeError, NodeErrorKind, Ownership,
     check_account_name, check_link_target,
 };

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use orc_runtime::capability::node::{NodeCommand, NodeError, NodeErrorKind};
+use orc_node::{NodeCommand, NodeError, NodeErrorKind};
 
 /// `PATH` of every command, as `LocalNode` sets it: the rest of the environment is cleared.
 pub const COMMAND_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::{StreamExt, TryStreamExt};
-use orc_runtime::capability::node::{FileKind, FileStat, MAX_READ, NodeError, NodeErrorKind, check_readable, too_large};
+use orc_node::{FileKind, FileStat, MAX_READ, NodeError, NodeErrorKind, check_readable, too_large};
 use russh_sftp::client::RawSftpSession;
 use russh_sftp::client::error::Error as SftpError;
 use russh_sftp::protocol::{FileAttributes, OpenFlags, Packet, StatusCode};

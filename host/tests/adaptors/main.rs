@@ -21,7 +21,7 @@ use orc_host::executor::{ActionReport, Outcome};
 use orc_host::intent::Intent;
 use orc_host::scheduler::{self, BoxFuture, Event, ResourceStatus as Status, Scheduler, Settings, Sink, Trigger, Version};
 use orc_manifest::{Digest, PluginKind};
-use orc_runtime::capability::Nodes;
+use orc_node::Nodes;
 use orc_runtime::{CallContext, Grants, Runtime, RuntimeConfig};
 
 use serde_json::{Value, json};

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orc_manifest::{Capability, Digest, PluginKind};
-use orc_runtime::capability::{MemoryKv, Nodes};
+use orc_node::Nodes;
+use orc_runtime::capability::MemoryKv;
 use orc_runtime::wit::{Action, Outcome, Task};
 use orc_runtime::{CallContext, CallError, Change, Grants, LoadError, Plugin, PluginErrorKind, Runtime, RuntimeConfig};
 

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use orc_host::executor::{ActionReport, Outcome};
 use orc_host::scheduler::{self, ResourceStatus as Status, Trigger};
+use orc_node::Nodes;
 use orc_runtime::CallContext;
-use orc_runtime::capability::Nodes;
 
 use serde_json::{Value, json};
 

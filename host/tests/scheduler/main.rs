@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use orc_host::intent::Intent;
 use orc_host::scheduler::{self, BoxFuture, Event, ResourceStatus as Status, Scheduler, Settings, Sink, Snapshot, Trigger, Version};
 use orc_manifest::{Digest, PluginKind};
+use orc_node::{CommandOutput, FileStat, LocalNode, NodeBackend, NodeCommand, NodeError, NodeErrorKind, Nodes, Ownership};
 use orc_plugin_artifacts::Artifact;
-use orc_runtime::capability::node::{CommandOutput, FileStat, NodeCommand, Ownership};
-use orc_runtime::capability::{LocalNode, MemoryKv, NodeBackend, NodeError, NodeErrorKind, Nodes};
+use orc_runtime::capability::MemoryKv;
 use orc_runtime::{CallContext, Grants, Runtime, RuntimeConfig};
 use serde_json::json;
 

@@ -11,9 +11,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use orc_node::BoxFuture;
+
 use crate::bindings::host::orc::plugin::kv::Host;
 use crate::bindings::host::orc::plugin::types::{Error, ErrorKind};
-use crate::capability::node::BoxFuture;
 use crate::capability::wit_error;
 use crate::state::CallState;
 

@@ -7,15 +7,13 @@
 pub mod http;
 pub mod kv;
 mod log;
-pub mod node;
-mod reaper;
-pub mod sandbox;
-mod spares;
+mod node;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use orc_manifest::{Capability, Manifest};
+use orc_node::{CommandLimits, NodeDirectory, Nodes};
 use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
 
@@ -24,8 +22,6 @@ use crate::state::CallState;
 
 pub use http::{AddressKind, AddressPolicy, BoundSecret, HttpAccess, HttpPolicy, IpNet, Origin, list_origins};
 pub use kv::{DirKv, KvAccounts, KvError, KvQuota, KvStore, KvUsage, MemoryKv};
-pub use node::{LocalNode, NodeBackend, NodeDirectory, NodeError, NodeErrorKind, Nodes};
-pub use sandbox::{CommandLimits, Sandbox, SandboxError};
 
 /// A set of capabilities, as a bitmask (cheap to copy and hash as a map key).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]

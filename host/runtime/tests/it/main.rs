@@ -13,8 +13,8 @@ mod node_adaptors;
 use std::sync::Arc;
 
 use orc_manifest::{Digest, PluginKind};
+use orc_node::{LocalNode, Nodes};
 use orc_plugin_artifacts::Artifact;
-use orc_runtime::capability::{LocalNode, Nodes};
 use orc_runtime::wit::Target;
 use orc_runtime::{CallContext, Grants, Plugin, Runtime, RuntimeConfig};
 

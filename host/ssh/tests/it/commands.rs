@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use orc_runtime::capability::node::{NodeBackend, NodeCommand, NodeErrorKind};
+use orc_node::{NodeBackend, NodeCommand, NodeErrorKind};
 use orc_ssh::HostKeyPolicy;
 
 use crate::sshd::Sshd;
@@ -279,7 +279,7 @@ async fn many_concurrent_operations_share_one_connection() {
             node.write_file(&path, format!("content {i}").into_bytes(), Some(0o640)).await?;
             let st = node.stat(&path).await?.expect("written");
             let back = node.read_file(&path).await?.expect("written");
-            Ok::<_, orc_runtime::capability::node::NodeError>((st.size, back))
+            Ok::<_, orc_node::NodeError>((st.size, back))
         }
     }));
     let (commands, files) = tokio::join!(commands, files);

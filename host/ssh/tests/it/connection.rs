@@ -1,6 +1,6 @@
 //! Host keys, authentication, an unreachable node, reconnecting.
 
-use orc_runtime::capability::node::{NodeBackend, NodeCommand, NodeErrorKind};
+use orc_node::{NodeBackend, NodeCommand, NodeErrorKind};
 use orc_ssh::{Credential, HostKeyPolicy, SshError, SshNode};
 
 use crate::sshd::{Sshd, TEST_PASSWORD, TEST_USER};
@@ -72,7 +72,7 @@ async fn wrong_credentials_are_auth_errors_that_never_show_the_secret() {
     let err = SshNode::connect(password.clone(), options()).await.unwrap_err();
     assert!(matches!(err, SshError::Auth { .. }), "{err:?}");
     let text = format!("{err} {err:?} {password:?}");
-    let text = format!("{text} {:?}", orc_runtime::capability::node::NodeError::from(err));
+    let text = format!("{text} {:?}", orc_node::NodeError::from(err));
     assert!(
         text.contains(TEST_USER) && text.contains(&format!("127.0.0.1:{}", sshd.port)),
         "{text}"

@@ -2,7 +2,7 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use orc_runtime::capability::node::{FileKind, MAX_READ, NodeBackend, NodeErrorKind};
+use orc_node::{FileKind, MAX_READ, NodeBackend, NodeErrorKind};
 
 use crate::sshd::Sshd;
 use crate::{connect, path};

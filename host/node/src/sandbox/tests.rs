@@ -4,8 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::CommandLimits;
-use crate::capability::node::{CommandOutput, LocalNode, NodeBackend, NodeCommand};
+use crate::{CommandLimits, CommandOutput, LocalNode, NodeBackend, NodeCommand};
 
 /// A node whose root is `<dir>/root`, beside a data directory's secrets in `<dir>`.
 fn node_in(dir: &Path) -> LocalNode {
@@ -235,7 +234,7 @@ async fn bad_working_directories_and_programs_are_named() {
         })
         .await
         .unwrap_err();
-    assert_eq!(err.kind, crate::capability::NodeErrorKind::InvalidInput, "{err}");
+    assert_eq!(err.kind, crate::NodeErrorKind::InvalidInput, "{err}");
     assert!(err.message.contains("cannot start `no-such-program`"), "{err}");
 }
 
@@ -247,7 +246,7 @@ async fn traps_planted_by_a_command_do_not_hold_a_write() {
     use std::sync::atomic::Ordering;
     let dir = tempfile::tempdir().unwrap();
     let node = node_in(dir.path());
-    let (pid, next) = (std::process::id(), crate::capability::node::TMP_COUNTER.load(Ordering::SeqCst));
+    let (pid, next) = (std::process::id(), crate::local::TMP_COUNTER.load(Ordering::SeqCst));
     let script = format!(
         "mkfifo .target.orc-tmp-{pid}; for i in $(seq {next} {}); do mkfifo .target.orc-tmp-{pid}-$i; done; ln -s {}/secret.key .target.orc-tmp-{pid}-{}",
         next + 5,
@@ -349,5 +348,5 @@ async fn no_descriptor_of_the_host_s_and_the_rlimits_hold() {
         })
         .await
         .unwrap_err();
-    assert_eq!(err.kind, crate::capability::NodeErrorKind::InvalidInput, "{err}");
+    assert_eq!(err.kind, crate::NodeErrorKind::InvalidInput, "{err}");
 }

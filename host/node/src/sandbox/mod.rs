@@ -28,35 +28,10 @@ use std::sync::{Arc, OnceLock};
 
 use command_fds::{CommandFdExt, FdMapping};
 
+use crate::CommandLimits;
+
 pub use cgroup::CgroupError;
 pub use seccomp::FilterError;
-
-/// How one command on the local node is limited: the environment's `local_commands` settings.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CommandLimits {
-    /// The host's network (else only a loopback of its own).
-    pub network: bool,
-    /// CPU time of each process, in seconds (`SIGXCPU`, then `SIGKILL`).
-    pub cpu_seconds: u64,
-    /// Memory of all its processes together, in bytes (past it, the kernel's OOM killer).
-    pub memory_bytes: u64,
-    /// Processes and threads at once, all together (past it, `fork` fails).
-    pub processes: u64,
-    /// Largest file a process may write, in bytes (past it, `EFBIG`).
-    pub file_size_bytes: u64,
-}
-
-impl Default for CommandLimits {
-    fn default() -> Self {
-        CommandLimits {
-            network: false,
-            cpu_seconds: 600,
-            memory_bytes: 1 << 30,
-            processes: 512,
-            file_size_bytes: 1 << 30,
-        }
-    }
-}
 
 /// The environment variable naming the `bwrap` to use, for one installed elsewhere.
 pub const BWRAP_VAR: &str = "ORC_BWRAP";

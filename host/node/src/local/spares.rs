@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use cap_std::fs::{Dir, MetadataExt as _, Permissions, PermissionsExt as _};
 
-use super::node::handle_options;
+use super::handle_options;
 use super::reaper::Reaper;
 
 /// Files whose old content is larger are not kept.
