@@ -969,7 +969,7 @@ impl Server {
     /// schedulers, giving actions in flight the configured grace period.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
         let app = crate::api::router(self.environments.clone(), self.max_body_bytes);
-        let served = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await;
+        let served = crate::api::serve(self.listener, app, shutdown).await;
         self.environments.shutdown(self.shutdown_grace).await;
         served
     }

@@ -69,6 +69,7 @@ pub(super) struct NewNode {
     #[schema(example = "10.0.0.5")]
     address: String,
     /// SSH port (default 22).
+    #[schema(minimum = 1, maximum = 65535)]
     port: Option<u32>,
     /// The SSH user.
     #[schema(example = "deploy")]
