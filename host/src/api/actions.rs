@@ -21,7 +21,8 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(deploy))
         .routes(routes!(repair))
         .routes(routes!(get_operation))
-        .routes(routes!(start_dryrun, list_dryruns))
+        .routes(routes!(start_dryrun))
+        .routes(routes!(list_dryruns))
         .routes(routes!(get_dryrun))
 }
 

@@ -288,3 +288,49 @@ pub async fn the_document_lists_the_errors_each_operation_can_answer(backend: Ba
     assert!(validator.is_valid(&Value::Null), "the dryrun body's schema refuses null: {schema}");
     assert!(validator.is_valid(&json!({ "version": 1 })), "{schema}");
 }
+
+/// Each path answers only the methods its document lists (schemathesis found `GET …/dryrun` and
+/// `POST …/dryruns` served: two handlers of different paths registered as one route), and the
+/// 405's `Allow` names exactly those.
+pub async fn each_path_takes_only_its_documented_methods(backend: Backend) {
+    let host = Host::start(backend, 1 << 20).await;
+    let (_, doc) = host.get("/openapi.json").await;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let concrete = path
+            .replace("{env}", "nope")
+            .replace("{version}", "1")
+            .replace("{other}", "2")
+            .replace("{id}", "x")
+            .replace("{name}", "n")
+            .replace("{node}", "n")
+            .replace("{service}", "s")
+            .replace("{action}", "stop");
+        let documented: Vec<String> = item.as_object().unwrap().keys().map(|m| m.to_uppercase()).collect();
+        for method in ["GET", "POST", "PUT", "PATCH", "DELETE"] {
+            if documented.iter().any(|m| m == method) {
+                continue;
+            }
+            let resp = host
+                .client
+                .request(method.parse().unwrap(), format!("{}{concrete}", host.base))
+                .bearer_auth(&host.token)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+            let mut allow: Vec<String> = resp.headers()["allow"]
+                .to_str()
+                .unwrap()
+                .split(',')
+                .map(|m| m.trim().to_string())
+                .filter(|m| m != "HEAD")
+                .collect();
+            allow.sort();
+            let mut expected = documented.clone();
+            expected.sort();
+            assert_eq!(allow, expected, "{method} {path}: Allow");
+            let body: Value = resp.json().await.unwrap();
+            assert_eq!(body["code"], "method_not_allowed", "{method} {path}: {body}");
+        }
+    }
+}

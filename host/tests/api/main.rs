@@ -90,6 +90,7 @@ on_both_backends!(
     bodies_must_be_json_and_an_optional_one_may_be_null,
     bounded_query_parameters_are_refused_outside_their_range,
     the_document_lists_the_errors_each_operation_can_answer,
+    each_path_takes_only_its_documented_methods,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");
