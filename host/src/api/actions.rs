@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{Body, Path};
+use super::extract::{OptionalJson, Path};
 use super::{ApiError, AppState, ErrorBody, Result};
 use crate::scheduler::dryrun::report::DryrunResult;
 use crate::store::{DryrunId, DryrunReport, DryrunStatus, Millis, Operation, OperationId, OperationKind, OperationStatus};
@@ -21,7 +21,8 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(deploy))
         .routes(routes!(repair))
         .routes(routes!(get_operation))
-        .routes(routes!(start_dryrun, list_dryruns))
+        .routes(routes!(start_dryrun))
+        .routes(routes!(list_dryruns))
         .routes(routes!(get_dryrun))
 }
 
@@ -144,14 +145,13 @@ async fn get_operation(State(envs): State<AppState>, Path((env, id)): Path<(Stri
         (status = 404, description = "Unknown environment or version", body = ErrorBody),
         (status = 409, description = "No version submitted yet", body = ErrorBody),
     ))]
-async fn start_dryrun(State(envs): State<AppState>, Path(env): Path<String>, Body(body): Body) -> Result<impl IntoResponse> {
-    let request: DryrunRequest = if body.iter().all(u8::is_ascii_whitespace) {
-        DryrunRequest { version: None }
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request("invalid_json", format!("the body is not valid JSON for this request: {e}")))?
-    };
-    let report = envs.start_dryrun(&env, request.version).await?;
+async fn start_dryrun(
+    State(envs): State<AppState>,
+    Path(env): Path<String>,
+    OptionalJson(request): OptionalJson<DryrunRequest>,
+) -> Result<impl IntoResponse> {
+    let version = request.and_then(|r| r.version);
+    let report = envs.start_dryrun(&env, version).await?;
     let location = format!("/api/v1/environments/{env}/dryruns/{}", report.id);
     Ok(accepted(location, DryrunView::from(report)))
 }

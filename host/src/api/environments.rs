@@ -28,7 +28,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 #[serde(deny_unknown_fields)]
 pub(super) struct NewEnvironment {
     /// 1–63 of `a-z 0-9 - _`, starting with a letter or digit.
-    #[schema(example = "prod")]
+    #[schema(example = "prod", pattern = "^[a-z0-9][a-z0-9_-]{0,62}$")]
     name: String,
     /// Defaults: the host's `environment_defaults`.
     settings: Option<EnvironmentSettings>,

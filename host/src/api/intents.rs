@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{Body, Path};
+use super::extract::{JsonBytes, Path};
 use super::{AppState, ErrorBody, Result};
 use crate::intent::IntentDocument;
 use crate::intent::diff::IntentDiff;
@@ -66,7 +66,7 @@ impl From<IntentVersion> for VersionView {
         (status = 413, description = "Larger than `max_body_bytes`", body = ErrorBody),
         (status = 422, description = "Invalid intent: `duplicate_resource`, `unknown_requirement`, `dependency_cycle`, `unknown_plugin`, …", body = ErrorBody),
     ))]
-async fn submit_intent(State(envs): State<AppState>, Path(env): Path<String>, Body(body): Body) -> Result<impl IntoResponse> {
+async fn submit_intent(State(envs): State<AppState>, Path(env): Path<String>, JsonBytes(body): JsonBytes) -> Result<impl IntoResponse> {
     let (info, released) = envs.submit(&env, &body).await?;
     Ok((
         StatusCode::CREATED,

@@ -9,6 +9,7 @@
 
 mod actions;
 mod clusters;
+mod doc;
 mod environments;
 mod error;
 mod events;
@@ -17,6 +18,7 @@ mod intents;
 mod nodes;
 mod ops;
 mod resources;
+mod serve;
 mod tokens;
 
 use std::sync::Arc;
@@ -34,6 +36,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub use error::{ApiError, ErrorBody};
+pub use serve::serve;
 
 use crate::app::App;
 
@@ -46,7 +49,9 @@ type Result<T, E = ApiError> = std::result::Result<T, E>;
         title = "orc-host API",
         description = "Intent-based orchestration: environments, versioned intents, resources, actions and events. \
                        Every call but health, readiness and this document needs `Authorization: Bearer <token>`. \
-                       Errors are `{code, message}` with a stable `code`."
+                       Errors are `{code, message}` with a stable `code`. Any request may also be answered \
+                       414 `uri_too_long` or 431 `headers_too_large` (see the README for the limits). \
+                       No operation answers 403: every token is an admin token."
     ),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
@@ -95,6 +100,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
         .routes(routes!(health))
         .split_for_parts();
     doc.servers = Some(vec![utoipa::openapi::Server::new("/api/v1")]);
+    doc::add_common_answers(&mut doc);
     doc
 }
 
@@ -124,6 +130,7 @@ pub fn router(environments: Arc<App>, max_body_bytes: usize) -> Router {
         .nest_service("/registry", registry)
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(serve::refuse_oversized_heads))
         .layer(middleware::from_fn_with_state(environments.clone(), ops::track_requests))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(TraceLayer::new_for_http())

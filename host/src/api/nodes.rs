@@ -63,12 +63,13 @@ impl CredentialBody {
 pub(super) struct NewNode {
     /// 1–63 of `a-z 0-9 . - _`, starting with a letter or digit; what resource ids name
     /// (`file[web1,/etc/motd]`). `local` is reserved.
-    #[schema(example = "web1")]
+    #[schema(example = "web1", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")]
     name: String,
     /// Host name or IP address.
     #[schema(example = "10.0.0.5")]
     address: String,
     /// SSH port (default 22).
+    #[schema(minimum = 1, maximum = 65535)]
     port: Option<u32>,
     /// The SSH user.
     #[schema(example = "deploy")]

@@ -8,10 +8,10 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::{Path, Query};
+use super::extract::{Path, Query, bounded};
 use super::{ApiError, AppState, ErrorBody, Result};
 use crate::scheduler::ResourceStatus;
-use crate::store::{ActionFilter, ActionKind, ErrorInfo, LoggedAction, Millis, ResourceState, StateFilter, StatePage};
+use crate::store::{ActionFilter, ActionKind, DEFAULT_PAGE, ErrorInfo, LoggedAction, MAX_PAGE, Millis, ResourceState, StateFilter, StatePage};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -40,6 +40,7 @@ pub(super) struct ResourceQuery {
     /// The `next_after` of the previous page.
     after: Option<String>,
     /// 1–10,000; default 100.
+    #[param(minimum = 1, maximum = 10_000)]
     limit: Option<u32>,
 }
 
@@ -61,12 +62,19 @@ pub(super) struct ActionQuery {
     /// The `next_before` of the previous page.
     before: Option<i64>,
     /// 1–10,000; default 100.
+    #[param(minimum = 1, maximum = 10_000)]
     limit: Option<u32>,
 }
 
+/// A page's `limit`: 1–[`MAX_PAGE`], refused outside (never clamped); absent, the default.
+fn page_limit(limit: Option<u32>) -> Result<u32> {
+    Ok(bounded("limit", limit, 1, MAX_PAGE)?.unwrap_or(DEFAULT_PAGE))
+}
+
 impl ActionQuery {
-    fn filter(self) -> ActionFilter {
-        ActionFilter {
+    fn filter(self) -> Result<ActionFilter> {
+        Ok(ActionFilter {
+            limit: page_limit(self.limit)?,
             resource_id: self.resource,
             kind: self.kind,
             outcome: self.outcome,
@@ -74,8 +82,7 @@ impl ActionQuery {
             since: self.since,
             until: self.until,
             before: self.before,
-            limit: self.limit.unwrap_or(0),
-        }
+        })
     }
 }
 
@@ -144,8 +151,8 @@ async fn list_resources(
         resource_type: q.resource_type,
         node: q.node,
         text: q.text,
+        limit: page_limit(q.limit)?,
         after: q.after,
-        limit: q.limit.unwrap_or(0),
     };
     Ok(axum::Json(envs.resource_states(&env, &filter).await?))
 }
@@ -179,7 +186,7 @@ async fn resource_actions(
     envs.resource_state(&env, &id).await?;
     let filter = ActionFilter {
         resource_id: Some(id),
-        ..q.filter()
+        ..q.filter()?
     };
     action_page(&envs, &env, &filter).await
 }
@@ -195,7 +202,7 @@ async fn environment_actions(
     Query(q): Query<ActionQuery>,
 ) -> Result<axum::Json<ActionPageView>> {
     let env = envs.get(&env).await?;
-    action_page(&envs, &env, &q.filter()).await
+    action_page(&envs, &env, &q.filter()?).await
 }
 
 async fn action_page(envs: &AppState, env: &crate::store::Environment, filter: &ActionFilter) -> Result<axum::Json<ActionPageView>> {

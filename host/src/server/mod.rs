@@ -58,7 +58,7 @@ impl Server {
     /// schedulers, giving actions in flight the configured grace period.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
         let router = crate::api::router(self.app.clone(), self.max_body_bytes);
-        let served = axum::serve(self.listener, router).with_graceful_shutdown(shutdown).await;
+        let served = crate::api::serve(self.listener, router, shutdown).await;
         self.app.shutdown(self.shutdown_grace).await;
         served
     }

@@ -31,14 +31,15 @@ impl Host {
     /// POSTs an action (202 + `Location`), then polls the location until it is no longer
     /// `running`; returns the finished body.
     pub(crate) async fn run_to_completion(&self, path: &str, body: Option<Value>) -> Value {
-        let resp = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .body(body.map(|b| b.to_string()).unwrap_or_default())
-            .send()
-            .await
-            .unwrap();
+        let request = self.client.post(format!("{}{path}", self.base)).bearer_auth(&self.token);
+        // A JSON body says so (or is refused 415); no body needs no `Content-Type`.
+        let resp = match body {
+            Some(body) => request.json(&body),
+            None => request,
+        }
+        .send()
+        .await
+        .unwrap();
         assert_eq!(resp.status(), StatusCode::ACCEPTED, "{path}");
         let location = resp.headers()["location"].to_str().unwrap().to_string();
         let accepted: Value = resp.json().await.unwrap();

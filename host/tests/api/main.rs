@@ -16,6 +16,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+mod contract;
 mod dropped;
 mod grants;
 mod http_policy;
@@ -30,6 +31,7 @@ mod sandbox;
 
 use paths::encode;
 
+use contract::*;
 use dropped::*;
 use grants::*;
 use http_policy::*;
@@ -87,6 +89,11 @@ on_both_backends!(
     a_cluster_template_needs_the_capabilities_its_automators_request,
     a_plugin_writing_past_its_environments_kv_quota_is_refused_and_deleting_frees_room,
     local_commands_reach_nothing_of_the_host_and_their_limits_hold,
+    request_heads_over_the_limits_are_refused_in_json,
+    bodies_must_be_json_and_an_optional_one_may_be_null,
+    bounded_query_parameters_are_refused_outside_their_range,
+    the_document_lists_the_errors_each_operation_can_answer,
+    each_path_takes_only_its_documented_methods,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");

@@ -131,14 +131,15 @@ impl Host {
     /// POSTs an action answered 202 with a `Location` (dryrun, deploy, repair) and polls it
     /// until it is no longer `running`.
     pub async fn run_to_completion(&self, path: &str, body: Option<Value>) -> Value {
-        let resp = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .body(body.map(|b| b.to_string()).unwrap_or_default())
-            .send()
-            .await
-            .unwrap();
+        let request = self.client.post(format!("{}{path}", self.base)).bearer_auth(&self.token);
+        // A JSON body says so (or is refused 415); no body needs no `Content-Type`.
+        let resp = match body {
+            Some(body) => request.json(&body),
+            None => request,
+        }
+        .send()
+        .await
+        .unwrap();
         assert_eq!(resp.status(), StatusCode::ACCEPTED, "{path}");
         let location = resp.headers()["location"].to_str().unwrap().to_string();
         let location = location.strip_prefix("/api/v1").expect("a location under /api/v1").to_string();
