@@ -23,7 +23,7 @@ mod versions;
 
 pub use environments::merge_patch;
 pub use error::{EnvError, StartError};
-pub(crate) use running::Running;
+use running::Running;
 pub use running::{node_root, node_spares, scheduler_settings};
 
 use std::collections::HashMap;
@@ -47,12 +47,12 @@ use crate::store::{DbKv, Environment, EnvironmentId, Store};
 
 /// Every environment of the host, each with its scheduler.
 pub struct App {
-    pub(crate) store: Store,
-    pub(crate) registry: orc_registry::Store,
-    pub(crate) runtime: Runtime,
+    store: Store,
+    registry: orc_registry::Store,
+    runtime: Runtime,
     kv: Arc<DbKv>,
     /// The SSH nodes, shared by the environments allowed to use them.
-    pub(crate) nodes: NodeRegistry,
+    nodes: NodeRegistry,
     /// Secrets for plugins' outgoing HTTP, used by the environments whose settings name them.
     secrets: HostSecrets,
     data_dir: PathBuf,
@@ -60,9 +60,9 @@ pub struct App {
     running: Mutex<HashMap<EnvironmentId, Arc<Running>>>,
     /// Looks at every environment's events after persistence.
     observers: Vec<Arc<dyn Observer>>,
-    pub(crate) metrics: Arc<Metrics>,
+    metrics: Arc<Metrics>,
     /// Set when the host shuts down: cluster watchers and the lease sweeper stop.
-    pub(crate) stopping: tokio::sync::watch::Sender<bool>,
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl App {
