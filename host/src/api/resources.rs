@@ -11,7 +11,9 @@ use utoipa_axum::routes;
 use super::extract::{Path, Query, bounded};
 use super::{ApiError, AppState, ErrorBody, Result};
 use crate::scheduler::ResourceStatus;
-use crate::store::{ActionFilter, ActionKind, DEFAULT_PAGE, ErrorInfo, LoggedAction, MAX_PAGE, Millis, ResourceState, StateFilter, StatePage};
+use crate::store::{
+    ActionFilter, ActionKind, DEFAULT_PAGE, ErrorInfo, LoggedAction, MAX_PAGE, Millis, ResourceState, StateFilter, StatePage,
+};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

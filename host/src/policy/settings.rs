@@ -5,8 +5,8 @@
 //! [`super::outbound`], the scheduler and the runtime.
 
 use orc_manifest::Capability;
-use orc_runtime::Grants;
 use orc_node::CommandLimits;
+use orc_runtime::Grants;
 use orc_runtime::capability::KvQuota;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;

@@ -5,7 +5,6 @@
 
 // Test support (tests and benchmark examples include it): a failed unwrap stops the run where it failed.
 #![allow(clippy::unwrap_used)]
-
 #![allow(dead_code)]
 
 use std::time::{Duration, Instant};

@@ -9,7 +9,6 @@
 
 // Test support (tests and benchmark examples include it): a failed unwrap stops the run where it failed.
 #![allow(clippy::unwrap_used)]
-
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
