@@ -218,7 +218,12 @@ pub fn forbidden_dependencies(cargo: &Path, workspace: &Path, krate: &str, forbi
             findings.push(Finding {
                 line: declaration_line(&workspace.join(&manifest), chain[1]),
                 path: manifest.clone(),
-                what: format!("{krate} depends on {package} ({})", chain.join(" → ")),
+                // `name version`, without the source cargo adds for path packages.
+                what: format!(
+                    "{krate} depends on {} ({})",
+                    package.split(" (").next().unwrap_or(package),
+                    chain.join(" → ")
+                ),
             });
         }
     }
