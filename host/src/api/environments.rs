@@ -11,9 +11,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::{Json, Path};
+use super::views::Environment;
 use super::{AppState, ErrorBody, Result};
 use crate::policy::settings::EnvironmentSettings;
-use crate::store::Environment;
 use axum::extract::State;
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
@@ -81,12 +81,14 @@ pub(super) struct SchedulerView {
     ))]
 async fn create_environment(State(envs): State<AppState>, Json(new): Json<NewEnvironment>) -> Result<impl IntoResponse> {
     let env = envs.create(&new.name, new.settings).await?;
-    Ok((StatusCode::CREATED, axum::Json(env)))
+    Ok((StatusCode::CREATED, axum::Json(Environment::from(env))))
 }
 
 #[utoipa::path(get, path = "/environments", tag = "environments", responses((status = 200, body = EnvironmentList)))]
 async fn list_environments(State(envs): State<AppState>) -> Result<axum::Json<EnvironmentList>> {
-    Ok(axum::Json(EnvironmentList { items: envs.list().await? }))
+    Ok(axum::Json(EnvironmentList {
+        items: envs.list().await?.into_iter().map(Environment::from).collect(),
+    }))
 }
 
 #[utoipa::path(get, path = "/environments/{env}", tag = "environments",
@@ -102,7 +104,7 @@ async fn get_environment(State(envs): State<AppState>, Path(env): Path<String>) 
         reason,
     };
     Ok(axum::Json(EnvironmentView {
-        environment,
+        environment: environment.into(),
         resources,
         scheduler,
     }))
@@ -122,7 +124,7 @@ async fn update_environment(
     Path(env): Path<String>,
     Json(patch): Json<EnvironmentPatch>,
 ) -> Result<axum::Json<Environment>> {
-    Ok(axum::Json(envs.update_settings(&env, patch.settings).await?))
+    Ok(axum::Json(envs.update_settings(&env, patch.settings).await?.into()))
 }
 
 /// Stops the scheduler (actions in flight finish) and deletes everything of the environment.
@@ -140,7 +142,7 @@ async fn delete_environment(State(envs): State<AppState>, Path(env): Path<String
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 200, body = Environment), (status = 404, body = ErrorBody)))]
 async fn halt(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<Environment>> {
-    Ok(axum::Json(envs.set_halted(&env, true).await?))
+    Ok(axum::Json(envs.set_halted(&env, true).await?.into()))
 }
 
 /// Resumes a halted environment: what became due meanwhile runs now.
@@ -148,5 +150,5 @@ async fn halt(State(envs): State<AppState>, Path(env): Path<String>) -> Result<a
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 200, body = Environment), (status = 404, body = ErrorBody)))]
 async fn resume(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<Environment>> {
-    Ok(axum::Json(envs.set_halted(&env, false).await?))
+    Ok(axum::Json(envs.set_halted(&env, false).await?.into()))
 }

@@ -11,10 +11,11 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::{JsonBytes, Path};
+use super::views::VersionInfo;
 use super::{AppState, ErrorBody, Result};
 use crate::intent::IntentDocument;
 use crate::intent::diff::IntentDiff;
-use crate::store::{IntentVersion, VersionInfo};
+use crate::store::IntentVersion;
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -50,7 +51,7 @@ impl From<IntentVersion> for VersionView {
     fn from(v: IntentVersion) -> VersionView {
         VersionView {
             intent: serde_json::from_str(&v.document).unwrap_or(Value::String(v.document)),
-            info: v.info,
+            info: v.info.into(),
         }
     }
 }
@@ -83,7 +84,7 @@ async fn submit_intent(State(envs): State<AppState>, Path(env): Path<String>, Js
 async fn list_intents(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<VersionList>> {
     let env = envs.get(&env).await?;
     Ok(axum::Json(VersionList {
-        items: envs.versions(&env).await?,
+        items: envs.versions(&env).await?.into_iter().map(VersionInfo::from).collect(),
     }))
 }
 
@@ -112,7 +113,7 @@ async fn diff_intents(
     params(("env" = String, Path, description = "Environment name or id"), ("version" = i64, Path)),
     responses((status = 200, body = VersionInfo), (status = 404, body = ErrorBody)))]
 async fn release_intent(State(envs): State<AppState>, Path((env, version)): Path<(String, i64)>) -> Result<axum::Json<VersionInfo>> {
-    Ok(axum::Json(envs.release(&env, version).await?))
+    Ok(axum::Json(envs.release(&env, version).await?.into()))
 }
 
 /// Rolls back to `version`: its document becomes a new version, released at once.
@@ -120,5 +121,8 @@ async fn release_intent(State(envs): State<AppState>, Path((env, version)): Path
     params(("env" = String, Path, description = "Environment name or id"), ("version" = i64, Path, description = "The version to go back to")),
     responses((status = 201, description = "The new version", body = VersionInfo), (status = 404, body = ErrorBody)))]
 async fn rollback_intent(State(envs): State<AppState>, Path((env, version)): Path<(String, i64)>) -> Result<impl IntoResponse> {
-    Ok((StatusCode::CREATED, axum::Json(envs.rollback(&env, version).await?)))
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(VersionInfo::from(envs.rollback(&env, version).await?)),
+    ))
 }

@@ -20,6 +20,7 @@ mod ops;
 mod resources;
 mod serve;
 mod tokens;
+mod views;
 
 use std::sync::Arc;
 

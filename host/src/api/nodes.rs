@@ -13,9 +13,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::{Json, Path, Query};
+use super::views::Node;
 use super::{ApiError, AppState, ErrorBody, Result};
 use crate::nodes::{Change, NodesError, Registration};
-use crate::store::{EnvironmentId, NodeRecord, NodeStatus};
+use crate::store::{EnvironmentId, NodeStatus};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -123,7 +124,7 @@ pub(super) struct NodeQuery {
 
 #[derive(Serialize, ToSchema)]
 pub(super) struct NodeList {
-    items: Vec<NodeRecord>,
+    items: Vec<Node>,
 }
 
 async fn environment_id(envs: &AppState, key: Option<&str>) -> Result<Option<EnvironmentId>> {
@@ -137,7 +138,7 @@ async fn environment_id(envs: &AppState, key: Option<&str>) -> Result<Option<Env
 /// the outcome (`public`/`private`, or why not).
 #[utoipa::path(post, path = "/nodes", tag = "nodes", request_body = NewNode,
     responses(
-        (status = 201, body = NodeRecord),
+        (status = 201, body = Node),
         (status = 400, description = "Malformed JSON", body = ErrorBody),
         (status = 404, description = "Unknown environment", body = ErrorBody),
         (status = 409, description = "The name is taken", body = ErrorBody),
@@ -159,7 +160,7 @@ async fn register_node(State(envs): State<AppState>, Json(new): Json<NewNode>) -
             environment,
         })
         .await?;
-    Ok((StatusCode::CREATED, axum::Json(node)))
+    Ok((StatusCode::CREATED, axum::Json(Node::from(node))))
 }
 
 #[utoipa::path(get, path = "/nodes", tag = "nodes", params(NodeQuery),
@@ -179,15 +180,16 @@ async fn list_nodes(State(envs): State<AppState>, Query(q): Query<NodeQuery>) ->
         .into_iter()
         .filter(|n| q.status.is_none_or(|s| n.status == s))
         .filter(|n| label.is_none_or(|(k, v)| n.labels.get(k).is_some_and(|have| have == v)))
+        .map(Node::from)
         .collect();
     Ok(axum::Json(NodeList { items }))
 }
 
 #[utoipa::path(get, path = "/nodes/{node}", tag = "nodes",
     params(("node" = String, Path, description = "Node name")),
-    responses((status = 200, body = NodeRecord), (status = 404, body = ErrorBody)))]
-async fn get_node(State(envs): State<AppState>, Path(node): Path<String>) -> Result<axum::Json<NodeRecord>> {
-    Ok(axum::Json(envs.nodes().get(&node).await?))
+    responses((status = 200, body = Node), (status = 404, body = ErrorBody)))]
+async fn get_node(State(envs): State<AppState>, Path(node): Path<String>) -> Result<axum::Json<Node>> {
+    Ok(axum::Json(envs.nodes().get(&node).await?.into()))
 }
 
 /// Changes labels, visibility or the credential (a new credential is verified at once). Making
@@ -195,17 +197,13 @@ async fn get_node(State(envs): State<AppState>, Path(node): Path<String>) -> Res
 #[utoipa::path(patch, path = "/nodes/{node}", tag = "nodes", request_body = NodeChange,
     params(("node" = String, Path, description = "Node name")),
     responses(
-        (status = 200, body = NodeRecord),
+        (status = 200, body = Node),
         (status = 400, body = ErrorBody),
         (status = 404, description = "Unknown node or environment", body = ErrorBody),
         (status = 409, description = "Made private while another environment uses it", body = ErrorBody),
         (status = 422, body = ErrorBody),
     ))]
-async fn change_node(
-    State(envs): State<AppState>,
-    Path(node): Path<String>,
-    Json(change): Json<NodeChange>,
-) -> Result<axum::Json<NodeRecord>> {
+async fn change_node(State(envs): State<AppState>, Path(node): Path<String>, Json(change): Json<NodeChange>) -> Result<axum::Json<Node>> {
     let environment = match change.environment {
         Some(key) => Some(environment_id(&envs, key.as_deref()).await?),
         None => None,
@@ -216,7 +214,7 @@ async fn change_node(
         environment,
         credential,
     };
-    Ok(axum::Json(envs.change_node(&node, change).await?))
+    Ok(axum::Json(envs.change_node(&node, change).await?.into()))
 }
 
 /// Deletes the node and its credential; refused (409 `node_in_use`) while some environment has
@@ -233,9 +231,9 @@ async fn delete_node(State(envs): State<AppState>, Path(node): Path<String>) -> 
 /// outcome once known (within the SSH connect and handshake timeouts).
 #[utoipa::path(post, path = "/nodes/{node}/verify", tag = "nodes",
     params(("node" = String, Path, description = "Node name")),
-    responses((status = 200, body = NodeRecord), (status = 404, body = ErrorBody)))]
-async fn verify_node(State(envs): State<AppState>, Path(node): Path<String>) -> Result<axum::Json<NodeRecord>> {
-    Ok(axum::Json(envs.nodes().verify(&node).await?))
+    responses((status = 200, body = Node), (status = 404, body = ErrorBody)))]
+async fn verify_node(State(envs): State<AppState>, Path(node): Path<String>) -> Result<axum::Json<Node>> {
+    Ok(axum::Json(envs.nodes().verify(&node).await?.into()))
 }
 
 /// Pins the host key a node presented after its key changed (`presented_host_key`; the
@@ -243,7 +241,7 @@ async fn verify_node(State(envs): State<AppState>, Path(node): Path<String>) -> 
 #[utoipa::path(post, path = "/nodes/{node}/accept-host-key", tag = "nodes", request_body = AcceptHostKey,
     params(("node" = String, Path, description = "Node name")),
     responses(
-        (status = 200, body = NodeRecord),
+        (status = 200, body = Node),
         (status = 400, body = ErrorBody),
         (status = 404, body = ErrorBody),
         (status = 409, description = "The node's key did not change", body = ErrorBody),
@@ -253,6 +251,6 @@ async fn accept_host_key(
     State(envs): State<AppState>,
     Path(node): Path<String>,
     Json(body): Json<AcceptHostKey>,
-) -> Result<axum::Json<NodeRecord>> {
-    Ok(axum::Json(envs.nodes().accept_host_key(&node, &body.fingerprint).await?))
+) -> Result<axum::Json<Node>> {
+    Ok(axum::Json(envs.nodes().accept_host_key(&node, &body.fingerprint).await?.into()))
 }

@@ -9,11 +9,10 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::{Path, Query, bounded};
+use super::views::{ResourceState, StatePage};
 use super::{ApiError, AppState, ErrorBody, Result};
-use crate::scheduler::ResourceStatus;
-use crate::store::{
-    ActionFilter, ActionKind, DEFAULT_PAGE, ErrorInfo, LoggedAction, MAX_PAGE, Millis, ResourceState, StateFilter, StatePage,
-};
+use crate::scheduler::{ErrorInfo, ResourceStatus};
+use crate::store::{ActionFilter, ActionKind, DEFAULT_PAGE, LoggedAction, MAX_PAGE, Millis, StateFilter};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -156,7 +155,7 @@ async fn list_resources(
         limit: page_limit(q.limit)?,
         after: q.after,
     };
-    Ok(axum::Json(envs.resource_states(&env, &filter).await?))
+    Ok(axum::Json(envs.resource_states(&env, &filter).await?.into()))
 }
 
 #[utoipa::path(get, path = "/environments/{env}/resources/{id}", tag = "resources",
@@ -167,7 +166,7 @@ async fn get_resource(State(envs): State<AppState>, Path((env, id)): Path<(Strin
     let state = envs.resource_state(&env, &id).await?;
     let actions = envs.recent_actions(&env, &id, RECENT_ACTIONS).await?;
     Ok(axum::Json(ResourceView {
-        state,
+        state: state.into(),
         actions: actions.into_iter().map(ActionView::from).collect(),
     }))
 }

@@ -10,8 +10,9 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::extract::Path;
+use super::views::AdminToken;
 use super::{ApiError, AppState, ErrorBody, Result};
-use crate::store::{AdminToken, Millis, TokenId};
+use crate::store::{Millis, TokenId};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -50,7 +51,7 @@ async fn create_token(State(envs): State<AppState>) -> Result<impl IntoResponse>
 #[utoipa::path(get, path = "/tokens", tag = "host", responses((status = 200, body = TokenList)))]
 async fn list_tokens(State(envs): State<AppState>) -> Result<axum::Json<TokenList>> {
     Ok(axum::Json(TokenList {
-        items: envs.admin_tokens().await?,
+        items: envs.admin_tokens().await?.into_iter().map(AdminToken::from).collect(),
     }))
 }
 

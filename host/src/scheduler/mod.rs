@@ -74,9 +74,9 @@ impl Default for Settings {
     }
 }
 
-/// A resource's status: the store's, so that what the scheduler decides is what is persisted.
-pub use status::ResourceStatus;
 use status::ResourceStatus as Status;
+/// A resource's status: the store's, so that what the scheduler decides is what is persisted.
+pub use status::{ErrorInfo, ResourceStatus};
 
 /// Why an action ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

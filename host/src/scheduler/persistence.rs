@@ -9,8 +9,9 @@ use std::sync::Arc;
 use orc_manifest::Digest;
 use orc_node::{NodeDirectory, NodeError};
 
+use super::ErrorInfo;
 use crate::scheduler::{BoxFuture, Event, Sink, Trigger};
-use crate::store::{ActionId, ActionKind, ActionRecord, DbKv, EnvironmentId, ErrorInfo, ResourceState, Store, StoreError};
+use crate::store::{ActionId, ActionKind, ActionRecord, DbKv, EnvironmentId, ResourceState, Store, StoreError};
 
 /// Attempts at writing one batch, the first retry after [`FIRST_RETRY`], doubling: about 6 s in
 /// all. The scheduler's writer waits meanwhile (events queue up in order behind the batch).

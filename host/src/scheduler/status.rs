@@ -1,6 +1,9 @@
 //! Where a resource stands, as the scheduler moves it: the status the store keeps and the API
 //! shows.
 
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
 use crate::named::named_enum;
 
 named_enum!(
@@ -19,3 +22,11 @@ named_enum!(
         Unavailable => "unavailable",
     }
 );
+
+/// A failure as the log, the state and a dryrun's report keep it: a stable code and a message
+/// naming the culprit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ErrorInfo {
+    pub code: String,
+    pub message: String,
+}

@@ -84,6 +84,7 @@ pub use model::*;
 pub use nodes::{NodeDeletion, NodePatched};
 pub use tokens::hash_token;
 
+use crate::scheduler::ErrorInfo;
 use error::backend;
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

@@ -7,12 +7,11 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use super::ids::*;
 use crate::named::named_enum;
 use crate::policy::settings::EnvironmentSettings;
-use crate::scheduler::ResourceStatus;
+use crate::scheduler::{ErrorInfo, ResourceStatus};
 
 named_enum!(
     /// What an action-log entry did.
@@ -55,7 +54,7 @@ named_enum!(
     }
 );
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Environment {
     pub id: EnvironmentId,
     pub name: String,
@@ -70,7 +69,7 @@ pub struct Environment {
 }
 
 /// An intent version without its document (for listings).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VersionInfo {
     pub environment: EnvironmentId,
     pub version: i64,
@@ -82,22 +81,15 @@ pub struct VersionInfo {
 }
 
 /// An intent version with its immutable document (JSON text).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IntentVersion {
     #[serde(flatten)]
     pub info: VersionInfo,
     pub document: String,
 }
 
-/// A failure as the log and the state keep it: a stable code and a message naming the culprit.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-pub struct ErrorInfo {
-    pub code: String,
-    pub message: String,
-}
-
 /// The state of one resource in one environment.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResourceState {
     /// `type[node,key]`.
     pub resource_id: String,
@@ -118,7 +110,7 @@ pub struct ResourceState {
 }
 
 /// What a status transition does to the attempt counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Attempts {
     #[default]
@@ -164,7 +156,7 @@ impl StatusChange {
 
 /// Filters and page of [`Store::list_states`](super::Store::list_states). States come in
 /// resource-id order (bytewise); `after` is the keyset cursor (the last id of the previous page).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct StateFilter {
     pub status: Option<ResourceStatus>,
@@ -200,7 +192,7 @@ pub(crate) fn page_size(limit: u32) -> u32 {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatePage {
     pub items: Vec<ResourceState>,
     /// Pass as `after` for the next page; `None` on the last page.
@@ -208,7 +200,7 @@ pub struct StatePage {
 }
 
 /// One entry of the action log, as written.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ActionRecord {
     pub id: ActionId,
     pub environment: EnvironmentId,
@@ -228,7 +220,7 @@ pub struct ActionRecord {
 }
 
 /// An action-log entry as read back, with its place in the log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoggedAction {
     /// Insertion order, increasing; the pagination cursor.
     pub seq: i64,
@@ -237,7 +229,7 @@ pub struct LoggedAction {
 }
 
 /// Filters and page of [`Store::list_actions`](super::Store::list_actions). Newest first.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ActionFilter {
     pub resource_id: Option<String>,
@@ -268,14 +260,14 @@ impl Default for ActionFilter {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ActionPage {
     pub items: Vec<LoggedAction>,
     /// Pass as `before` for the next (older) page; `None` on the last page.
     pub next_before: Option<i64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DryrunReport {
     pub id: DryrunId,
     pub environment: EnvironmentId,
@@ -288,7 +280,7 @@ pub struct DryrunReport {
 }
 
 /// A user-triggered deploy or repair and, once the scheduler has settled, its outcome.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Operation {
     pub id: OperationId,
     pub environment: EnvironmentId,
@@ -300,7 +292,7 @@ pub struct Operation {
     pub result: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AdminToken {
     pub id: TokenId,
     pub created_at: Millis,
@@ -347,7 +339,7 @@ named_enum!(
 );
 
 /// A node as the store keeps it, without its credential.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeRecord {
     pub name: String,
     pub address: String,
@@ -365,7 +357,6 @@ pub struct NodeRecord {
     /// A different host key the node presented, refused until accepted.
     pub presented_host_key: Option<String>,
     /// Facts gathered at the last verification (JSON).
-    #[schema(value_type = Option<Object>)]
     pub facts: Option<serde_json::Value>,
     pub last_error: Option<String>,
     pub created_at: Millis,

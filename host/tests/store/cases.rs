@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use anyhow::{Result, ensure};
 use orc_host::policy::settings::EnvironmentSettings;
-use orc_host::scheduler::ResourceStatus;
+use orc_host::scheduler::{ErrorInfo, ResourceStatus};
 use orc_host::store::{
-    ActionFilter, ActionId, ActionKind, ActionRecord, Attempts, Backend, DbKv, DryrunId, DryrunStatus, EnvironmentId, ErrorInfo,
-    OperationKind, OperationStatus, ResourceState, StateFilter, StatusChange, Store, StoreError, hash_token, now_ms,
+    ActionFilter, ActionId, ActionKind, ActionRecord, Attempts, Backend, DbKv, DryrunId, DryrunStatus, EnvironmentId, OperationKind,
+    OperationStatus, ResourceState, StateFilter, StatusChange, Store, StoreError, hash_token, now_ms,
 };
 use orc_runtime::capability::kv::{KvError, KvQuota, KvStore, KvUsage, delete_counted, set_within};
 

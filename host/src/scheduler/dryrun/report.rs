@@ -29,7 +29,7 @@ pub struct ResourceFinding {
     pub changes: Vec<Value>,
     /// Why it could not be checked (`{code, message}`), for `unchecked`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<crate::store::ErrorInfo>,
+    pub reason: Option<crate::scheduler::ErrorInfo>,
     /// What the adaptor logged.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub messages: Vec<String>,
@@ -59,11 +59,11 @@ impl ResourceFinding {
             Outcome::Failed | Outcome::Unavailable | Outcome::Skipped => Finding::Unchecked,
         };
         let reason = (finding == Finding::Unchecked).then(|| match report.error {
-            Some(e) => crate::store::ErrorInfo {
+            Some(e) => crate::scheduler::ErrorInfo {
                 code: e.code,
                 message: e.message,
             },
-            None => crate::store::ErrorInfo {
+            None => crate::scheduler::ErrorInfo {
                 code: "unchecked".into(),
                 message: format!("the adaptor reported `{:?}` without an error", report.outcome),
             },
