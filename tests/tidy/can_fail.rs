@@ -75,6 +75,26 @@ fn a_use_outside_its_home_is_found_by_file_and_line() {
 }
 
 #[test]
+fn a_store_row_served_as_an_api_view_is_found() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let root = dir.path();
+    write(root, "host/src/store/ids.rs", "//! Ids.\n#[derive(ToSchema)]\npub struct Id;\n");
+    write(
+        root,
+        "host/src/store/model.rs",
+        "//! Rows.\n#[derive(Serialize, ToSchema)]\npub struct Row;\n",
+    );
+    write(root, "host/src/api/views.rs", "//! Views.\n#[derive(ToSchema)]\npub struct View;\n");
+
+    let findings = checks::mentions_within(root, "ToSchema", "host/src/store/", &["host/src/store/ids.rs"]).expect("read the tree");
+    assert_eq!(found(&findings), [("host/src/store/model.rs".to_string(), 2)]);
+    assert_eq!(
+        findings[0].to_string(),
+        "host/src/store/model.rs:2: `ToSchema` in host/src/store/: #[derive(Serialize, ToSchema)]"
+    );
+}
+
+#[test]
 fn a_plugin_running_apt_get_itself_is_found() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let root = dir.path();

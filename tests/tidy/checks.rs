@@ -140,10 +140,23 @@ pub fn code_lines(text: &str) -> Vec<(usize, &str)> {
 /// Rule: `needle` appears in production code (see [`is_production`] and [`code_lines`]) only in
 /// files under one of the `allowed` paths (a folder ending in `/`, or a file).
 pub fn mentions_outside(root: &Path, needle: &str, allowed: &[&str]) -> io::Result<Vec<Finding>> {
+    let scope = |path: &str| !allowed.iter().any(|a| path.starts_with(a));
+    mentions(root, needle, scope, &format!("outside {}", allowed.join(", ")))
+}
+
+/// Rule: `needle` appears in no production file under the folder `within` but the `allowed`
+/// ones (the inverse of [`mentions_outside`]: a folder kept free of something).
+pub fn mentions_within(root: &Path, needle: &str, within: &str, allowed: &[&str]) -> io::Result<Vec<Finding>> {
+    let scope = |path: &str| path.starts_with(within) && !allowed.contains(&path);
+    mentions(root, needle, scope, &format!("in {within}"))
+}
+
+/// Every line of production code, in a file whose path `scope` accepts, that contains `needle`.
+fn mentions(root: &Path, needle: &str, scope: impl Fn(&str) -> bool, place: &str) -> io::Result<Vec<Finding>> {
     let mut findings = Vec::new();
     for path in rust_files(root)? {
         let shown = path.to_string_lossy();
-        if !is_production(&path) || allowed.iter().any(|a| shown.starts_with(a)) {
+        if !is_production(&path) || !scope(&shown) {
             continue;
         }
         let text = std::fs::read_to_string(root.join(&path))?;
@@ -152,7 +165,7 @@ pub fn mentions_outside(root: &Path, needle: &str, allowed: &[&str]) -> io::Resu
                 findings.push(Finding {
                     path: path.clone(),
                     line,
-                    what: format!("`{needle}` outside {}: {}", allowed.join(", "), code.trim()),
+                    what: format!("`{needle}` {place}: {}", code.trim()),
                 });
             }
         }

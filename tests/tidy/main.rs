@@ -23,6 +23,10 @@ const SQL_HOME: &[&str] = &["host/src/store/"];
 /// uses so that apt runs on a node take turns.
 const APT_HOME: &[&str] = &["sdk/guest/src/node/apt.rs"];
 
+/// The store's files that may name the API's schema trait: its typed ids, which are values
+/// the API shows as they are. Its rows are turned into the API's own views (`host/src/api/views.rs`).
+const SCHEMA_IN_STORE: &[&str] = &["host/src/store/ids.rs"];
+
 fn root() -> PathBuf {
     orc_tests::repo_root()
 }
@@ -44,6 +48,15 @@ fn every_rust_file_opens_with_a_doc_header() {
 fn sqlx_is_used_only_in_the_store() {
     let findings = checks::mentions_outside(&root(), "sqlx", SQL_HOME).expect("read the repository's sources");
     assert_none("production code reaches the database only through host/src/store", findings);
+}
+
+#[test]
+fn the_stores_rows_are_not_the_apis_views() {
+    let findings = checks::mentions_within(&root(), "ToSchema", "host/src/store/", SCHEMA_IN_STORE).expect("read the repository's sources");
+    assert_none(
+        "the API serves its own views (host/src/api/views.rs), never the store's rows",
+        findings,
+    );
 }
 
 #[test]
