@@ -97,7 +97,8 @@ pub(super) struct VersionQuery {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct LeaseBody {
-    /// Seconds from now.
+    /// Seconds from now (1 to 315360000, ten years).
+    #[schema(minimum = 1, maximum = 315_360_000)]
     lease_s: u64,
 }
 
@@ -284,7 +285,11 @@ async fn retry_cluster(State(envs): State<AppState>, Path((env, name)): Path<(St
 /// Sets the cluster's lease: it is deleted `lease_s` seconds from now unless extended again.
 #[utoipa::path(post, path = "/environments/{env}/clusters/{name}/lease", tag = "clusters", request_body = LeaseBody,
     params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name")),
-    responses((status = 200, body = ClusterView), (status = 404, body = ErrorBody)))]
+    responses(
+        (status = 200, body = ClusterView),
+        (status = 404, body = ErrorBody),
+        (status = 422, description = "`lease_s` out of range", body = ErrorBody),
+    ))]
 async fn extend_lease(
     State(envs): State<AppState>,
     Path((env, name)): Path<(String, String)>,

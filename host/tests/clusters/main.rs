@@ -628,6 +628,18 @@ async fn bad_templates_and_requests_are_refused_by_name() {
             "Bad Name",
         ),
         (
+            json!({"name": "c", "template": "stack", "lease_s": 0}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_cluster_request",
+            "lease_s: 0",
+        ),
+        (
+            json!({"name": "c", "template": "stack", "lease_s": 315_360_001u64}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_cluster_request",
+            "lease_s: 315360001",
+        ),
+        (
             json!({"name": "c", "template": "stack", "colour": 1}),
             StatusCode::BAD_REQUEST,
             "invalid_json",
@@ -691,9 +703,22 @@ async fn bad_templates_and_requests_are_refused_by_name() {
             "{path}: {e}"
         );
     }
-    // A lease ends: the cluster is deleted.
-    let (s, c) = create(json!({"name": "short", "template": "stack", "size": 2, "lease_s": 1})).await;
+    // A lease ends: the cluster is deleted. An extension beyond ten years is refused by name and
+    // the lease stands; a short one ends it.
+    let (s, c) = create(json!({"name": "short", "template": "stack", "size": 2, "lease_s": 3600})).await;
     assert_eq!(s, StatusCode::ACCEPTED, "{c}");
+    let lease = format!("/environments/{ENV}/clusters/short/lease");
+    let (s, e) = host.post(&lease, &json!({"lease_s": u64::MAX})).await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_cluster_request")),
+        "{e}"
+    );
+    assert!(e["message"].as_str().unwrap().contains("lease_s"), "{e}");
+    let (_, still) = host.get(&format!("/environments/{ENV}/clusters/short")).await;
+    assert_eq!(still["lease_expires_at"], c["lease_expires_at"], "{still}");
+    let (s, c) = host.post(&lease, &json!({"lease_s": 1})).await;
+    assert_eq!(s, StatusCode::OK, "{c}");
     assert!(c["lease_expires_at"].is_i64(), "{c}");
     wait_gone(&host, "short").await;
     // A second version of a template; the first stays readable.

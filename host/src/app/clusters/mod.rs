@@ -25,6 +25,19 @@ use crate::store::{ClusterRecord, Environment, Millis, ResourceState, StateFilte
 pub const DEFAULT_SOLVER: &str = "layout-solver";
 /// How many times a task may fail before its operation fails (a create is rolled back).
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+/// The longest lease a cluster may be given: ten years, in seconds.
+pub const MAX_LEASE_S: u64 = 10 * 365 * 86_400;
+
+/// A lease of `lease_s` seconds in milliseconds; a lease of no time or beyond [`MAX_LEASE_S`]
+/// is refused, naming the field.
+fn lease_ms(lease_s: u64) -> Result<Millis, ClusterError> {
+    if !(1..=MAX_LEASE_S).contains(&lease_s) {
+        return Err(ClusterError::Invalid(format!(
+            "lease_s: {lease_s} is out of range: a lease lasts from 1 to {MAX_LEASE_S} seconds (ten years)"
+        )));
+    }
+    Ok(lease_s as i64 * 1000)
+}
 
 /// `POST …/clusters`.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
@@ -49,8 +62,10 @@ pub struct CreateRequest {
     /// The nodes the cluster may use; every node the environment may use when empty.
     #[serde(default)]
     pub nodes: Vec<String>,
-    /// The cluster is deleted this many seconds after creation unless its lease is extended.
+    /// The cluster is deleted this many seconds after creation unless its lease is extended
+    /// (1 to 315360000, ten years).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 315_360_000)]
     pub lease_s: Option<u64>,
     /// A task failing this many times fails the create, which is rolled back (default 3).
     #[serde(default)]
@@ -285,6 +300,7 @@ impl App {
     pub async fn create_cluster(self: &Arc<Self>, key: &str, req: CreateRequest) -> Result<Outcome, ClusterError> {
         let env = self.get(key).await?;
         validate_name("cluster", &req.name)?;
+        let lease = req.lease_s.map(lease_ms).transpose()?;
         if self.store.find_cluster(&env.id, &req.name).await?.is_some() {
             return Err(ClusterError::Exists(req.name));
         }
@@ -331,7 +347,7 @@ impl App {
             template_version: record.version,
             status: ClusterStatus::Creating.as_str().to_string(),
             document: serde_json::to_string(&doc).expect("a cluster serialises"),
-            lease_expires_at: req.lease_s.map(|s| now + (s.min(10 * 365 * 86_400) as i64) * 1000),
+            lease_expires_at: lease.map(|ms| now.saturating_add(ms)),
             created_at: now,
             updated_at: now,
         };
@@ -497,7 +513,7 @@ impl App {
     pub async fn extend_lease(&self, key: &str, name: &str, lease_s: u64) -> Result<ClusterView, ClusterError> {
         let env = self.get(key).await?;
         let mut record = self.cluster_record(&env, name).await?;
-        record.lease_expires_at = Some(now_ms() + (lease_s.min(10 * 365 * 86_400) as i64) * 1000);
+        record.lease_expires_at = Some(now_ms().saturating_add(lease_ms(lease_s)?));
         let record = self.store.update_cluster(&env.id, &record).await?;
         let doc = stored_doc(&record)?;
         self.view(&env, &record, &doc).await
