@@ -16,6 +16,13 @@ const WITHOUT_SERVER_DEPENDENCIES: &[&str] = &["orc-runtime", "orc-node", "orc-s
 /// The HTTP server and the SQL toolkit, with their parts (`axum-core`, `sqlx-postgres`, …).
 const SERVER_CRATES: &[&str] = &["axum", "sqlx"];
 
+/// Crates that must not depend on the Wasm runtime: the node seam and its transports, which the
+/// runtime binds to the WIT `node` interface and not the other way round.
+const WITHOUT_WASM: &[&str] = &["orc-node", "orc-ssh"];
+
+/// The Wasm engine, with its parts (`wasmtime-environ`, `wasmtime-wasi`, …).
+const WASM_CRATES: &[&str] = &["wasmtime"];
+
 /// The one place production code may use sqlx.
 const SQL_HOME: &[&str] = &["host/src/store/"];
 
@@ -81,6 +88,19 @@ fn the_runtime_and_the_node_transports_depend_on_no_http_server_or_sql() {
             WITHOUT_SERVER_DEPENDENCIES.join(", "),
             SERVER_CRATES.join(", ")
         ),
+        findings,
+    );
+}
+
+#[test]
+fn the_node_seam_and_its_transports_depend_on_no_wasm_engine() {
+    let cargo = PathBuf::from(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    let mut findings = Vec::new();
+    for krate in WITHOUT_WASM {
+        findings.extend(checks::forbidden_dependencies(&cargo, &root(), krate, WASM_CRATES).unwrap_or_else(|e| panic!("{e}")));
+    }
+    assert_none(
+        &format!("{} depend on none of {}", WITHOUT_WASM.join(", "), WASM_CRATES.join(", ")),
         findings,
     );
 }

@@ -148,8 +148,7 @@ async fn register_node(State(envs): State<AppState>, Json(new): Json<NewNode>) -
     let environment = environment_id(&envs, new.environment.as_deref()).await?;
     let credential = CredentialBody::parse(new.credential)?;
     let node = envs
-        .nodes()
-        .register(Registration {
+        .register_node(Registration {
             name: new.name,
             address: new.address,
             port: new.port.unwrap_or(22),
@@ -174,8 +173,7 @@ async fn list_nodes(State(envs): State<AppState>, Query(q): Query<NodeQuery>) ->
         None => None,
     };
     let items = envs
-        .nodes()
-        .list()
+        .list_nodes()
         .await?
         .into_iter()
         .filter(|n| q.status.is_none_or(|s| n.status == s))
@@ -189,7 +187,7 @@ async fn list_nodes(State(envs): State<AppState>, Query(q): Query<NodeQuery>) ->
     params(("node" = String, Path, description = "Node name")),
     responses((status = 200, body = Node), (status = 404, body = ErrorBody)))]
 async fn get_node(State(envs): State<AppState>, Path(node): Path<String>) -> Result<axum::Json<Node>> {
-    Ok(axum::Json(envs.nodes().get(&node).await?.into()))
+    Ok(axum::Json(envs.node(&node).await?.into()))
 }
 
 /// Changes labels, visibility or the credential (a new credential is verified at once). Making
@@ -233,7 +231,7 @@ async fn delete_node(State(envs): State<AppState>, Path(node): Path<String>) -> 
     params(("node" = String, Path, description = "Node name")),
     responses((status = 200, body = Node), (status = 404, body = ErrorBody)))]
 async fn verify_node(State(envs): State<AppState>, Path(node): Path<String>) -> Result<axum::Json<Node>> {
-    Ok(axum::Json(envs.nodes().verify(&node).await?.into()))
+    Ok(axum::Json(envs.verify_node(&node).await?.into()))
 }
 
 /// Pins the host key a node presented after its key changed (`presented_host_key`; the
@@ -252,5 +250,5 @@ async fn accept_host_key(
     Path(node): Path<String>,
     Json(body): Json<AcceptHostKey>,
 ) -> Result<axum::Json<Node>> {
-    Ok(axum::Json(envs.nodes().accept_host_key(&node, &body.fingerprint).await?.into()))
+    Ok(axum::Json(envs.accept_host_key(&node, &body.fingerprint).await?.into()))
 }

@@ -130,11 +130,6 @@ impl App {
         &self.metrics
     }
 
-    /// The SSH nodes.
-    pub fn nodes(&self) -> &NodeRegistry {
-        &self.nodes
-    }
-
     /// How many of the environment's resources are in each status (statuses with none left
     /// out), as persisted: kept in memory by a running environment's sink, else counted in the
     /// store.

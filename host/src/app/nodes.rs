@@ -1,15 +1,40 @@
-//! Node changes that depend on the environments: a node in use by a running environment's
-//! released version is neither deleted nor made private to another.
+//! The SSH nodes as the API reaches them: registration, reads and verification go to the node
+//! registry; changes that depend on the environments are checked here first — a node in use by
+//! a running environment's released version is neither deleted nor made private to another.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use super::App;
 use super::running::Running;
-use crate::nodes::NodesError;
-use crate::store::EnvironmentId;
+use crate::nodes::{NodesError, Registration};
+use crate::store::{EnvironmentId, NodeRecord};
 
 impl App {
+    /// Registers a node and verifies it (`NodeRegistry::register`).
+    pub async fn register_node(&self, new: Registration) -> Result<NodeRecord, NodesError> {
+        self.nodes.register(new).await
+    }
+
+    /// Every node, by name.
+    pub async fn list_nodes(&self) -> Result<Vec<NodeRecord>, NodesError> {
+        self.nodes.list().await
+    }
+
+    pub async fn node(&self, name: &str) -> Result<NodeRecord, NodesError> {
+        self.nodes.get(name).await
+    }
+
+    /// Connects to the node again: host key, facts (`NodeRegistry::verify`).
+    pub async fn verify_node(&self, name: &str) -> Result<NodeRecord, NodesError> {
+        self.nodes.verify(name).await
+    }
+
+    /// Pins the host key the node presented (`NodeRegistry::accept_host_key`).
+    pub async fn accept_host_key(&self, name: &str, fingerprint: &str) -> Result<NodeRecord, NodesError> {
+        self.nodes.accept_host_key(name, fingerprint).await
+    }
+
     /// Deletes a node unless an environment uses it: a running environment's released version
     /// (from memory, so a version released a moment ago counts before its states are stored),
     /// or the stored states of the others (`NodeRegistry::delete`).
@@ -19,7 +44,7 @@ impl App {
 
     /// Changes a node (`NodeRegistry::change`). Making it private to one environment is refused
     /// while another uses it, checked as [`App::delete_node`] checks.
-    pub async fn change_node(&self, name: &str, change: crate::nodes::Change) -> Result<crate::store::NodeRecord, NodesError> {
+    pub async fn change_node(&self, name: &str, change: crate::nodes::Change) -> Result<NodeRecord, NodesError> {
         match change.environment {
             Some(Some(to)) => self.unless_used(name, Some(to), self.nodes.change(name, change)).await,
             _ => self.nodes.change(name, change).await,
