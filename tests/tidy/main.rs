@@ -77,30 +77,23 @@ fn apt_get_runs_only_through_the_sdks_apt_command() {
 
 #[test]
 fn the_runtime_and_the_node_transports_depend_on_no_http_server_or_sql() {
-    let cargo = PathBuf::from(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    let mut findings = Vec::new();
-    for krate in WITHOUT_SERVER_DEPENDENCIES {
-        findings.extend(checks::forbidden_dependencies(&cargo, &root(), krate, SERVER_CRATES).unwrap_or_else(|e| panic!("{e}")));
-    }
-    assert_none(
-        &format!(
-            "{} depend on none of {}",
-            WITHOUT_SERVER_DEPENDENCIES.join(", "),
-            SERVER_CRATES.join(", ")
-        ),
-        findings,
-    );
+    assert_no_dependency(WITHOUT_SERVER_DEPENDENCIES, SERVER_CRATES);
 }
 
 #[test]
 fn the_node_seam_and_its_transports_depend_on_no_wasm_engine() {
+    assert_no_dependency(WITHOUT_WASM, WASM_CRATES);
+}
+
+/// Each of `crates` depends on none of `forbidden` (see [`checks::forbidden_dependencies`]).
+fn assert_no_dependency(crates: &[&str], forbidden: &[&str]) {
     let cargo = PathBuf::from(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     let mut findings = Vec::new();
-    for krate in WITHOUT_WASM {
-        findings.extend(checks::forbidden_dependencies(&cargo, &root(), krate, WASM_CRATES).unwrap_or_else(|e| panic!("{e}")));
+    for krate in crates {
+        findings.extend(checks::forbidden_dependencies(&cargo, &root(), krate, forbidden).unwrap_or_else(|e| panic!("{e}")));
     }
     assert_none(
-        &format!("{} depend on none of {}", WITHOUT_WASM.join(", "), WASM_CRATES.join(", ")),
+        &format!("{} depend on none of {}", crates.join(", "), forbidden.join(", ")),
         findings,
     );
 }
