@@ -4,12 +4,14 @@
 //! with an error that names the culprit.
 
 pub mod diff;
+mod edges;
 pub mod pinning;
 
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
+pub use edges::Edges;
 use orc_manifest::Digest;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -237,10 +239,8 @@ pub enum IntentError {
 #[derive(Debug, Clone)]
 pub struct Intent {
     pub resources: Vec<ResourceSpec>,
-    /// `requires[i]`: indices resource `i` requires.
-    pub requires: Vec<Vec<usize>>,
-    /// `dependents[i]`: indices that require resource `i`.
-    pub dependents: Vec<Vec<usize>>,
+    /// `requires.of(i)`: indices resource `i` requires.
+    pub requires: Edges,
 }
 
 impl Intent {
@@ -261,8 +261,7 @@ impl Intent {
                 return Err(IntentError::DuplicateId(r.id.to_string()));
             }
         }
-        let mut requires = vec![Vec::new(); doc.resources.len()];
-        let mut dependents = vec![Vec::new(); doc.resources.len()];
+        let mut requires = Vec::new();
         for (i, r) in doc.resources.iter().enumerate() {
             for req in &r.requires {
                 let j = *index.get(req).ok_or_else(|| IntentError::UnknownRequirement {
@@ -272,15 +271,13 @@ impl Intent {
                 if i == j {
                     return Err(IntentError::SelfRequirement(r.id.to_string()));
                 }
-                requires[i].push(j);
-                dependents[j].push(i);
+                requires.push((i, j));
             }
         }
         drop(index);
         let intent = Intent {
+            requires: Edges::from_pairs(doc.resources.len(), &requires),
             resources: doc.resources,
-            requires,
-            dependents,
         };
         let path = |cycle: Vec<usize>| cycle.into_iter().map(|i| intent.resources[i].id.to_string()).collect();
         if let Some(cycle) = find_cycle(&intent.requires) {
@@ -292,27 +289,28 @@ impl Intent {
         Ok(intent)
     }
 
-    /// The order of actions: `waits_for[i]` must be deployed before `i` runs. The intent's
+    /// The order of actions: `waits_for.of(i)` must be deployed before `i` runs. The intent's
     /// `requires`, except that between two purged resources the edge is reversed, so that
     /// dependents are removed first.
-    pub fn waits_for(&self) -> Vec<Vec<usize>> {
-        let mut waits_for = vec![Vec::new(); self.resources.len()];
-        for (i, reqs) in self.requires.iter().enumerate() {
-            for &j in reqs {
+    pub fn waits_for(&self) -> Edges {
+        let pairs: Vec<(usize, usize)> = self
+            .requires
+            .pairs()
+            .map(|(i, j)| {
                 if self.resources[i].purged && self.resources[j].purged {
-                    waits_for[j].push(i);
+                    (j, i)
                 } else {
-                    waits_for[i].push(j);
+                    (i, j)
                 }
-            }
-        }
-        waits_for
+            })
+            .collect();
+        Edges::from_pairs(self.resources.len(), &pairs)
     }
 }
 
-/// A cycle of `edges` (`edges[i]`: what `i` points to) as a path `a -> b -> … -> a`, if there
+/// A cycle of `edges` (`edges.of(i)`: what `i` points to) as a path `a -> b -> … -> a`, if there
 /// is one (iterative DFS, so deep chains do not overflow the stack).
-fn find_cycle(edges: &[Vec<usize>]) -> Option<Vec<usize>> {
+fn find_cycle(edges: &Edges) -> Option<Vec<usize>> {
     #[derive(Clone, Copy, PartialEq)]
     enum Mark {
         New,
@@ -328,7 +326,7 @@ fn find_cycle(edges: &[Vec<usize>]) -> Option<Vec<usize>> {
         let mut stack: Vec<(usize, usize)> = vec![(start, 0)];
         mark[start] = Mark::Active;
         while let Some(&mut (node, ref mut next)) = stack.last_mut() {
-            if let Some(&dep) = edges[node].get(*next) {
+            if let Some(&dep) = edges.of(node).get(*next) {
                 *next += 1;
                 match mark[dep] {
                     Mark::New => {
@@ -455,7 +453,8 @@ mod tests {
         let err = doc(serde_json::json!([{ "id": "file[n,/a]", "adaptor": "file@0.1.0", "atributes": {} }])).unwrap_err();
         assert!(err.to_string().contains("unknown field `atributes`"), "{err}");
         let ok = doc(serde_json::json!([r("file[n,/a]", &[]), r("file[n,/b]", &["file[n,/a]"])])).unwrap();
-        assert_eq!(ok.dependents[0], vec![1]);
+        assert_eq!((ok.requires.of(0), ok.requires.of(1)), (&[][..], &[0][..]));
+        assert_eq!(ok.requires.reversed().of(0), [1]);
     }
 
     #[test]

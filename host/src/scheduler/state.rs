@@ -286,7 +286,7 @@ impl Loop {
             })
             .collect();
         for i in 0..n {
-            self.entries[i].waiting = v.waits_for[i].iter().filter(|&&j| !self.entries[j].counted).count();
+            self.entries[i].waiting = v.waits_for.of(i).iter().filter(|&&j| !self.entries[j].counted).count();
         }
         self.version = Some(v);
         for i in 0..n {
@@ -457,7 +457,7 @@ impl Loop {
             self.emit_state(i);
             self.schedule_repair(i);
             if newly {
-                for &d in &v.blocks[i] {
+                for &d in v.blocks.of(i) {
                     self.entries[d].waiting -= 1;
                     if self.entries[d].waiting == 0 {
                         if self.entries[d].status == Status::Skipped {
@@ -481,7 +481,7 @@ impl Loop {
             let attempts = e.attempts;
             if std::mem::replace(&mut e.counted, false) {
                 // It had been deployed (a repair failed): dependents wait for it again.
-                for &d in &v.blocks[i] {
+                for &d in v.blocks.of(i) {
                     self.entries[d].waiting += 1;
                 }
             }
@@ -496,7 +496,7 @@ impl Loop {
 
     /// Marks everything downstream of a failure `skipped`; each waits for one more requirement.
     fn skip_dependents(&mut self, v: &Version, failed: usize) {
-        let mut stack: Vec<usize> = v.blocks[failed].clone();
+        let mut stack: Vec<usize> = v.blocks.of(failed).to_vec();
         while let Some(d) = stack.pop() {
             let e = &mut self.entries[d];
             if e.status == Status::Skipped || e.status == Status::Deploying {
@@ -511,7 +511,7 @@ impl Loop {
                 }
                 // Skipped is not deployed: its own dependents wait for it again.
                 if std::mem::replace(&mut e.counted, false) {
-                    for &dd in &v.blocks[d] {
+                    for &dd in v.blocks.of(d) {
                         self.entries[dd].waiting += 1;
                     }
                 }
@@ -523,7 +523,7 @@ impl Loop {
                     message: format!("not attempted: {because}"),
                 });
                 self.emit_state(d);
-                stack.extend(v.blocks[d].iter().copied());
+                stack.extend(v.blocks.of(d).iter().copied());
             }
         }
     }

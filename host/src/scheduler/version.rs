@@ -7,7 +7,7 @@ use std::sync::Arc;
 use orc_manifest::Digest;
 use orc_runtime::Plugin;
 
-use crate::intent::{Intent, ResourceSpec};
+use crate::intent::{Edges, Intent, ResourceSpec};
 
 /// A released intent version with its adaptors loaded (one per resource, by index).
 #[derive(Debug)]
@@ -16,10 +16,10 @@ pub struct Version {
     pub intent: Intent,
     pub plugins: Vec<Arc<Plugin>>,
     hashes: Vec<Digest>,
-    /// `waits_for[i]`: what must be deployed before `i` runs ([`Intent::waits_for`]).
-    pub(super) waits_for: Vec<Vec<usize>>,
+    /// `waits_for.of(i)`: what must be deployed before `i` runs ([`Intent::waits_for`]).
+    pub(super) waits_for: Edges,
     /// The reverse of `waits_for`.
-    pub(super) blocks: Vec<Vec<usize>>,
+    pub(super) blocks: Edges,
 }
 
 impl Version {
@@ -32,12 +32,7 @@ impl Version {
             .map(|(r, p)| desired_hash(r, &p.digest))
             .collect();
         let waits_for = intent.waits_for();
-        let mut blocks = vec![Vec::new(); waits_for.len()];
-        for (after, befores) in waits_for.iter().enumerate() {
-            for &before in befores {
-                blocks[before].push(after);
-            }
-        }
+        let blocks = waits_for.reversed();
         Version {
             number,
             intent,
@@ -54,7 +49,7 @@ impl Version {
 
     /// What must be deployed before resource `index` runs (indices into this version).
     pub fn waits_for(&self, index: usize) -> &[usize] {
-        &self.waits_for[index]
+        self.waits_for.of(index)
     }
 }
 
