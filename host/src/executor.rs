@@ -171,7 +171,7 @@ async fn execute_in_span(plugin: &Plugin, ctx: &CallContext, spec: &ResourceSpec
                 _ => Outcome::Failed,
             };
             let mut message = e.to_string();
-            bounded::truncate(&mut message, bounded::MAX_ERROR);
+            bounded::storable(&mut message, bounded::MAX_ERROR);
             tracing::warn!(code = e.code(), error = %message, "action failed");
             report.error = Some(ActionError {
                 code: e.code().to_string(),
@@ -196,7 +196,7 @@ fn bound(report: &mut ActionReport) {
             .push(format!("… [{} more changes not kept]", total - bounded::MAX_CHANGES));
     }
     for change in &mut report.changes {
-        bounded::truncate(&mut change.field, bounded::MAX_MESSAGE);
+        bounded::storable(&mut change.field, bounded::MAX_MESSAGE);
         for value in [&mut change.current, &mut change.desired].into_iter().flatten() {
             let text = value.to_string();
             if text.len() > bounded::MAX_VALUE {

@@ -14,6 +14,15 @@ pub const MAX_VALUE: usize = 16 * 1024;
 /// Most changes kept in a report.
 pub const MAX_CHANGES: usize = 200;
 
+/// `text` made fit to store and print: each NUL (U+0000), which PostgreSQL's text cannot hold,
+/// replaced by U+FFFD, then cut to at most `max` bytes ([`truncate`]).
+pub fn storable(text: &mut String, max: usize) {
+    if text.contains('\0') {
+        *text = text.replace('\0', "\u{FFFD}");
+    }
+    truncate(text, max);
+}
+
 /// Cuts `text` to at most `max` bytes (at a character boundary) and says what was cut.
 pub fn truncate(text: &mut String, max: usize) {
     if text.len() <= max {
@@ -35,7 +44,7 @@ pub fn messages(messages: Vec<String>) -> Vec<String> {
     let mut used = 0;
     let total = messages.len();
     for mut message in messages {
-        truncate(&mut message, MAX_MESSAGE);
+        storable(&mut message, MAX_MESSAGE);
         if used + message.len() > MAX_MESSAGES_TOTAL {
             break;
         }
@@ -51,6 +60,17 @@ pub fn messages(messages: Vec<String>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nul_characters_are_replaced_before_a_text_is_cut() {
+        let mut text = "bad\0byte\0".to_string();
+        storable(&mut text, 100);
+        assert_eq!(text, "bad\u{FFFD}byte\u{FFFD}");
+        let mut long = "\0".repeat(100);
+        storable(&mut long, 10);
+        assert!(long.starts_with("\u{FFFD}\u{FFFD}\u{FFFD}…"), "{long}");
+        assert!(!long.contains('\0'));
+    }
 
     #[test]
     fn long_texts_are_cut_at_a_character_boundary_and_say_so() {

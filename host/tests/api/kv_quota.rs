@@ -14,7 +14,7 @@ use crate::{Host, assert_error};
 
 impl Host {
     /// The resource `id` of `env` once `done` holds for it (bounded, so a hang fails).
-    async fn resource_when(&self, env: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+    pub(crate) async fn resource_when(&self, env: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
             let (status, page) = self.get(&format!("/environments/{env}/resources")).await;
@@ -30,7 +30,7 @@ impl Host {
         }
     }
 
-    async fn publish_misbehave(&self) -> String {
+    pub(crate) async fn publish_misbehave(&self) -> String {
         let fixture = orc_plugin_artifacts::by_name("misbehave").expect("the misbehave fixture");
         let registry = format!("{}/registry", self.base.trim_end_matches("/api/v1"));
         orc_registry::Registry::open(&registry)
@@ -61,11 +61,11 @@ fn clear(adaptor: &str, prefix: &str) -> Value {
 }
 
 /// The fixture requests every capability.
-fn everything() -> Value {
+pub(crate) fn everything() -> Value {
     json!({ "node_files": true, "node_commands": true, "http": true, "kv": true })
 }
 
-fn message(resource: &Value) -> &str {
+pub(crate) fn message(resource: &Value) -> &str {
     resource["last_error"]["message"].as_str().unwrap_or_default()
 }
 

@@ -26,6 +26,7 @@ mod lifecycle;
 mod paths;
 #[path = "../support/pg.rs"]
 mod pg;
+mod plugin_text;
 mod promises;
 mod sandbox;
 
@@ -37,6 +38,7 @@ use grants::*;
 use http_policy::*;
 use kv_quota::*;
 use lifecycle::*;
+use plugin_text::*;
 use promises::*;
 use sandbox::*;
 
@@ -88,6 +90,7 @@ on_both_backends!(
     capabilities_are_granted_per_environment_and_checked_at_submission,
     a_cluster_template_needs_the_capabilities_its_automators_request,
     a_plugin_writing_past_its_environments_kv_quota_is_refused_and_deleting_frees_room,
+    nul_characters_from_a_plugin_neither_reach_nor_break_the_store,
     local_commands_reach_nothing_of_the_host_and_their_limits_hold,
     request_heads_over_the_limits_are_refused_in_json,
     bodies_must_be_json_and_an_optional_one_may_be_null,

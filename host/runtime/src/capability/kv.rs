@@ -472,6 +472,14 @@ fn check_key(key: &str) -> Result<(), Error> {
             format!("kv key must be 1..={MAX_KEY} bytes, got {}", key.len()),
         ));
     }
+    // PostgreSQL's text cannot hold NUL, and one key it refuses would fail the whole group
+    // commit it is in: refused here, on every backend alike.
+    if let Some(at) = key.find('\0') {
+        return Err(wit_error(
+            ErrorKind::InvalidInput,
+            format!("kv key must not contain NUL (U+0000), found at byte {at}"),
+        ));
+    }
     Ok(())
 }
 
@@ -513,6 +521,11 @@ impl Host for CallState {
     }
 
     async fn list_keys(&mut self, prefix: String) -> Result<Vec<String>, Error> {
+        // No key holds a NUL (`check_key`), so no key starts with such a prefix; the backend is
+        // not asked (PostgreSQL would refuse the text).
+        if prefix.contains('\0') {
+            return Ok(Vec::new());
+        }
         self.ctx.kv.list(&self.kv_scope, &prefix).await.map_err(backend_error)
     }
 }

@@ -10,7 +10,7 @@ const MAX_LINES: usize = 1000;
 
 impl Host for CallState {
     async fn log(&mut self, level: Level, mut message: String) {
-        crate::bounded::truncate(&mut message, crate::bounded::MAX_MESSAGE);
+        crate::bounded::storable(&mut message, crate::bounded::MAX_MESSAGE);
         let plugin = self.plugin_name.as_str();
         match level {
             Level::Trace => tracing::trace!(plugin, "{message}"),
