@@ -29,10 +29,11 @@ enum Want {
     Deploy(Trigger),
 }
 
+/// One resource of the released version, by index (its desired hash is the version's,
+/// [`Version::desired_hash`]). Kept small: a version of 100,000 resources holds 100,000.
 #[derive(Debug)]
 struct Entry {
     status: Status,
-    desired: Digest,
     deployed: Option<Digest>,
     want: Want,
     /// Requirements whose dependents do not yet count them as deployed.
@@ -40,7 +41,8 @@ struct Entry {
     /// Whether this resource's dependents count it as deployed (their `waiting` excludes it).
     counted: bool,
     attempts: u32,
-    last_error: Option<ActionError>,
+    /// Boxed: most resources have none, and inline it would take 48 bytes of every entry.
+    last_error: Option<Box<ActionError>>,
     /// Queued in `ready` or a node queue (not yet running).
     queued: bool,
     last_deploy_at: Option<i64>,
@@ -75,9 +77,10 @@ pub(super) struct Loop {
     actions: Arc<dyn Actions>,
     version: Option<Arc<Version>>,
     entries: Vec<Entry>,
-    by_id: HashMap<String, usize>,
+    /// Index by resource id. An id's text is shared (one allocation) with `deployed`.
+    by_id: HashMap<Arc<str>, usize>,
     /// Deployed hash per resource id, across versions.
-    deployed: HashMap<String, Digest>,
+    deployed: HashMap<Arc<str>, Digest>,
     in_flight: HashMap<String, Flight>,
     ready: VecDeque<usize>,
     node_queues: HashMap<String, VecDeque<usize>>,
@@ -112,7 +115,7 @@ impl Loop {
             version: None,
             entries: Vec::new(),
             by_id: HashMap::new(),
-            deployed: known,
+            deployed: known.into_iter().map(|(id, hash)| (Arc::from(id), hash)).collect(),
             in_flight: HashMap::new(),
             ready: VecDeque::new(),
             node_queues: HashMap::new(),
@@ -226,36 +229,50 @@ impl Loop {
         self.ready.clear();
         self.node_queues.clear();
         self.timers.clear();
-        let by_id: HashMap<String, usize> = v.intent.resources.iter().enumerate().map(|(i, r)| (r.id.to_string(), i)).collect();
+        // Each id's text once: the one `deployed` holds already, else a new one it will share.
+        let by_id: HashMap<Arc<str>, usize> = v
+            .intent
+            .resources
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let text = r.id.to_string();
+                let id = match self.deployed.get_key_value(text.as_str()) {
+                    Some((shared, _)) => shared.clone(),
+                    None => Arc::from(text),
+                };
+                (id, i)
+            })
+            .collect();
         let previous_ids = std::mem::replace(&mut self.by_id, by_id);
         let previous_entries = std::mem::take(&mut self.entries);
         // What the previous version's resources carry into this one: a want not yet served, and
         // when each was last verified.
-        let mut carried: HashMap<String, (Want, Option<Instant>)> = HashMap::new();
+        let mut carried: HashMap<Arc<str>, (Want, Option<Instant>)> = HashMap::new();
         let mut dropped = Vec::new();
         for (id, i) in previous_ids {
             if self.by_id.contains_key(&id) {
                 let e = &previous_entries[i];
                 carried.insert(id, (e.want, e.verified));
             } else {
-                dropped.push(id);
+                dropped.push(id.to_string());
             }
         }
         dropped.sort_unstable();
         // Not managed any more: if a later version brings one back, it is deployed afresh (its
         // stored state is gone too).
         for id in &dropped {
-            self.deployed.remove(id);
+            self.deployed.remove(id.as_str());
         }
         let number = v.number;
         let now = Instant::now();
         self.entries = (0..n)
             .map(|i| {
                 let id = v.intent.resources[i].id.to_string();
-                let deployed = self.deployed.get(&id).copied();
+                let deployed = self.deployed.get(id.as_str()).copied();
                 let desired = v.desired_hash(i);
                 let up_to_date = deployed == Some(desired);
-                let (kept, verified) = carried.remove(&id).unwrap_or((Want::Nothing, None));
+                let (kept, verified) = carried.remove(id.as_str()).unwrap_or((Want::Nothing, None));
                 let flight = self.in_flight.get(&id).map(|f| f.hash);
                 let (status, want) = match flight {
                     // The action in flight deploys this very state: it serves the release.
@@ -269,7 +286,6 @@ impl Loop {
                 let counted = up_to_date && flight.is_none_or(|hash| hash == desired);
                 Entry {
                     status,
-                    desired,
                     deployed,
                     want,
                     waiting: 0,
@@ -418,7 +434,6 @@ impl Loop {
         }
         let Some(v) = self.version.clone() else { return };
         let succeeded = done.report.outcome.succeeded();
-        let managed = self.by_id.contains_key(&done.resource);
         let outcome = done.report.outcome;
         let error = done.report.error.clone();
         self.events.event(Event::Action {
@@ -426,12 +441,14 @@ impl Loop {
             trigger: done.trigger,
             report: done.report,
         });
-        if succeeded && managed {
-            self.deployed.insert(done.resource.clone(), done.executed_hash);
+        // Only a resource of the released version is remembered as deployed (one dropped
+        // while its action ran is not managed any more).
+        if succeeded && let Some((id, _)) = self.by_id.get_key_value(done.resource.as_str()) {
+            self.deployed.insert(id.clone(), done.executed_hash);
         }
-        let Some(&i) = self.by_id.get(&done.resource) else { return };
+        let Some(&i) = self.by_id.get(done.resource.as_str()) else { return };
         let e = &mut self.entries[i];
-        if e.desired != done.executed_hash {
+        if v.desired_hash(i) != done.executed_hash {
             // Superseded while running: the new desired state still has to be deployed.
             if succeeded {
                 e.deployed = Some(done.executed_hash);
@@ -475,7 +492,7 @@ impl Loop {
                 Status::Failed
             };
             e.attempts = e.attempts.saturating_add(1);
-            e.last_error = error;
+            e.last_error = error.map(Box::new);
             e.last_deploy_at = Some(crate::store::now_ms());
             e.verified = None;
             let attempts = e.attempts;
@@ -518,10 +535,10 @@ impl Loop {
                 let e = &mut self.entries[d];
                 // Left in its queue if it is there: `start` passes over it while it waits.
                 let because = format!("`{}` did not succeed", v.intent.resources[failed].id);
-                e.last_error = Some(ActionError {
+                e.last_error = Some(Box::new(ActionError {
                     code: "skipped".into(),
                     message: format!("not attempted: {because}"),
-                });
+                }));
                 self.emit_state(d);
                 stack.extend(v.blocks.of(d).iter().copied());
             }
@@ -591,10 +608,10 @@ impl Loop {
             resource: v.intent.resources[i].id.to_string(),
             version: v.number,
             status: e.status,
-            desired_hash: e.desired,
+            desired_hash: v.desired_hash(i),
             deployed_hash: e.deployed,
             attempts: e.attempts,
-            last_error: e.last_error.clone(),
+            last_error: e.last_error.as_deref().cloned(),
             last_deploy_at: e.last_deploy_at,
             last_verified_at: e.last_verified_at,
             next_retry_at: e.next_retry_at,
@@ -644,7 +661,7 @@ impl Loop {
                             Want::Deploy(t) => Some(t),
                         },
                         waiting: e.waiting,
-                        desired_hash: e.desired,
+                        desired_hash: v.desired_hash(i),
                         deployed_hash: e.deployed,
                         timer_in: e.timer.map(|t| t.saturating_duration_since(Instant::now())),
                     }
