@@ -127,7 +127,8 @@ async fn update_environment(
     Ok(axum::Json(envs.update_settings(&env, patch.settings).await?.into()))
 }
 
-/// Stops the scheduler (actions in flight finish) and deletes everything of the environment.
+/// Stops the scheduler (actions in flight finish) and deletes everything of the environment. A
+/// request on the environment that races the delete answers 404, as one after it does.
 #[utoipa::path(delete, path = "/environments/{env}", tag = "environments",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 204, description = "Deleted"), (status = 404, body = ErrorBody)))]

@@ -38,6 +38,7 @@ impl App {
         let env = self.get(key).await?;
         let running = self.running.lock().await.remove(&env.id);
         if let Some(running) = running {
+            running.deleted.store(true, std::sync::atomic::Ordering::SeqCst);
             running.scheduler.stop().await;
         }
         self.store.delete_environment(&env.id).await?;

@@ -40,6 +40,10 @@ pub(crate) struct Running {
     /// The version last handed to the scheduler (which holds it too): a dryrun of it shares it
     /// instead of loading a second copy (100,000 resources are tens of MiB).
     pub(super) released: std::sync::Mutex<Option<Arc<Version>>>,
+    /// Set by [`App::delete`] before it stops the scheduler: a request that took this
+    /// environment before the delete answers that it is gone (404), not that its scheduler
+    /// stopped (503).
+    pub(super) deleted: std::sync::atomic::AtomicBool,
 }
 
 impl Running {
@@ -68,13 +72,21 @@ impl Running {
 
     /// Refuses with [`EnvError::SchedulerUnavailable`] if the scheduler stopped on its own.
     pub(crate) fn check_scheduler(&self) -> Result<(), EnvError> {
+        if self.deleted.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(EnvError::UnknownEnvironment(self.name.clone()));
+        }
         match self.scheduler.failure() {
             Some(reason) => Err(self.unavailable(Unavailable { reason })),
             None => Ok(()),
         }
     }
 
+    /// Why the scheduler refused: it stopped on its own (503), or the environment was deleted
+    /// meanwhile (404).
     pub(crate) fn unavailable(&self, e: Unavailable) -> EnvError {
+        if self.deleted.load(std::sync::atomic::Ordering::SeqCst) {
+            return EnvError::UnknownEnvironment(self.name.clone());
+        }
         EnvError::SchedulerUnavailable {
             environment: self.name.clone(),
             reason: e.reason,
@@ -215,6 +227,7 @@ impl App {
             stream,
             counts,
             released: std::sync::Mutex::new(None),
+            deleted: std::sync::atomic::AtomicBool::new(false),
         });
         if let Some(version) = released {
             // Not waited for: a request that needs the environment need not wait for its
