@@ -13,6 +13,7 @@
 //! reaches the store only through the application; no `println!` here — output is the binary's
 //! business.
 
+pub mod access;
 pub mod api;
 pub mod app;
 pub mod clusters;

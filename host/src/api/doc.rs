@@ -3,7 +3,8 @@
 //! every one with parameters or a body (they are decoded by the extractors of `extract`), 413
 //! and 415 on every one with a body. An answer a handler documents itself is kept as written.
 //!
-//! No operation answers 403: every token is an admin token. 414 `uri_too_long` and 431
+//! Each operation's description ends with the role it needs, and each that needs a role
+//! answers 403 `forbidden` — both from the one table of rules (`access::rules`). 414 `uri_too_long` and 431
 //! `headers_too_large` can answer any request (`serve`); the document's description says so
 //! rather than every operation.
 //!
@@ -15,6 +16,8 @@ use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::path::{Operation, ParameterIn, PathItem};
 use utoipa::openapi::security::SecurityRequirement;
 use utoipa::openapi::{Content, OpenApi, Ref, RefOr, ResponseBuilder};
+
+use crate::access::Rule;
 
 /// What a creating operation's answer names: (its operation id, its status, the path segment
 /// that names the created thing in other operations' paths, the parameters it sets — each a
@@ -66,6 +69,7 @@ const PRODUCERS: &[Producer] = &[
     ),
     ("register_node", "201", "/nodes/{node}", &[("node", "$response.body#/name")]),
     ("create_token", "201", "/tokens/{id}", &[("id", "$response.body#/id")]),
+    ("create_user", "201", "/users/{user}", &[("user", "$response.body#/name")]),
 ];
 
 fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut Operation> {
@@ -121,6 +125,38 @@ fn add_links(doc: &mut OpenApi) {
                         link.parameter(*name, *value)
                     });
                 response.links.insert(consumer.clone(), RefOr::T(link.build()));
+            }
+        }
+    }
+}
+
+/// Says in each operation's description which role it needs, and adds 403 where one is needed.
+pub fn add_rules(doc: &mut OpenApi) {
+    use axum::http::Method;
+    for (path, item) in doc.paths.paths.iter_mut() {
+        let methods = [
+            (Method::GET, &mut item.get),
+            (Method::PUT, &mut item.put),
+            (Method::POST, &mut item.post),
+            (Method::DELETE, &mut item.delete),
+            (Method::PATCH, &mut item.patch),
+        ];
+        for (method, operation) in methods {
+            let Some(operation) = operation else { continue };
+            let Some(rule) = crate::access::rules::rule(&method, path) else {
+                continue;
+            };
+            let needs = format!("Needs {}.", rule.describe());
+            operation.description = Some(match operation.description.take() {
+                Some(d) if !d.is_empty() => format!("{d}\n\n{needs}"),
+                _ => needs,
+            });
+            if matches!(rule, Rule::Server(_) | Rule::Environment(_)) {
+                add(
+                    operation,
+                    "403",
+                    "The token does not carry the role this needs; the message names it (`forbidden`)",
+                );
             }
         }
     }

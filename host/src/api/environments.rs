@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::auth::Caller;
 use super::extract::{Json, Path};
 use super::views::Environment;
 use super::{AppState, ErrorBody, Result};
@@ -85,9 +86,9 @@ async fn create_environment(State(envs): State<AppState>, Json(new): Json<NewEnv
 }
 
 #[utoipa::path(get, path = "/environments", tag = "environments", responses((status = 200, body = EnvironmentList)))]
-async fn list_environments(State(envs): State<AppState>) -> Result<axum::Json<EnvironmentList>> {
+async fn list_environments(State(envs): State<AppState>, Caller(caller): Caller) -> Result<axum::Json<EnvironmentList>> {
     Ok(axum::Json(EnvironmentList {
-        items: envs.list().await?.into_iter().map(Environment::from).collect(),
+        items: envs.list_for(&caller).await?.into_iter().map(Environment::from).collect(),
     }))
 }
 

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::app::EnvError;
+use crate::app::{AccessError, EnvError};
 use crate::intent::IntentError;
 use crate::intent::pinning::PinError;
 use crate::nodes::NodesError;
@@ -44,11 +44,15 @@ impl ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, code, message)
     }
 
+    pub fn forbidden(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
     pub fn unauthorized() -> ApiError {
         ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
-            "missing or invalid bearer token (Authorization: Bearer <token>)",
+            "missing or invalid bearer token (Authorization: Bearer <token>), or its user is disabled",
         )
     }
 
@@ -65,11 +69,14 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let code = self.code;
         let body = Json(ErrorBody {
-            code: self.code.to_string(),
+            code: code.to_string(),
             message: self.message,
         });
-        (self.status, body).into_response()
+        let mut response = (self.status, body).into_response();
+        response.extensions_mut().insert(super::auth::ErrorCode(code));
+        response
     }
 }
 
@@ -134,15 +141,40 @@ impl From<EnvError> for ApiError {
     }
 }
 
+impl From<AccessError> for ApiError {
+    fn from(e: AccessError) -> ApiError {
+        let (status, code) = match e {
+            AccessError::Environment(e) => return e.into(),
+            AccessError::Store(StoreError::Conflict { what }) => return ApiError::new(StatusCode::CONFLICT, "conflict", what),
+            AccessError::Store(e) => return e.into(),
+            AccessError::Password(crate::access::password::PasswordError::Hash(_)) => return ApiError::internal(&e),
+            AccessError::UnknownUser(_) => (StatusCode::NOT_FOUND, "unknown_user"),
+            AccessError::UnknownToken(_) => (StatusCode::NOT_FOUND, "unknown_token"),
+            AccessError::InvalidUser { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_user"),
+            AccessError::Password(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_password"),
+            AccessError::InvalidScope(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_scope"),
+            AccessError::WrongCredentials => (StatusCode::UNAUTHORIZED, "invalid_credentials"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
 impl From<NodesError> for ApiError {
     fn from(e: NodesError) -> ApiError {
+        let e = match e {
+            NodesError::Environment(e) => return (*e).into(),
+            e => e,
+        };
         let (status, code) = match &e {
             NodesError::Unknown(_) => (StatusCode::NOT_FOUND, "unknown_node"),
             NodesError::Invalid { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_field"),
             NodesError::InvalidCredential(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_credential"),
             NodesError::InUse { .. } => (StatusCode::CONFLICT, "node_in_use"),
+            NodesError::NotClaimable { .. } => (StatusCode::CONFLICT, "node_not_claimable"),
             NodesError::NoKeyToAccept { .. } => (StatusCode::CONFLICT, "host_key_unchanged"),
             NodesError::WrongFingerprint { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "wrong_fingerprint"),
+            // Answered before this match.
+            NodesError::Environment(_) => return ApiError::internal(&e),
             NodesError::Secret(_) => return ApiError::internal(&e),
             NodesError::Store(StoreError::Conflict { .. }) => (StatusCode::CONFLICT, "node_exists"),
             NodesError::Store(StoreError::NotFound { .. }) => (StatusCode::NOT_FOUND, "not_found"),

@@ -5,9 +5,11 @@
 //! gets a `lagged` event saying how many batches it missed, and should re-read what it shows.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
+use axum::http::Method;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::{Stream, StreamExt};
 use tokio_stream::wrappers::BroadcastStream;
@@ -15,8 +17,10 @@ use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::auth::Caller;
 use super::extract::Path;
 use super::{AppState, ErrorBody, Result};
+use crate::access::{Principal, rules};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(events))
@@ -29,8 +33,13 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 #[utoipa::path(get, path = "/environments/{env}/events", tag = "events",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 200, description = "An endless event stream", content_type = "text/event-stream", body = String), (status = 404, body = ErrorBody)))]
-async fn events(State(envs): State<AppState>, Path(env): Path<String>) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
+async fn events(
+    State(envs): State<AppState>,
+    Caller(caller): Caller,
+    Path(env): Path<String>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let receiver = envs.subscribe(&env).await?;
+    let revoked = revoked(envs.clone(), caller, env);
     let stream = BroadcastStream::new(receiver).flat_map(|batch| {
         let events: Vec<Result<Event, Infallible>> = match batch {
             Ok(batch) => batch.iter().map(|p| Ok(Event::default().event(p.name).data(&p.data))).collect(),
@@ -40,5 +49,27 @@ async fn events(State(envs): State<AppState>, Path(env): Path<String>) -> Result
         };
         futures::stream::iter(events)
     });
+    let stream = stream.take_until(revoked);
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+/// Completes when the caller's token no longer lets it read the environment's events (revoked,
+/// its user disabled or deleted, its role taken away): the stream then ends. Checked each time
+/// users, roles or tokens change, with the rule of this route.
+async fn revoked(app: AppState, caller: Arc<Principal>, env: String) {
+    let rule = rules::rule(&Method::GET, "/environments/{env}/events");
+    let mut changed = app.access_changed();
+    while changed.changed().await.is_ok() {
+        let allowed = match app.authenticate_hash(&caller.credential).await {
+            Ok(Some(now)) => rule.is_some_and(|rule| now.allows(rule, Some(&env)).is_ok()),
+            Ok(None) => false,
+            // The store failing is no proof of revocation; the next change checks again.
+            Err(_) => true,
+        };
+        if !allowed {
+            tracing::info!(user = %caller.user, token = %caller.token_id, environment = %env, "event stream ended: access revoked");
+            return;
+        }
+    }
+    std::future::pending::<()>().await;
 }

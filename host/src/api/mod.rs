@@ -8,6 +8,7 @@
 //! `store`.
 
 mod actions;
+mod auth;
 mod clusters;
 mod doc;
 mod environments;
@@ -20,13 +21,14 @@ mod ops;
 mod resources;
 mod serve;
 mod tokens;
+mod users;
 mod views;
 
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::extract::DefaultBodyLimit;
+use axum::middleware;
+use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
@@ -52,7 +54,9 @@ type Result<T, E = ApiError> = std::result::Result<T, E>;
                        Every call but health, readiness and this document needs `Authorization: Bearer <token>`. \
                        Errors are `{code, message}` with a stable `code`. Any request may also be answered \
                        414 `uri_too_long` or 431 `headers_too_large` (see the README for the limits). \
-                       No operation answers 403: every token is an admin token."
+                       A token belongs to a user and carries its roles (or a narrower set): each operation's \
+                       description says which role it needs; a token without it is answered 403 `forbidden` \
+                       naming the role, and a missing, unknown or revoked token, or a disabled user's, 401 `unauthorized`."
     ),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
@@ -64,7 +68,8 @@ type Result<T, E = ApiError> = std::result::Result<T, E>;
         (name = "events", description = "Server-sent events of state changes and action outcomes"),
         (name = "clusters", description = "Cluster templates and clusters: create, amend, reconfigure, stop/start/restart services, delete"),
         (name = "nodes", description = "SSH nodes: register, verify, label, share or keep private, accept a changed host key"),
-        (name = "host", description = "Health, readiness and admin tokens"),
+        (name = "host", description = "Health and readiness"),
+        (name = "access", description = "Users, roles, tokens, signing in and the audit trail"),
     )
 )]
 struct ApiDoc;
@@ -90,6 +95,7 @@ fn protected() -> OpenApiRouter<AppState> {
         .merge(actions::routes())
         .merge(events::routes())
         .merge(tokens::routes())
+        .merge(users::routes())
         .merge(nodes::routes())
         .merge(clusters::routes())
 }
@@ -102,6 +108,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
         .split_for_parts();
     doc.servers = Some(vec![utoipa::openapi::Server::new("/api/v1")]);
     doc::add_common_answers(&mut doc);
+    doc::add_rules(&mut doc);
     doc
 }
 
@@ -109,7 +116,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 pub fn router(environments: Arc<App>, max_body_bytes: usize) -> Router {
     let document: Arc<str> = openapi().to_json().expect("the OpenAPI document serialises").into();
     let (protected, _) = protected()
-        .route_layer(middleware::from_fn_with_state(environments.clone(), require_token))
+        .route_layer(middleware::from_fn_with_state(environments.clone(), auth::authorize_api))
         .split_for_parts();
     let api = Router::new()
         .route("/health", get(health))
@@ -120,10 +127,10 @@ pub fn router(environments: Arc<App>, max_body_bytes: usize) -> Router {
         )
         .merge(protected)
         .method_not_allowed_fallback(method_not_allowed);
-    // The registry's own API (index and fetch by digest open to read; publishing needs the token),
-    // served by the same process.
+    // The registry's own API (index and fetch by digest open to read; publishing needs the
+    // `publisher` role), served by the same process.
     let registry = orc_registry::server::router(environments.registry().clone())
-        .layer(middleware::from_fn_with_state(environments.clone(), require_token_to_write));
+        .layer(middleware::from_fn_with_state(environments.clone(), auth::authorize_registry));
     Router::new()
         .nest("/api/v1", api)
         // Open like health and readiness: scrapers carry no token, and it shows counts only.
@@ -147,65 +154,55 @@ async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) ->
     )
 }
 
-/// Every API call but health, readiness and the document carries `Authorization: Bearer <token>`
-/// of a stored token.
-///
-/// A refusal leaves the request's body unread, so hyper closes the connection after answering; the
-/// answer says `Connection: close` so that a client does not pick the closing connection from its
-/// pool for its next request (which would fail with an incomplete message).
-async fn require_token(State(environments): State<AppState>, request: Request, next: Next) -> Response {
-    let has_body = request.headers().contains_key(axum::http::header::TRANSFER_ENCODING)
-        || request
-            .headers()
-            .get(axum::http::header::CONTENT_LENGTH)
-            .is_some_and(|length| length.as_bytes() != b"0");
-    let token = request
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token)
-        .map(str::to_string);
-    let refusal = match authorised(&environments, token.as_deref()).await {
-        Ok(()) => return next.run(request).await,
-        Err(refusal) => refusal,
-    };
-    let mut response = refusal.into_response();
-    if has_body {
-        response
-            .headers_mut()
-            .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
-    }
-    response
-}
-
-/// The token of an `Authorization: Bearer <token>` value; the scheme's name is case-insensitive
-/// (RFC 7235).
-fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim().split_once(' ')?;
-    let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
-}
-
-async fn authorised(app: &App, token: Option<&str>) -> Result<()> {
-    let token = token.ok_or_else(ApiError::unauthorized)?;
-    if app.is_admin_token(token).await? {
-        Ok(())
-    } else {
-        Err(ApiError::unauthorized())
-    }
-}
-
-/// Reading the registry is open (plugins are public, content-addressed bytes); writing needs a token.
-async fn require_token_to_write(state: State<AppState>, request: Request, next: Next) -> Response {
-    if matches!(*request.method(), axum::http::Method::GET | axum::http::Method::HEAD) {
-        return next.run(request).await;
-    }
-    require_token(state, request, next).await
-}
-
 /// The process is up (liveness). Needs no token.
 #[utoipa::path(get, path = "/health", tag = "host", security(()),
     responses((status = 200, description = "The host answers", body = Object, example = json!({"status": "ok"}))))]
 async fn health() -> impl IntoResponse {
     Json(json!({ "status": "ok" }))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::Method;
+
+    use crate::access::rules::{RULES, rule};
+
+    /// Each operation of the document, as (method, path).
+    fn operations() -> Vec<(Method, String)> {
+        let doc = super::openapi();
+        let mut found = Vec::new();
+        for (path, item) in &doc.paths.paths {
+            for (method, operation) in [
+                (Method::GET, &item.get),
+                (Method::PUT, &item.put),
+                (Method::POST, &item.post),
+                (Method::DELETE, &item.delete),
+                (Method::PATCH, &item.patch),
+                (Method::HEAD, &item.head),
+                (Method::OPTIONS, &item.options),
+            ] {
+                if operation.is_some() {
+                    found.push((method, path.clone()));
+                }
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn every_route_of_the_document_has_an_authorization_rule_and_every_rule_a_route() {
+        let operations = operations();
+        let missing: Vec<String> = operations
+            .iter()
+            .filter(|(method, path)| rule(method, path).is_none())
+            .map(|(method, path)| format!("{method} {path}"))
+            .collect();
+        assert!(missing.is_empty(), "routes without a rule in access::rules: {missing:?}");
+        let stale: Vec<String> = RULES
+            .iter()
+            .filter(|(method, path, _)| !operations.iter().any(|(m, p)| m.as_str() == *method && p == path))
+            .map(|(method, path, _)| format!("{method} {path}"))
+            .collect();
+        assert!(stale.is_empty(), "rules for routes the document does not have: {stale:?}");
+    }
 }

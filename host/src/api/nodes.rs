@@ -24,6 +24,36 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(get_node, change_node, delete_node))
         .routes(routes!(verify_node))
         .routes(routes!(accept_host_key))
+        .routes(routes!(environment_nodes))
+        .routes(routes!(claim_node, release_node))
+}
+
+/// The nodes the environment may use: the public ones and its own private ones.
+#[utoipa::path(get, path = "/environments/{env}/nodes", tag = "nodes",
+    params(("env" = String, Path, description = "Environment name or id")),
+    responses((status = 200, body = NodeList), (status = 404, body = ErrorBody)))]
+async fn environment_nodes(State(app): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<NodeList>> {
+    let items = app.environment_nodes(&env).await?.into_iter().map(Node::from).collect();
+    Ok(axum::Json(NodeList { items }))
+}
+
+/// Makes a public node private to the environment (refused while another environment uses it,
+/// or when it is private to another).
+#[utoipa::path(put, path = "/environments/{env}/nodes/{node}", tag = "nodes",
+    params(("env" = String, Path, description = "Environment name or id"), ("node" = String, Path, description = "Node name")),
+    responses((status = 200, body = Node), (status = 404, body = ErrorBody),
+        (status = 409, description = "In use by another environment, or private to another", body = ErrorBody)))]
+async fn claim_node(State(app): State<AppState>, Path((env, node)): Path<(String, String)>) -> Result<axum::Json<Node>> {
+    Ok(axum::Json(app.claim_node(&env, &node).await?.into()))
+}
+
+/// Makes a node private to the environment public again.
+#[utoipa::path(delete, path = "/environments/{env}/nodes/{node}", tag = "nodes",
+    params(("env" = String, Path, description = "Environment name or id"), ("node" = String, Path, description = "Node name")),
+    responses((status = 200, body = Node), (status = 404, body = ErrorBody),
+        (status = 409, description = "Not private to this environment", body = ErrorBody)))]
+async fn release_node(State(app): State<AppState>, Path((env, node)): Path<(String, String)>) -> Result<axum::Json<Node>> {
+    Ok(axum::Json(app.release_node(&env, &node).await?.into()))
 }
 
 /// How the host logs in: `{"private_key": "<OpenSSH or PEM text>", "passphrase": "…"}` (the

@@ -1,76 +1,148 @@
-//! Admin tokens: create (the secret is answered once, only its hash is kept), list, revoke. The
-//! last token cannot be revoked, so the host never locks everyone out.
+//! Tokens: a user creates its own (`POST /tokens`, carrying all of its roles or a narrower
+//! `scope`), an admin creates one for any user (`POST /users/{user}/tokens`); the secret is
+//! answered once, only its hash is kept. Listing shows the caller's tokens (an admin's: all),
+//! each with the roles it carries. Revoking one fails it at once.
+
+use std::collections::BTreeMap;
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::extract::Path;
-use super::views::AdminToken;
+use super::auth::Caller;
+use super::extract::{OptionalJson, Path};
+use super::views::Token;
 use super::{ApiError, AppState, ErrorBody, Result};
-use crate::store::{Millis, TokenId};
+use crate::access::Role;
+use crate::app::{ScopeRequest, TokenView};
+use crate::store::TokenId;
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_token, list_tokens))
         .routes(routes!(delete_token))
+        .routes(routes!(create_user_token))
+}
+
+/// What a new token carries: all of its user's roles (no `scope`), or a narrower set.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TokenRequest {
+    /// What it is for, shown in listings (at most 200 characters).
+    #[serde(default)]
+    pub description: String,
+    pub scope: Option<ScopeBody>,
+}
+
+/// A narrower set of roles: each must be one the user holds.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ScopeBody {
+    #[serde(default)]
+    pub admin: bool,
+    #[serde(default)]
+    pub publisher: bool,
+    /// The role per environment, by name or id.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub environments: BTreeMap<String, Role>,
+}
+
+impl From<ScopeBody> for ScopeRequest {
+    fn from(s: ScopeBody) -> ScopeRequest {
+        ScopeRequest {
+            admin: s.admin,
+            publisher: s.publisher,
+            environments: s.environments,
+        }
+    }
 }
 
 /// A new token; `token` is shown this once.
 #[derive(Serialize, ToSchema)]
 pub(super) struct NewToken {
-    #[schema(value_type = String, format = Uuid)]
-    id: TokenId,
-    created_at: Millis,
+    #[serde(flatten)]
+    pub token: Token,
     /// The secret: send it as `Authorization: Bearer <token>`.
-    token: String,
+    #[serde(rename = "token")]
+    pub secret: String,
+}
+
+impl NewToken {
+    pub fn created((view, secret): (TokenView, String)) -> impl IntoResponse {
+        (
+            StatusCode::CREATED,
+            axum::Json(NewToken {
+                token: view.into(),
+                secret,
+            }),
+        )
+    }
 }
 
 #[derive(Serialize, ToSchema)]
 pub(super) struct TokenList {
-    items: Vec<AdminToken>,
+    items: Vec<Token>,
 }
 
-#[utoipa::path(post, path = "/tokens", tag = "host", responses((status = 201, body = NewToken)))]
-async fn create_token(State(envs): State<AppState>) -> Result<impl IntoResponse> {
-    let (record, token) = envs.create_admin_token().await?;
-    Ok((
-        StatusCode::CREATED,
-        axum::Json(NewToken {
-            id: record.id,
-            created_at: record.created_at,
-            token,
-        }),
-    ))
+/// A new token of the caller's own user.
+#[utoipa::path(post, path = "/tokens", tag = "access", request_body(content = Option<TokenRequest>),
+    responses((status = 201, body = NewToken), (status = 422, description = "A scope wider than the user's roles", body = ErrorBody)))]
+async fn create_token(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    OptionalJson(body): OptionalJson<TokenRequest>,
+) -> Result<impl IntoResponse> {
+    let body = body.unwrap_or_default();
+    let created = app
+        .create_token(&caller.user, body.scope.map(Into::into), &body.description)
+        .await?;
+    Ok(NewToken::created(created))
 }
 
-#[utoipa::path(get, path = "/tokens", tag = "host", responses((status = 200, body = TokenList)))]
-async fn list_tokens(State(envs): State<AppState>) -> Result<axum::Json<TokenList>> {
+/// A new token of any user (admin).
+#[utoipa::path(post, path = "/users/{user}/tokens", tag = "access", request_body(content = Option<TokenRequest>),
+    params(("user" = String, Path)),
+    responses((status = 201, body = NewToken), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn create_user_token(
+    State(app): State<AppState>,
+    Path(user): Path<String>,
+    OptionalJson(body): OptionalJson<TokenRequest>,
+) -> Result<impl IntoResponse> {
+    let body = body.unwrap_or_default();
+    let created = app.create_token(&user, body.scope.map(Into::into), &body.description).await?;
+    Ok(NewToken::created(created))
+}
+
+/// The caller's tokens (an admin's: every user's).
+#[utoipa::path(get, path = "/tokens", tag = "access", responses((status = 200, body = TokenList)))]
+async fn list_tokens(State(app): State<AppState>, Caller(caller): Caller) -> Result<axum::Json<TokenList>> {
     Ok(axum::Json(TokenList {
-        items: envs.admin_tokens().await?.into_iter().map(AdminToken::from).collect(),
+        items: app.tokens(&caller).await?.into_iter().map(Token::from).collect(),
     }))
 }
 
-/// Revokes a token at once (also the one making this call).
-#[utoipa::path(delete, path = "/tokens/{id}", tag = "host",
+/// Revokes a token at once (also the one making this call). Another user's token is unknown
+/// to a caller who is not an admin.
+#[utoipa::path(delete, path = "/tokens/{id}", tag = "access",
     params(("id" = String, Path, format = Uuid)),
     responses(
         (status = 204, description = "Revoked"),
         (status = 400, body = ErrorBody),
         (status = 404, body = ErrorBody),
-        (status = 409, description = "The last token", body = ErrorBody),
+        (status = 409, description = "The last way in of the last enabled admin", body = ErrorBody),
     ))]
-async fn delete_token(State(envs): State<AppState>, Path(id): Path<String>) -> Result<StatusCode> {
+async fn delete_token(State(app): State<AppState>, Caller(caller): Caller, Path(id): Path<String>) -> Result<StatusCode> {
     let id: TokenId = id.parse().map_err(|_| {
         ApiError::bad_request(
             "invalid_path",
             format!("`{}` is not a token id", id.chars().take(100).collect::<String>()),
         )
     })?;
-    envs.delete_admin_token(&id).await?;
+    app.delete_token(&caller, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,5 +1,5 @@
 //! The API's own views of what the application hands back: environments, intent versions,
-//! resource states, nodes and admin tokens as JSON, apart from the store's rows, so the store
+//! resource states, nodes, users, tokens and audit entries as JSON, apart from the store's rows, so the store
 //! can change its records without changing the API (and the other way round). Each view is
 //! made from its row by `From`; the schema names are the API's.
 
@@ -8,9 +8,11 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::access::Role;
+use crate::app;
 use crate::policy::settings::EnvironmentSettings;
 use crate::scheduler::{ErrorInfo, ResourceStatus};
-use crate::store::{self, CredentialKind, EnvironmentId, Millis, NodeStatus, TokenId};
+use crate::store::{self, AuditId, CredentialKind, EnvironmentId, Millis, NodeStatus, TokenId, UserId};
 
 #[derive(Debug, Serialize, ToSchema)]
 pub(super) struct Environment {
@@ -175,19 +177,134 @@ impl From<store::NodeRecord> for Node {
     }
 }
 
-/// An admin token (its id, never its secret).
+/// An API token (its id, never its secret): whose it is, and the roles it carries.
 #[derive(Debug, Serialize, ToSchema)]
-pub(super) struct AdminToken {
+pub(super) struct Token {
     #[schema(value_type = String, format = Uuid)]
-    id: TokenId,
-    created_at: Millis,
+    pub id: TokenId,
+    /// The user it belongs to.
+    pub user: String,
+    pub description: String,
+    pub created_at: Millis,
+    /// `null`: all of its user's roles, as they are now; else the narrower set it carries (a
+    /// role its user no longer holds grants nothing).
+    pub scope: Option<TokenScope>,
 }
 
-impl From<store::AdminToken> for AdminToken {
-    fn from(t: store::AdminToken) -> AdminToken {
-        AdminToken {
-            id: t.id,
-            created_at: t.created_at,
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct TokenScope {
+    pub admin: bool,
+    pub publisher: bool,
+    /// The role per environment, by name.
+    #[schema(value_type = Object)]
+    pub environments: BTreeMap<String, Role>,
+}
+
+impl From<app::TokenView> for Token {
+    fn from(t: app::TokenView) -> Token {
+        let scope = t.record.scope.map(|s| TokenScope {
+            admin: s.admin,
+            publisher: s.publisher,
+            environments: t.environments.unwrap_or_default(),
+        });
+        Token {
+            id: t.record.id,
+            user: t.record.user,
+            description: t.record.description,
+            created_at: t.record.created_at,
+            scope,
+        }
+    }
+}
+
+/// A user (never its password or its hash).
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct User {
+    #[schema(value_type = String, format = Uuid)]
+    pub id: UserId,
+    pub name: String,
+    /// Server-wide: everything, in every environment.
+    pub admin: bool,
+    /// Server-wide: uploads plugins to the registry.
+    pub publisher: bool,
+    /// A disabled user's tokens fail, and it cannot sign in.
+    pub disabled: bool,
+    /// Whether it can sign in with a password (`POST /login`).
+    pub has_password: bool,
+    pub created_at: Millis,
+    /// Its role per environment, by name.
+    #[schema(value_type = Object)]
+    pub environments: BTreeMap<String, Role>,
+}
+
+impl User {
+    pub fn new(u: store::UserRecord, memberships: &[store::Membership]) -> User {
+        User {
+            id: u.id,
+            name: u.name,
+            admin: u.admin,
+            publisher: u.publisher,
+            disabled: u.disabled,
+            has_password: u.has_password,
+            created_at: u.created_at,
+            environments: memberships.iter().map(|m| (m.environment.clone(), m.role)).collect(),
+        }
+    }
+}
+
+/// A user's role in an environment.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct Member {
+    pub user: String,
+    pub environment: String,
+    pub role: Role,
+}
+
+impl From<store::Membership> for Member {
+    fn from(m: store::Membership) -> Member {
+        Member {
+            user: m.user,
+            environment: m.environment,
+            role: m.role,
+        }
+    }
+}
+
+/// One state-changing request of the audit trail.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct AuditEntry {
+    #[schema(value_type = String, format = Uuid)]
+    pub id: AuditId,
+    pub at: Millis,
+    /// The user who asked; `null` when the request carried no token the host knows.
+    pub user: Option<String>,
+    #[schema(value_type = Option<String>, format = Uuid)]
+    pub token_id: Option<TokenId>,
+    pub method: String,
+    /// The route as this document names it (`/environments/{env}/deploy`).
+    pub route: String,
+    /// The path as requested.
+    pub path: String,
+    pub environment: Option<String>,
+    /// The answer's status.
+    pub status: u16,
+    /// The error's `code`, when the answer was an error.
+    pub code: Option<String>,
+}
+
+impl From<store::AuditRecord> for AuditEntry {
+    fn from(a: store::AuditRecord) -> AuditEntry {
+        AuditEntry {
+            id: a.id,
+            at: a.at,
+            user: a.user,
+            token_id: a.token_id,
+            method: a.method,
+            route: a.route,
+            path: a.path,
+            environment: a.environment,
+            status: a.status,
+            code: a.code,
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use super::running::{node_dir, scheduler_settings};
 use super::{App, EnvError};
+use crate::access::Principal;
 use crate::policy::outbound;
 use crate::policy::settings::EnvironmentSettings;
 use crate::store::{Environment, EnvironmentId, StoreError};
@@ -18,6 +19,13 @@ impl App {
 
     pub async fn list(&self) -> Result<Vec<Environment>, EnvError> {
         Ok(self.store.list_environments().await?)
+    }
+
+    /// The environments `caller` holds a role in (every one, for an admin).
+    pub async fn list_for(&self, caller: &Principal) -> Result<Vec<Environment>, EnvError> {
+        let mut all = self.list().await?;
+        all.retain(|env| caller.role_in_id(&env.id).is_some());
+        Ok(all)
     }
 
     /// An environment by name or id.
@@ -48,6 +56,8 @@ impl App {
         }
         self.nodes.forget_environment(&env.id);
         self.metrics.forget(&env.name);
+        // Its members' roles went with it; a new environment of the same name is not theirs.
+        self.access_invalidated();
         let root = node_dir(&self.data_dir, &env.name);
         if let Err(e) = std::fs::remove_dir_all(&root)
             && e.kind() != std::io::ErrorKind::NotFound

@@ -98,3 +98,26 @@ pub enum StartError {
         source: std::io::Error,
     },
 }
+
+/// Why a request about users, roles, tokens or the audit trail could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum AccessError {
+    #[error("user `{0}` does not exist")]
+    UnknownUser(String),
+    #[error("token {0} does not exist")]
+    UnknownToken(String),
+    #[error("invalid user: `{field}` {reason}")]
+    InvalidUser { field: &'static str, reason: String },
+    #[error("invalid `password`: {0}")]
+    Password(#[from] crate::access::password::PasswordError),
+    #[error("invalid `scope`: {0}")]
+    InvalidScope(String),
+    /// A name and password that do not match a user that may sign in (which of them is wrong is
+    /// not said).
+    #[error("wrong user name or password, or the user is disabled")]
+    WrongCredentials,
+    #[error("{0}")]
+    Environment(#[from] EnvError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

@@ -4,13 +4,14 @@
 //! concern — [`environments`] (create, settings, halt, delete), [`versions`] (submit, release,
 //! rollback, diff, node checks), [`operations`] (deploy, repair, dryrun), [`resources`] (what the
 //! store says of resources and actions), [`nodes`] (node changes that need the environments'
-//! release turns), [`tokens`] (admin tokens) and [`clusters`] (templates, clusters and their
+//! release turns), [`access`] (users, roles, tokens, sign-in and the audit trail) and [`clusters`] (templates, clusters and their
 //! watchers). API handlers call these and never the store.
 //!
 //! Data directory layout: `orc.db` (the default SQLite database), `registry/`, `cache/`
 //! (compiled plugins), `nodes/<environment>/local/` (each environment's local node root),
 //! `secret.key` (the key node credentials are sealed with, unless `secret_key_file` says where).
 
+mod access;
 pub mod clusters;
 mod environments;
 mod error;
@@ -18,11 +19,11 @@ mod nodes;
 mod operations;
 mod resources;
 mod running;
-mod tokens;
 mod versions;
 
+pub use access::{NewUser, ScopeRequest, TokenView, UserPatch};
 pub use environments::merge_patch;
-pub use error::{EnvError, StartError};
+pub use error::{AccessError, EnvError, StartError};
 use running::Running;
 pub use running::{node_root, node_spares, scheduler_settings};
 
@@ -63,6 +64,8 @@ pub struct App {
     metrics: Arc<Metrics>,
     /// Set when the host shuts down: cluster watchers and the lease sweeper stop.
     stopping: tokio::sync::watch::Sender<bool>,
+    /// Principals by token hash, and the generation of users, roles and tokens.
+    access: access::AccessCache,
 }
 
 impl App {
@@ -114,6 +117,7 @@ impl App {
             observers: Vec::new(),
             metrics: Arc::new(Metrics::new()),
             stopping: tokio::sync::watch::channel(false).0,
+            access: access::AccessCache::new(),
         };
         for env in environments.store.list_environments().await? {
             // One environment that cannot resume (say, a plugin gone from the registry) must

@@ -51,6 +51,52 @@ impl App {
         }
     }
 
+    /// The nodes an environment may use: the public ones and its own private ones.
+    pub async fn environment_nodes(&self, env: &str) -> Result<Vec<NodeRecord>, NodesError> {
+        let env = self.get(env).await.map_err(|e| NodesError::Environment(Box::new(e)))?;
+        let mut nodes = self.nodes.list().await?;
+        nodes.retain(|n| n.environment.is_none_or(|e| e == env.id));
+        Ok(nodes)
+    }
+
+    /// Makes a public node private to `env` (an owner's claim; refused while another
+    /// environment uses it, or when it is private to another).
+    pub async fn claim_node(&self, env: &str, node: &str) -> Result<NodeRecord, NodesError> {
+        let env = self.get(env).await.map_err(|e| NodesError::Environment(Box::new(e)))?;
+        let record = self.nodes.get(node).await?;
+        match record.environment {
+            Some(owner) if owner == env.id => Ok(record),
+            Some(_) => Err(NodesError::NotClaimable {
+                node: record.name,
+                state: "private to another environment".to_string(),
+            }),
+            None => {
+                let change = crate::nodes::Change {
+                    environment: Some(Some(env.id)),
+                    ..Default::default()
+                };
+                self.change_node(node, change).await
+            }
+        }
+    }
+
+    /// Makes a node private to `env` public again.
+    pub async fn release_node(&self, env: &str, node: &str) -> Result<NodeRecord, NodesError> {
+        let env = self.get(env).await.map_err(|e| NodesError::Environment(Box::new(e)))?;
+        let record = self.nodes.get(node).await?;
+        if record.environment != Some(env.id) {
+            return Err(NodesError::NotClaimable {
+                node: record.name,
+                state: format!("not private to environment `{}`", env.name),
+            });
+        }
+        let change = crate::nodes::Change {
+            environment: Some(None),
+            ..Default::default()
+        };
+        self.change_node(node, change).await
+    }
+
     /// Runs `then` unless a running environment other than `except` has resources on node
     /// `name` in its released version. Every running environment's release turn is held until
     /// `then` is done, so no submission or release naming the node passes its check in between.

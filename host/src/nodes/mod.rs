@@ -43,10 +43,16 @@ pub enum NodesError {
     InvalidCredential(String),
     #[error("node `{node}` is in use by environment(s) {}: remove its resources from their intents first", .environments.join(", "))]
     InUse { node: String, environments: Vec<String> },
+    /// An environment's owner may claim only a public node, and release only its own.
+    #[error("node `{node}` is {state}")]
+    NotClaimable { node: String, state: String },
     #[error("node `{node}` has no refused host key to accept (status `{status}`)")]
     NoKeyToAccept { node: String, status: NodeStatus },
     #[error("`{given}` is not the host key node `{node}` presented ({presented}); accept exactly the presented key")]
     WrongFingerprint { node: String, given: String, presented: String },
+    /// The environment named with the node (claiming or releasing it) cannot be used.
+    #[error(transparent)]
+    Environment(Box<crate::app::EnvError>),
     #[error(transparent)]
     Secret(#[from] SecretError),
     #[error(transparent)]

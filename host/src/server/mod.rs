@@ -1,5 +1,5 @@
 //! `orc-host serve`: the host as a long-running service. [`Server`] opens the application
-//! ([`crate::app::App`]), makes the first admin token on a first start, binds the REST API
+//! ([`crate::app::App`]), makes the user `admin` and its first token on a first start, binds the REST API
 //! ([`crate::api`]) and serves it until told to shut down; [`config`] is what it runs with and
 //! [`memory`] how its heap is tuned.
 
@@ -34,7 +34,7 @@ impl Server {
                 addr: config.listen,
                 source,
             })?;
-        let initial_token = app.ensure_admin_token().await?;
+        let initial_token = app.ensure_first_admin().await?;
         Ok(Server {
             listener,
             app,
@@ -44,7 +44,7 @@ impl Server {
         })
     }
 
-    /// The admin token created on this first start of the host (none exists in the store yet).
+    /// The token of the user `admin` created on this first start of the host (no user existed).
     /// It is shown once: only its hash is stored.
     pub fn initial_token(&self) -> Option<&str> {
         self.initial_token.as_deref()

@@ -85,9 +85,29 @@ uuid_id!(
     DryrunId
 );
 uuid_id!(
-    /// One admin token (the id, not the secret).
+    /// One API token (the id, not the secret).
     TokenId
 );
+uuid_id!(
+    /// One user.
+    UserId
+);
+uuid_id!(
+    /// One entry of the audit trail: time-ordered (UUIDv7), so newest-first is by id.
+    AuditId
+);
+
+impl AuditId {
+    pub fn new() -> AuditId {
+        AuditId(Uuid::now_v7())
+    }
+}
+
+impl Default for AuditId {
+    fn default() -> Self {
+        AuditId::new()
+    }
+}
 uuid_id!(
     /// One user-triggered deploy or repair.
     OperationId

@@ -1,5 +1,5 @@
 //! The persistence layer of orc-host: environments, intent versions, resource states, the action
-//! log, dryrun reports, admin tokens, SSH nodes (their credentials sealed, in a table of their
+//! log, dryrun reports, users with their roles and tokens, the audit trail, SSH nodes (their credentials sealed, in a table of their
 //! own), cluster templates (versioned) and the clusters made from them, and the plugin key/value
 //! store, on SQLite (the embedded default: one file in the data directory) or PostgreSQL
 //! (production, scale-out), with the same behaviour on both.
@@ -64,6 +64,7 @@ macro_rules! on_pool {
 }
 
 mod actions;
+mod audit;
 mod clusters;
 mod environments;
 mod error;
@@ -75,6 +76,7 @@ mod model;
 mod nodes;
 mod states;
 mod tokens;
+pub(crate) mod users;
 
 pub use clusters::{ClusterRecord, TemplateRecord};
 pub use error::StoreError;
@@ -83,6 +85,7 @@ pub use kv::DbKv;
 pub use model::*;
 pub use nodes::{NodeDeletion, NodePatched};
 pub use tokens::hash_token;
+pub use users::UserChange;
 
 use crate::scheduler::ErrorInfo;
 use error::backend;
@@ -356,6 +359,7 @@ const SQLITE_MIGRATIONS: Embedded = &[
     (3, "nodes", include_str!("../../migrations/sqlite/0003_nodes.sql")),
     (4, "clusters", include_str!("../../migrations/sqlite/0004_clusters.sql")),
     (5, "jobs", include_str!("../../migrations/sqlite/0005_jobs.sql")),
+    (6, "users", include_str!("../../migrations/sqlite/0006_users.sql")),
 ];
 const POSTGRES_MIGRATIONS: Embedded = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -363,6 +367,7 @@ const POSTGRES_MIGRATIONS: Embedded = &[
     (3, "nodes", include_str!("../../migrations/postgres/0003_nodes.sql")),
     (4, "clusters", include_str!("../../migrations/postgres/0004_clusters.sql")),
     (5, "jobs", include_str!("../../migrations/postgres/0005_jobs.sql")),
+    (6, "users", include_str!("../../migrations/postgres/0006_users.sql")),
 ];
 
 fn migrator(embedded: Embedded) -> Migrator {

@@ -292,10 +292,66 @@ pub struct Operation {
     pub result: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AdminToken {
-    pub id: TokenId,
+/// A user, as stored (the password's hash is read only to check a password).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserRecord {
+    pub id: UserId,
+    pub name: String,
+    pub admin: bool,
+    pub publisher: bool,
+    pub disabled: bool,
+    pub has_password: bool,
     pub created_at: Millis,
+}
+
+/// An API token (never its secret): whose it is, the narrower roles it carries if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRecord {
+    pub id: TokenId,
+    pub user_id: UserId,
+    pub user: String,
+    pub scope: Option<crate::access::Scope>,
+    pub description: String,
+    pub created_at: Millis,
+}
+
+/// A user's role in an environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Membership {
+    pub user_id: UserId,
+    pub user: String,
+    pub environment_id: EnvironmentId,
+    pub environment: String,
+    pub role: crate::access::Role,
+}
+
+/// One state-changing request, as the audit trail keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditRecord {
+    pub id: AuditId,
+    pub at: Millis,
+    pub user_id: Option<UserId>,
+    pub user: Option<String>,
+    pub token_id: Option<TokenId>,
+    pub method: String,
+    pub route: String,
+    pub path: String,
+    pub environment: Option<String>,
+    pub status: u16,
+    pub code: Option<String>,
+}
+
+/// Which audit entries to list: newest first, before `before` (a cursor), at most `limit`.
+#[derive(Debug, Clone, Default)]
+pub struct AuditFilter {
+    pub user: Option<String>,
+    pub environment: Option<String>,
+    pub since: Option<Millis>,
+    pub until: Option<Millis>,
+    /// Only refused or failed requests (status 400 and above), or only the others.
+    pub failed: Option<bool>,
+    pub before: Option<AuditId>,
+    pub limit: u32,
 }
 
 named_enum!(

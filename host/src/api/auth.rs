@@ -1,0 +1,159 @@
+//! Authentication, authorization and the audit trail, as one layer before every handler of
+//! `/api/v1` and the registry's API. For each request it finds the route's rule
+//! ([`access::rules`]), turns the bearer token into a [`Principal`] ([`App::authenticate`]),
+//! decides ([`Principal::allows`]) — 401 `unauthorized` without a valid token, 403 `forbidden`
+//! naming the missing role — hands the principal to the handler ([`Caller`]) and, for a
+//! state-changing request, writes who asked, what, when and the outcome to the audit trail.
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::{ApiError, AppState};
+use crate::access::{Principal, Rule, rules};
+use crate::app::App;
+use crate::store::{AuditId, AuditRecord, UserId, now_ms};
+
+/// The error code of an answer, for the audit trail (set by [`ApiError`]'s response).
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorCode(pub &'static str);
+
+/// Who the audit trail names for a request that carried no token (signing in): set by its
+/// handler on the answer.
+#[derive(Debug, Clone)]
+pub struct AuditSubject {
+    pub user_id: UserId,
+    pub user: String,
+    pub token_id: Option<crate::store::TokenId>,
+}
+
+/// The caller of a request, as the authorization layer found it.
+pub struct Caller(pub Arc<Principal>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Caller, ApiError> {
+        parts
+            .extensions
+            .get::<Arc<Principal>>()
+            .cloned()
+            .map(Caller)
+            .ok_or_else(ApiError::unauthorized)
+    }
+}
+
+/// The prefix the API is served under; rules name paths relative to it.
+const API_PREFIX: &str = "/api/v1";
+
+/// The layer of `/api/v1`: the rule is the matched route's.
+pub(super) async fn authorize_api(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().strip_prefix(API_PREFIX).unwrap_or(m.as_str()).to_string())
+        .unwrap_or_default();
+    let rule = rules::rule(request.method(), &route);
+    decide(&app, rule, route, request, next).await
+}
+
+/// The layer of the registry's API (`/registry`): reading is open, writing needs `publisher`.
+pub(super) async fn authorize_registry(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    let rule = rules::registry_rule(request.method());
+    let route = format!("/registry{}", request.uri().path());
+    decide(&app, Some(rule), route, request, next).await
+}
+
+async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let changes = !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS);
+    if rule == Some(Rule::Open) && !changes {
+        return next.run(request).await;
+    }
+    let (mut parts, body) = request.into_parts();
+    let env = RawPathParams::from_request_parts(&mut parts, &())
+        .await
+        .ok()
+        .and_then(|params| params.iter().find(|(name, _)| *name == "env").map(|(_, value)| value.to_string()));
+    let path: String = parts.uri.path().chars().take(2048).collect();
+    let token = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token);
+    let principal = match token {
+        Some(token) => match app.authenticate(token).await {
+            Ok(p) => p,
+            Err(e) => return ApiError::from(e).into_response(),
+        },
+        None => None,
+    };
+    let verdict = match (rule, &principal) {
+        (None, _) => {
+            tracing::error!(%method, route, "a route without an authorization rule was refused");
+            Err(ApiError::forbidden(format!(
+                "{method} {route} has no authorization rule; it is refused to everyone"
+            )))
+        }
+        (Some(Rule::Open), _) => Ok(()),
+        (Some(_), None) => Err(ApiError::unauthorized()),
+        (Some(rule), Some(p)) => p.allows(rule, env.as_deref()).map_err(|f| ApiError::forbidden(f.message)),
+    };
+    let has_body = parts.headers.contains_key(header::TRANSFER_ENCODING)
+        || parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|length| length.as_bytes() != b"0");
+    let response = match verdict {
+        Ok(()) => {
+            if let Some(p) = &principal {
+                parts.extensions.insert(p.clone());
+            }
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Err(refusal) => {
+            // The body stays unread, so hyper closes the connection after answering; saying so
+            // keeps a client from picking the closing connection for its next request.
+            let mut response = refusal.into_response();
+            if has_body {
+                response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            response
+        }
+    };
+    if changes {
+        let subject = response.extensions().get::<AuditSubject>().cloned();
+        let (user_id, user, token_id) = match (&principal, subject) {
+            (Some(p), _) => (Some(p.user_id), Some(p.user.clone()), Some(p.token_id)),
+            (None, Some(s)) => (Some(s.user_id), Some(s.user), s.token_id),
+            (None, None) => (None, None, None),
+        };
+        app.record_audit(AuditRecord {
+            id: AuditId::new(),
+            at: now_ms(),
+            user_id,
+            user,
+            token_id,
+            method: method.to_string(),
+            route,
+            path,
+            environment: env,
+            status: response.status().as_u16(),
+            code: response.extensions().get::<ErrorCode>().map(|c| c.0.to_string()),
+        })
+        .await;
+    }
+    response
+}
+
+/// The token of an `Authorization: Bearer <token>` value; the scheme's name is case-insensitive
+/// (RFC 7235).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}

@@ -1,0 +1,97 @@
+//! The audit trail: one row per state-changing request (who, what, when, the outcome), written
+//! by the API's authorization layer after the answer is known, listed newest first.
+
+use super::error::backend;
+use super::{AuditFilter, AuditId, AuditRecord, Result, Store, page_size, parse_id};
+
+type Row = (
+    String,
+    i64,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    String,
+    String,
+    String,
+    Option<String>,
+    i32,
+    Option<String>,
+);
+
+impl Store {
+    pub async fn insert_audit(&self, entry: &AuditRecord) -> Result<()> {
+        on_pool!(self, pool => {
+            sqlx::query(
+                "INSERT INTO audit (id, at, user_id, user_name, token_id, method, route, path, environment, status, code) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            )
+            .bind(entry.id.to_string())
+            .bind(entry.at)
+            .bind(entry.user_id.map(|u| u.to_string()))
+            .bind(entry.user.as_deref())
+            .bind(entry.token_id.map(|t| t.to_string()))
+            .bind(&entry.method)
+            .bind(&entry.route)
+            .bind(&entry.path)
+            .bind(entry.environment.as_deref())
+            .bind(i32::from(entry.status))
+            .bind(entry.code.as_deref())
+            .execute(pool)
+            .await
+            .map_err(backend("writing the audit trail"))?
+            .rows_affected()
+        });
+        Ok(())
+    }
+
+    /// The entries `filter` selects, newest first, and the cursor of the next page if any.
+    pub async fn list_audit(&self, filter: &AuditFilter) -> Result<(Vec<AuditRecord>, Option<AuditId>)> {
+        let limit = page_size(filter.limit);
+        let rows: Vec<Row> = on_pool!(self, pool => {
+            sqlx::query_as(
+                "SELECT id, at, user_id, user_name, token_id, method, route, path, environment, status, code FROM audit \
+                 WHERE ($1 IS NULL OR user_name = $1) AND ($2 IS NULL OR environment = $2) \
+                   AND ($3 IS NULL OR at >= $3) AND ($4 IS NULL OR at <= $4) \
+                   AND ($5 IS NULL OR (status >= 400) = $5) AND ($6 IS NULL OR id < $6) \
+                 ORDER BY id DESC LIMIT $7",
+            )
+            .bind(filter.user.as_deref())
+            .bind(filter.environment.as_deref())
+            .bind(filter.since)
+            .bind(filter.until)
+            .bind(filter.failed)
+            .bind(filter.before.map(|b| b.to_string()))
+            .bind(i64::from(limit) + 1)
+            .fetch_all(pool)
+            .await
+            .map_err(backend("reading the audit trail"))?
+        });
+        let mut items = rows
+            .into_iter()
+            .map(
+                |(id, at, user_id, user, token_id, method, route, path, environment, status, code)| {
+                    Ok(AuditRecord {
+                        id: parse_id(&id, "audit entry")?,
+                        at,
+                        user_id: user_id.map(|u| parse_id(&u, "user")).transpose()?,
+                        user,
+                        token_id: token_id.map(|t| parse_id(&t, "token")).transpose()?,
+                        method,
+                        route,
+                        path,
+                        environment,
+                        status: u16::try_from(status).unwrap_or_default(),
+                        code,
+                    })
+                },
+            )
+            .collect::<Result<Vec<_>>>()?;
+        let next = if items.len() > limit as usize {
+            items.truncate(limit as usize);
+            items.last().map(|e| e.id)
+        } else {
+            None
+        };
+        Ok((items, next))
+    }
+}
