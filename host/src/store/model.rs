@@ -1,5 +1,5 @@
 //! The records the store keeps, as Rust values: environments, intent versions, resource states
-//! and their status transitions, the action log, operations and dryrun reports, admin tokens,
+//! and their status transitions, the action log, operations and dryrun reports, users, tokens, memberships and the audit trail,
 //! nodes. (Typed ids are in `ids`, settings in [`crate::policy::settings`], the resource status
 //! in [`crate::scheduler`].) JSON documents (intents, changes, messages, reports) travel as JSON text: the store
 //! keeps them verbatim and never looks inside.

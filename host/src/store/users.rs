@@ -117,7 +117,8 @@ impl Store {
 
     /// A user and its password's hash (to check a password against).
     pub async fn find_user_with_password(&self, name: &str) -> Result<Option<(UserRecord, Option<String>)>> {
-        let row: Option<(String, String, bool, bool, bool, bool, i64, Option<String>)> = on_pool!(self, pool => {
+        type WithPassword = (String, String, bool, bool, bool, bool, i64, Option<String>);
+        let row: Option<WithPassword> = on_pool!(self, pool => {
             sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {USER_COLUMNS}, password_hash FROM users WHERE name = $1")))
                 .bind(name)
                 .fetch_optional(pool)

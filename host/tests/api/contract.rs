@@ -248,7 +248,7 @@ pub async fn bounded_query_parameters_are_refused_outside_their_range(backend: B
     );
 }
 
-/// Every operation that needs a token documents 401, every one with parameters or a body 400,
+/// Every operation that needs a token documents 401, every one that needs a role 403, every one with parameters or a body 400,
 /// every one with a body 413 and 415 — each with the error schema — and the optional dryrun
 /// body admits `null`, as the server does.
 pub async fn the_document_lists_the_errors_each_operation_can_answer(backend: Backend) {
@@ -275,7 +275,22 @@ pub async fn the_document_lists_the_errors_each_operation_can_answer(backend: Ba
                 let schema = &op["responses"][status]["content"]["application/json"]["schema"];
                 assert_eq!(schema, &error, "{method} {path} does not document {status} with the error schema");
             }
-            assert!(op["responses"].get("403").is_none(), "{method} {path}: no operation answers 403");
+            // The role it needs is said in its description; one that needs a role answers 403.
+            let description = op["description"].as_str().unwrap_or_default();
+            let needs_role = description.contains("role");
+            assert!(
+                open || description.contains("Needs any valid token") || needs_role,
+                "{method} {path} does not say what it needs: {description}"
+            );
+            if needs_role {
+                let schema = &op["responses"]["403"]["content"]["application/json"]["schema"];
+                assert_eq!(schema, &error, "{method} {path} needs a role but does not document 403");
+            } else {
+                assert!(
+                    op["responses"].get("403").is_none(),
+                    "{method} {path}: needs no role, yet documents 403"
+                );
+            }
             checked += 1;
         }
     }

@@ -16,6 +16,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
+mod access;
 mod contract;
 mod dropped;
 mod grants;
@@ -32,6 +33,7 @@ mod sandbox;
 
 use paths::encode;
 
+use access::*;
 use contract::*;
 use dropped::*;
 use grants::*;
@@ -97,6 +99,13 @@ on_both_backends!(
     bounded_query_parameters_are_refused_outside_their_range,
     the_document_lists_the_errors_each_operation_can_answer,
     each_path_takes_only_its_documented_methods,
+    every_route_answers_each_role_as_its_rule_says,
+    a_member_sees_nothing_of_another_environment,
+    a_publisher_uploads_but_cannot_deploy,
+    revoked_tokens_and_disabled_users_fail_at_once_even_on_an_open_stream,
+    passwords_sign_in_and_are_never_answered_or_stored,
+    a_token_carries_its_users_roles_or_a_narrower_set,
+    the_audit_trail_records_each_change_with_its_author,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");

@@ -778,24 +778,73 @@ pub async fn operations_lifecycle_and_interruption(db: &TestDb) -> Result<()> {
     Ok(())
 }
 
-pub async fn admin_tokens(db: &TestDb) -> Result<()> {
+/// Users own tokens; memberships go with their user or environment; no change leaves every
+/// enabled admin without a way in (a token or a password).
+pub async fn users_tokens_and_memberships(db: &TestDb) -> Result<()> {
+    use orc_host::access::Role;
+    use orc_host::store::UserChange;
     let store = &db.store;
-    assert_eq!(store.count_admin_tokens().await?, 0);
+    assert_eq!(store.count_tokens().await?, 0);
+    let admin = store.insert_user("admin", None, true, false).await?;
+    assert!(matches!(
+        store.insert_user("admin", None, false, false).await,
+        Err(StoreError::Conflict { .. })
+    ));
     let hash = hash_token("orc_s3cret");
     assert_eq!(hash.len(), 64);
-    let token = store.insert_admin_token(&hash).await?;
-    assert_eq!(store.find_admin_token(&hash).await?, Some(token.clone()));
-    assert_eq!(store.find_admin_token(&hash_token("orc_other")).await?, None);
-    assert_eq!(store.count_admin_tokens().await?, 1);
-    assert!(matches!(store.insert_admin_token(&hash).await, Err(StoreError::Conflict { .. })));
-    store.insert_admin_token(&hash_token("orc_second")).await?;
-    assert_eq!(store.count_admin_tokens().await?, 2);
-    store.delete_admin_token(&token.id).await?;
-    assert_eq!(store.find_admin_token(&hash).await?, None);
+    let token = store.insert_token(&hash, &admin.id, None, "first").await?;
+    let (id, scope, account) = store.find_credential(&hash).await?.unwrap();
+    assert_eq!((id, scope, account.name.as_str(), account.admin), (token.id, None, "admin", true));
+    assert_eq!(store.find_credential(&hash_token("orc_other")).await?, None);
     assert!(matches!(
-        store.delete_admin_token(&token.id).await,
-        Err(StoreError::NotFound { .. })
+        store.insert_token(&hash, &admin.id, None, "").await,
+        Err(StoreError::Conflict { .. })
     ));
+
+    // The admin's only token cannot go, nor can the admin be disabled or demoted.
+    assert!(matches!(store.delete_token(&token.id).await, Err(StoreError::Conflict { .. })));
+    for change in [
+        UserChange {
+            disabled: Some(true),
+            ..Default::default()
+        },
+        UserChange {
+            admin: Some(false),
+            ..Default::default()
+        },
+    ] {
+        assert!(matches!(
+            store.update_user(&admin.id, &change).await,
+            Err(StoreError::Conflict { .. })
+        ));
+    }
+    assert!(matches!(store.delete_user(&admin.id).await, Err(StoreError::Conflict { .. })));
+    assert!(store.find_credential(&hash).await?.is_some(), "a refused change changes nothing");
+    // With a password it has another way in.
+    let with_password = UserChange {
+        password_hash: Some(Some("$argon2id$…".into())),
+        ..Default::default()
+    };
+    store.update_user(&admin.id, &with_password).await?;
+    store.delete_token(&token.id).await?;
+    assert_eq!(store.find_credential(&hash).await?, None);
+    assert!(matches!(store.delete_token(&token.id).await, Err(StoreError::NotFound { .. })));
+
+    // Memberships, and what goes with a user.
+    let ann = store.insert_user("ann", None, false, false).await?;
+    let env = store.create_environment("prod", &Default::default()).await?;
+    store.set_membership(&ann.id, &env.id, Role::Viewer).await?;
+    store.set_membership(&ann.id, &env.id, Role::Owner).await?;
+    let members = store.members(&env.id).await?;
+    assert_eq!(
+        members.iter().map(|m| (m.user.as_str(), m.role)).collect::<Vec<_>>(),
+        [("ann", Role::Owner)]
+    );
+    let ann_token = store.insert_token(&hash_token("orc_ann"), &ann.id, None, "").await?;
+    assert_eq!(store.list_tokens(Some(&ann.id)).await?.len(), 1);
+    store.delete_user(&ann.id).await?;
+    assert!(matches!(store.get_token(&ann_token.id).await, Err(StoreError::NotFound { .. })));
+    assert!(store.members(&env.id).await?.is_empty());
     Ok(())
 }
 

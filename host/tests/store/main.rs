@@ -48,7 +48,7 @@ on_both_backends!(
         actions_batch_and_query_order,
         dryrun_lifecycle,
         operations_lifecycle_and_interruption,
-        admin_tokens,
+        users_tokens_and_memberships,
         db_kv_keeps_scopes_apart,
         db_kv_batches_answer_each_call_in_order,
         db_kv_answers_from_memory_like_the_database,
