@@ -2,7 +2,8 @@
 //! `/api/v1` and the registry's API. For each request it finds the route's rule
 //! ([`access::rules`]), turns the bearer token into a [`Principal`] ([`App::authenticate`]),
 //! decides ([`Principal::allows`]) — 401 `unauthorized` without a valid token, 403 `forbidden`
-//! naming the missing role — hands the principal to the handler ([`Caller`]) and, for a
+//! naming the missing role, 429 `rate_limited` past the token's request rate, 413 past the
+//! environment's body limit — hands the principal to the handler ([`Caller`]) and, for a
 //! state-changing request, writes who asked, what, when and the outcome to the audit trail.
 
 use std::sync::Arc;
@@ -92,7 +93,7 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
         },
         None => None,
     };
-    let verdict = match (rule, &principal) {
+    let mut verdict = match (rule, &principal) {
         (None, _) => {
             tracing::error!(%method, route, "a route without an authorization rule was refused");
             Err(ApiError::forbidden(format!(
@@ -103,16 +104,50 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
         (Some(_), None) => Err(ApiError::unauthorized()),
         (Some(rule), Some(p)) => p.allows(rule, env.as_deref()).map_err(|f| ApiError::forbidden(f.message)),
     };
-    let has_body = parts.headers.contains_key(header::TRANSFER_ENCODING)
-        || parts
+    if verdict.is_ok()
+        && let Some(p) = &principal
+        && let Err(wait) = app.count_request(p)
+    {
+        verdict = Err(ApiError::rate_limited(
+            wait,
+            format!(
+                "token {} of user `{}` is past its request rate (`token_requests_per_s`)",
+                p.token_id, p.user
+            ),
+        ));
+    }
+    // An environment may narrow the host's body limit: a declared length over it is refused
+    // now, an undeclared one while it is read.
+    let has_body = has_body(&parts.headers);
+    let mut body_limit = None;
+    if verdict.is_ok()
+        && has_body
+        && let Some(env) = env.as_deref()
+        && let Some(limit) = app.body_limit(env).await
+    {
+        let declared = parts
             .headers
             .get(header::CONTENT_LENGTH)
-            .is_some_and(|length| length.as_bytes() != b"0");
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|length| length > limit) {
+            verdict = Err(ApiError::new(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("the request body is larger than environment `{env}` accepts (`limits.max_body_bytes`: {limit})"),
+            ));
+        }
+        body_limit = Some(limit);
+    }
     let response = match verdict {
         Ok(()) => {
             if let Some(p) = &principal {
                 parts.extensions.insert(p.clone());
             }
+            let body = match body_limit {
+                Some(limit) => axum::body::Body::new(http_body_util::Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))),
+                None => body,
+            };
             next.run(Request::from_parts(parts, body)).await
         }
         Err(refusal) => {
@@ -148,6 +183,11 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
         .await;
     }
     response
+}
+
+/// Whether the request says it carries a body.
+fn has_body(headers: &axum::http::HeaderMap) -> bool {
+    headers.contains_key(header::TRANSFER_ENCODING) || headers.get(header::CONTENT_LENGTH).is_some_and(|length| length.as_bytes() != b"0")
 }
 
 /// The token of an `Authorization: Bearer <token>` value; the scheme's name is case-insensitive

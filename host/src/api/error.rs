@@ -19,6 +19,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// Seconds for a `Retry-After` header (a 429).
+    pub retry_after_s: Option<u64>,
 }
 
 /// The body of every error answer.
@@ -37,6 +39,15 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after_s: None,
+        }
+    }
+
+    /// 429 `rate_limited` with `Retry-After` (at least a second).
+    pub fn rate_limited(retry_after_s: u64, message: impl Into<String>) -> ApiError {
+        ApiError {
+            retry_after_s: Some(retry_after_s.max(1)),
+            ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message)
         }
     }
 
@@ -76,6 +87,11 @@ impl IntoResponse for ApiError {
         });
         let mut response = (self.status, body).into_response();
         response.extensions_mut().insert(super::auth::ErrorCode(code));
+        if let Some(seconds) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from(seconds));
+        }
         response
     }
 }
@@ -132,6 +148,8 @@ impl From<EnvError> for ApiError {
             EnvError::CapabilityInUse { .. } => ApiError::new(StatusCode::CONFLICT, "capability_in_use", e.to_string()),
             EnvError::ReservedType(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "reserved_resource_type", e.to_string()),
             EnvError::NoVersion(_) => ApiError::new(StatusCode::CONFLICT, "no_version", e.to_string()),
+            EnvError::TooManyResources { .. } => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_many_resources", e.to_string()),
+            EnvError::RateLimited { retry_after_s, .. } => ApiError::rate_limited(retry_after_s, e.to_string()),
             EnvError::SchedulerUnavailable { .. } => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "scheduler_unavailable", e.to_string()),
             EnvError::Intent(e) => e.into(),
             EnvError::Pin(e) => (*e).into(),

@@ -49,7 +49,7 @@ pub(super) struct Login {
 
 /// Signs in with a user's name and password: a new token of that user. A wrong name, a wrong
 /// password and a disabled user get the same answer, after the same work.
-#[utoipa::path(post, path = "/login", tag = "access", security(()),
+#[utoipa::path(post, path = "/login", tag = "access", security(()), request_body = Login,
     responses((status = 201, body = NewToken), (status = 401, description = "Wrong name or password (`invalid_credentials`)", body = ErrorBody)))]
 async fn login(State(app): State<AppState>, Json(body): Json<Login>) -> Result<axum::response::Response> {
     let description = if body.description.is_empty() {
@@ -118,7 +118,7 @@ pub(super) struct CreateUser {
     publisher: bool,
 }
 
-#[utoipa::path(post, path = "/users", tag = "access",
+#[utoipa::path(post, path = "/users", tag = "access", request_body = CreateUser,
     responses((status = 201, body = User), (status = 409, description = "The name is taken", body = ErrorBody),
         (status = 422, description = "An invalid name or password", body = ErrorBody)))]
 async fn create_user(State(app): State<AppState>, Json(body): Json<CreateUser>) -> Result<impl IntoResponse> {
@@ -174,7 +174,7 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option
     Option::<String>::deserialize(d).map(Some)
 }
 
-#[utoipa::path(patch, path = "/users/{user}", tag = "access", params(("user" = String, Path)),
+#[utoipa::path(patch, path = "/users/{user}", tag = "access", params(("user" = String, Path)), request_body = ChangeUser,
     responses((status = 200, body = User), (status = 404, body = ErrorBody),
         (status = 409, description = "No enabled admin would keep a way in", body = ErrorBody), (status = 422, body = ErrorBody)))]
 async fn change_user(State(app): State<AppState>, Path(name): Path<String>, Json(body): Json<ChangeUser>) -> Result<axum::Json<User>> {
@@ -223,7 +223,7 @@ pub(super) struct SetMember {
 }
 
 /// Gives a user a role in the environment (replacing the one it had there).
-#[utoipa::path(put, path = "/environments/{env}/members/{user}", tag = "access",
+#[utoipa::path(put, path = "/environments/{env}/members/{user}", tag = "access", request_body = SetMember,
     params(("env" = String, Path, description = "Environment name or id"), ("user" = String, Path)),
     responses((status = 200, body = Member), (status = 404, body = ErrorBody)))]
 async fn set_member(

@@ -7,6 +7,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use std::num::NonZeroU32;
+
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tokio::sync::watch;
 
 use super::{AccessError, App, EnvError};
@@ -16,17 +20,26 @@ use crate::store::{AuditFilter, AuditId, AuditRecord, Membership, StoreError, To
 /// Most principals kept; past it the cache starts over.
 const CACHE_ENTRIES: usize = 10_000;
 
-/// The cache of principals by token hash, and the generation of access (bumped on each change).
+/// The cache of principals by token hash, the generation of access (bumped on each change),
+/// and each token's request rate.
 pub(super) struct AccessCache {
     principals: std::sync::Mutex<HashMap<String, Arc<Principal>>>,
     changed: watch::Sender<u64>,
+    rates: Option<DefaultKeyedRateLimiter<TokenId>>,
 }
 
 impl AccessCache {
-    pub(super) fn new() -> AccessCache {
+    /// `per_s` requests per second per token on average, `burst` at once above it; no limit
+    /// when `per_s` is 0.
+    pub(super) fn new(per_s: u32, burst: u32) -> AccessCache {
+        let rates = NonZeroU32::new(per_s).map(|per_s| {
+            let burst = NonZeroU32::new(burst).unwrap_or(per_s);
+            RateLimiter::keyed(Quota::per_second(per_s).allow_burst(burst))
+        });
         AccessCache {
             principals: std::sync::Mutex::new(HashMap::new()),
             changed: watch::channel(0).0,
+            rates,
         }
     }
 }
@@ -160,6 +173,28 @@ impl App {
             cache.insert(hash.to_string(), principal.clone());
         }
         Ok(Some(principal))
+    }
+
+    /// Counts one request of `caller`'s token: `Err(seconds)` to wait when it is past its rate.
+    pub fn count_request(&self, caller: &Principal) -> Result<(), u64> {
+        let Some(rates) = &self.access.rates else {
+            return Ok(());
+        };
+        if let Err(not_until) = rates.check_key(&caller.token_id) {
+            let wait = not_until.wait_time_from(DefaultClock::default().now());
+            return Err(wait.as_secs() + u64::from(wait.subsec_nanos() > 0));
+        }
+        // Forget tokens idle long enough to be back at a full burst, now and then.
+        if rates.len() > CACHE_ENTRIES {
+            rates.retain_recent();
+        }
+        Ok(())
+    }
+
+    /// The largest body a request for environment `key` may carry, when the environment
+    /// narrows the host's limit (`limits.max_body_bytes`).
+    pub async fn body_limit(&self, key: &str) -> Option<u64> {
+        self.get(key).await.ok().and_then(|env| env.settings.limits.max_body_bytes)
     }
 
     /// Changes when users, roles, tokens or environment names change: an open event stream

@@ -52,6 +52,11 @@ pub enum EnvError {
     ReservedType(ResourceId),
     #[error("environment `{0}` has no intent version yet")]
     NoVersion(String),
+    #[error("the intent has {count} resources; environment `{environment}` takes at most {limit} (`limits.max_resources_per_intent`)")]
+    TooManyResources { environment: String, count: usize, limit: u64 },
+    /// Past one of the environment's rate limits: nothing was done; try again after `retry_after_s`.
+    #[error("{what}; try again in {retry_after_s} s")]
+    RateLimited { what: String, retry_after_s: u64 },
     /// The environment's scheduler stopped on its own (see its log): nothing that needs it can
     /// be done until the host is restarted.
     #[error("the scheduler of environment `{environment}` is not running ({reason}); restart the host")]

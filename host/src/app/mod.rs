@@ -117,7 +117,7 @@ impl App {
             observers: Vec::new(),
             metrics: Arc::new(Metrics::new()),
             stopping: tokio::sync::watch::channel(false).0,
-            access: access::AccessCache::new(),
+            access: access::AccessCache::new(config.token_requests_per_s, config.token_burst),
         };
         for env in environments.store.list_environments().await? {
             // One environment that cannot resume (say, a plugin gone from the registry) must

@@ -73,6 +73,14 @@ impl App {
             None => return Err(EnvError::NoVersion(env.name)),
         };
         let running = self.running(&env).await?;
+        let limit = env.settings.limits.concurrent_dryruns;
+        let slot = running.dryrun_slot(limit).ok_or_else(|| EnvError::RateLimited {
+            what: format!(
+                "environment `{}` runs {limit} dryruns already (`limits.concurrent_dryruns`)",
+                env.name
+            ),
+            retry_after_s: 1,
+        })?;
         let loaded = match running.released(version) {
             Some(shared) => shared,
             None => Arc::new(self.load_version(&env.id, version, &running.grants()).await?),
@@ -83,6 +91,7 @@ impl App {
         tokio::spawn(async move {
             let findings = crate::scheduler::dryrun_each(&loaded, &ctx, concurrency, per_node, ResourceFinding::of).await;
             drop(loaded);
+            drop(slot);
             let result = DryrunResult::from_findings(version, findings);
             let json = serde_json::to_string(&result).expect("a dryrun report serialises");
             if let Err(e) = store.complete_dryrun(&env.id, &id, DryrunStatus::Done, &json).await {

@@ -44,9 +44,29 @@ pub(crate) struct Running {
     /// environment before the delete answers that it is gone (404), not that its scheduler
     /// stopped (503).
     pub(super) deleted: std::sync::atomic::AtomicBool,
+    /// Dryruns running now, against `limits.concurrent_dryruns`.
+    pub(super) dryruns: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// One running dryrun, counted in [`Running::dryruns`] until dropped.
+pub(super) struct DryrunSlot(Arc<std::sync::atomic::AtomicU64>);
+
+impl Drop for DryrunSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Running {
+    /// A slot for one more dryrun, unless `limit` run already.
+    pub(super) fn dryrun_slot(&self, limit: u64) -> Option<DryrunSlot> {
+        use std::sync::atomic::Ordering;
+        self.dryruns
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1))
+            .ok()
+            .map(|_| DryrunSlot(self.dryruns.clone()))
+    }
+
     pub(crate) fn ctx(&self) -> CallContext {
         self.ctx.read().expect("call context").clone()
     }
@@ -228,6 +248,7 @@ impl App {
             counts,
             released: std::sync::Mutex::new(None),
             deleted: std::sync::atomic::AtomicBool::new(false),
+            dryruns: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         });
         if let Some(version) = released {
             // Not waited for: a request that needs the environment need not wait for its

@@ -20,6 +20,14 @@ impl App {
     pub async fn submit(&self, key: &str, intent_json: &[u8]) -> Result<(VersionInfo, bool), EnvError> {
         let env = self.get(key).await?;
         let submitted = Intent::parse(intent_json)?;
+        let limit = env.settings.limits.max_resources_per_intent;
+        if submitted.resources.len() as u64 > limit {
+            return Err(EnvError::TooManyResources {
+                environment: env.name,
+                count: submitted.resources.len(),
+                limit,
+            });
+        }
         if let Some(task) = submitted
             .resources
             .iter()
@@ -30,8 +38,29 @@ impl App {
         let running = self.running(&env).await?;
         let _turn = running.releases.lock().await;
         running.check_scheduler()?;
+        self.check_version_rate(&env).await?;
         let intent = self.with_cluster_tasks(&env, submitted.resources).await?;
         self.store_version(&env, &running, intent, env.settings.auto_deploy).await
+    }
+
+    /// Refuses a new version past the environment's `limits.versions_per_hour` (counted over the
+    /// last hour, under the release turn, so concurrent submissions cannot pass it together).
+    async fn check_version_rate(&self, env: &Environment) -> Result<(), EnvError> {
+        const HOUR_MS: i64 = 3_600_000;
+        let limit = env.settings.limits.versions_per_hour;
+        let now = crate::store::now_ms();
+        let (count, oldest) = self.store.versions_since(&env.id, now - HOUR_MS).await?;
+        if (count as u64) < limit {
+            return Ok(());
+        }
+        let frees_at = oldest.unwrap_or(now) + HOUR_MS;
+        Err(EnvError::RateLimited {
+            what: format!(
+                "environment `{}` made {count} intent versions in the last hour; it may make {limit} (`limits.versions_per_hour`)",
+                env.name
+            ),
+            retry_after_s: u64::try_from((frees_at - now + 999) / 1000).unwrap_or(1),
+        })
     }
 
     /// `resources` without cluster tasks, plus every cluster's current tasks: clusters keep
@@ -87,6 +116,7 @@ impl App {
         let env = self.get(key).await?;
         let running = self.running(&env).await?;
         let _turn = running.releases.lock().await;
+        self.check_version_rate(&env).await?;
         let stored = Intent::parse(self.store.get_version(&env.id, to).await?.document.as_bytes())?;
         let intent = self.with_cluster_tasks(&env, stored.resources).await?;
         self.submit_and_release(&env, &running, intent).await

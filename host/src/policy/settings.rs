@@ -38,6 +38,38 @@ pub struct EnvironmentSettings {
     pub kv_quota: KvQuotaSettings,
     /// How commands on the environment's local node are confined: network, and limits.
     pub local_commands: LocalCommandSettings,
+    /// What the environment's users may ask of the host: against a noisy tenant.
+    pub limits: RequestLimits,
+}
+
+/// Limits on what an environment's users may ask, each answered with a clear refusal (413 or
+/// 429 with `Retry-After`) that loses nothing already accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct RequestLimits {
+    /// Most resources in one submitted intent (413 `too_many_resources`): 1 to 1,000,000;
+    /// default 200,000.
+    pub max_resources_per_intent: u64,
+    /// Most intent versions made in any hour (429 `rate_limited`, with `Retry-After`): 1 to
+    /// 1,000,000; default 3,600.
+    pub versions_per_hour: u64,
+    /// Most dryruns running at once (429 `rate_limited`): 1 to 64; default 4.
+    pub concurrent_dryruns: u64,
+    /// Largest request body for this environment's routes, in bytes (413 `too_large`): 1,024 to
+    /// 1 GiB; `null` (the default): the host's `max_body_bytes` alone. The host's limit always
+    /// holds too.
+    pub max_body_bytes: Option<u64>,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        RequestLimits {
+            max_resources_per_intent: 200_000,
+            versions_per_hour: 3_600,
+            concurrent_dryruns: 4,
+            max_body_bytes: None,
+        }
+    }
 }
 
 /// The sandbox of commands on an environment's local node (`capability::sandbox`): whether they
@@ -257,6 +289,22 @@ impl EnvironmentSettings {
                 16 << 40,
                 " (16 TiB)",
             ),
+            (
+                "limits.max_resources_per_intent",
+                self.limits.max_resources_per_intent,
+                1,
+                1_000_000,
+                "",
+            ),
+            ("limits.versions_per_hour", self.limits.versions_per_hour, 1, 1_000_000, ""),
+            ("limits.concurrent_dryruns", self.limits.concurrent_dryruns, 1, 64, ""),
+            (
+                "limits.max_body_bytes",
+                self.limits.max_body_bytes.unwrap_or(1024),
+                1024,
+                1 << 30,
+                " (1 GiB)",
+            ),
         ];
         for (field, value, min, max, why) in bounded {
             if value < min {
@@ -283,6 +331,7 @@ impl Default for EnvironmentSettings {
             capabilities: CapabilitySettings::default(),
             kv_quota: KvQuotaSettings::default(),
             local_commands: LocalCommandSettings::default(),
+            limits: RequestLimits::default(),
         }
     }
 }

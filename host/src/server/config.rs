@@ -23,6 +23,11 @@ pub struct HostConfig {
     pub database: Option<String>,
     /// Largest request body accepted, in bytes; a larger one is answered 413.
     pub max_body_bytes: usize,
+    /// Requests per second each token may make on average (429 `rate_limited` with
+    /// `Retry-After` past it); 0: no limit.
+    pub token_requests_per_s: u32,
+    /// How many requests a token may make at once above that rate.
+    pub token_burst: u32,
     /// At shutdown, how long actions in flight get to finish (and be recorded) before they are
     /// abandoned; a restart runs abandoned actions again.
     pub shutdown_grace_s: u64,
@@ -47,6 +52,8 @@ impl Default for HostConfig {
             data_dir: PathBuf::from(".orc"),
             database: None,
             max_body_bytes: 16 * 1024 * 1024,
+            token_requests_per_s: 1_000,
+            token_burst: 2_000,
             shutdown_grace_s: 30,
             environment_defaults: EnvironmentSettings::default(),
             secret_key_file: None,

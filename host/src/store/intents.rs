@@ -16,6 +16,19 @@ fn version_not_found(env: &EnvironmentId, version: i64) -> StoreError {
 
 impl Store {
     /// Stores `document` (JSON text) as the environment's next version.
+    /// How many versions of the environment were made at or after `since`, and when the oldest
+    /// of them was.
+    pub async fn versions_since(&self, env: &EnvironmentId, since: super::Millis) -> Result<(i64, Option<super::Millis>)> {
+        on_pool!(self, pool => {
+            sqlx::query_as("SELECT COUNT(*), MIN(created_at) FROM intent_versions WHERE environment_id = $1 AND created_at >= $2")
+                .bind(env.to_string())
+                .bind(since)
+                .fetch_one(pool)
+                .await
+                .map_err(backend_with(|| format!("counting the recent versions of environment {env}")))
+        })
+    }
+
     pub async fn submit_version(&self, env: &EnvironmentId, document: &str) -> Result<VersionInfo> {
         let now = now_ms();
         let context = || format!("submitting a version to environment {env}");

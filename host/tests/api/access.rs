@@ -574,3 +574,121 @@ pub async fn the_audit_trail_records_each_change_with_its_author(backend: Backen
     assert_eq!(denied.status(), StatusCode::FORBIDDEN);
     host.stop().await;
 }
+
+/// Limits against a noisy tenant answer 413 or 429 with `Retry-After`, and lose nothing
+/// already accepted: resources per intent, versions per hour, concurrent dryruns, an
+/// environment's body size, and a token's request rate (another token is not slowed).
+pub async fn limits_answer_413_and_429_and_lose_nothing_accepted(backend: Backend) {
+    let data = super::Data::fresh(backend).await;
+    let host = Host::start_configured(data, None, |config| {
+        config.token_requests_per_s = 2;
+        config.token_burst = 40;
+    })
+    .await;
+    let fixture = orc_plugin_artifacts::FIXTURES.iter().find(|a| a.name == "misbehave").unwrap();
+    let root = host.base.trim_end_matches("/api/v1").to_string();
+    let published = host
+        .client
+        .post(format!("{root}/registry/v1/plugins"))
+        .bearer_auth(&host.token)
+        .body(fixture.bytes.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert!(published.status().is_success());
+    let limits = json!({"max_resources_per_intent": 2, "versions_per_hour": 2, "concurrent_dryruns": 1, "max_body_bytes": 2048});
+    let everything = json!({ "node_files": true, "node_commands": true, "http": true, "kv": true });
+    let (status, env) = host
+        .post(
+            "/environments",
+            &json!({"name": "lim", "settings": {"limits": limits, "capabilities": everything}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{env}");
+    let slow = |n: usize| {
+        let resources: Vec<Value> = (0..n)
+            .map(|i| json!({"id": format!("misbehave[local,r{i}]"), "adaptor": format!("misbehave@{}", fixture.version), "attributes": {"behave": "slow", "ms": 3000}}))
+            .collect();
+        json!({ "resources": resources })
+    };
+
+    let (status, body) = host.post("/environments/lim/intents", &slow(3)).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("too_many_resources")),
+        "{body}"
+    );
+    assert!(
+        body["message"].as_str().unwrap().contains("limits.max_resources_per_intent"),
+        "{body}"
+    );
+    for _ in 0..2 {
+        let (status, body) = host.post("/environments/lim/intents", &slow(1)).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+    }
+    let third = call(&host, Some(&host.token), Method::POST, "/environments/lim/intents", Some(&slow(1))).await;
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = third.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=3600).contains(&retry), "{retry}");
+    let (_, body) = json_of(third).await;
+    assert!(body["message"].as_str().unwrap().contains("limits.versions_per_hour"), "{body}");
+    // A body over the environment's limit, declared or not.
+    let big = json!({"resources": [], "padding": "x".repeat(4096)});
+    let (status, body) = host.post("/environments/lim/intents", &big).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, Some("too_large")),
+        "{body}"
+    );
+    let chunked = reqwest::Body::wrap_stream(futures::stream::iter(vec![Ok::<_, std::io::Error>(big.to_string().into_bytes())]));
+    let resp = host
+        .client
+        .post(format!("{}/environments/lim/intents", host.base))
+        .bearer_auth(&host.token)
+        .header("content-type", "application/json")
+        .body(chunked)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    // Nothing accepted was lost.
+    let (_, versions) = host.get("/environments/lim/intents").await;
+    assert_eq!(versions["items"].as_array().unwrap().len(), 2, "{versions}");
+
+    // One dryrun at a time: the first reads for 3 s.
+    let first = call(&host, Some(&host.token), Method::POST, "/environments/lim/dryrun", None).await;
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    let second = call(&host, Some(&host.token), Method::POST, "/environments/lim/dryrun", None).await;
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(second.headers().contains_key("retry-after"));
+    let (_, first) = json_of(first).await;
+    let id = first["id"].as_str().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, report) = host.get(&format!("/environments/lim/dryruns/{id}")).await;
+        if report["status"] != "running" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{report}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let third = call(&host, Some(&host.token), Method::POST, "/environments/lim/dryrun", None).await;
+    assert_eq!(third.status(), StatusCode::ACCEPTED, "a finished dryrun frees its slot");
+
+    // A token past its rate (2/s, 40 at once) is answered 429; another token is not.
+    let other = user_with_token(&host, "calm", json!({})).await;
+    let mut limited = None;
+    for _ in 0..200 {
+        let resp = call(&host, Some(&host.token), Method::GET, "/me", None).await;
+        if resp.status() == StatusCode::TOO_MANY_REQUESTS {
+            limited = Some(resp);
+            break;
+        }
+    }
+    let limited = limited.expect("the token was never limited");
+    assert!(limited.headers().contains_key("retry-after"));
+    let (_, body) = json_of(limited).await;
+    assert_eq!(body["code"], "rate_limited", "{body}");
+    assert_eq!(call(&host, Some(&other), Method::GET, "/me", None).await.status(), StatusCode::OK);
+    host.stop().await;
+}

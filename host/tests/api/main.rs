@@ -106,6 +106,7 @@ on_both_backends!(
     passwords_sign_in_and_are_never_answered_or_stored,
     a_token_carries_its_users_roles_or_a_narrower_set,
     the_audit_trail_records_each_change_with_its_author,
+    limits_answer_413_and_429_and_lose_nothing_accepted,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");
