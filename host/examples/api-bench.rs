@@ -398,9 +398,11 @@ async fn main() -> Result<()> {
         url if url.starts_with("postgres://") || url.starts_with("postgresql://") => Some(PgDatabase::create(url).await?),
         other => bail!("STORE must be `sqlite` or a postgres:// URL, not `{other}`"),
     };
-    let host = Host::spawn(&bin, data.path(), pg.as_ref().map(|db| db.url.as_str())).await?;
+    let mut host = Host::spawn(&bin, data.path(), pg.as_ref().map(|db| db.url.as_str())).await?;
     let started = host.memory()?;
     let published = host.publish(orc_plugin_artifacts::BENCH_MEMORY.bytes).await?;
+    // Every timed request carries a member's token, not the admin's: authorization is paid for.
+    host.act_as_member("bench").await?;
     println!(
         "orc-host serve (pid {}, {}) at {}, {} published; {n} bench-memory resources on node `local`, \
          64 actions at once; server at start: {started}",
@@ -409,6 +411,7 @@ async fn main() -> Result<()> {
         host.base,
         published.get("digest").and_then(Value::as_str).unwrap_or("bench-memory"),
     );
+    println!("requests carry the token of user `bench`, owner of each environment (not an admin)");
     println!("load average at start: {}", load_average());
     let cases: &[(&str, bool)] = if rss_only || files {
         &[("independent", false)]

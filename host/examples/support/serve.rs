@@ -98,7 +98,12 @@ pub struct Host {
     child: Child,
     pub pid: u32,
     pub base: String,
+    /// The admin's token: creates environments and users, publishes plugins.
+    admin: String,
+    /// What every other request carries: the admin's token, or a member's ([`Host::act_as_member`]).
     token: String,
+    /// The member every new environment makes its owner.
+    member: Option<String>,
     http: reqwest::Client,
 }
 
@@ -136,7 +141,9 @@ impl Host {
             child,
             pid,
             base: addr.expect("read"),
+            admin: token.clone().expect("read"),
             token: token.expect("read"),
+            member: None,
             http: reqwest::Client::builder().pool_max_idle_per_host(4).build()?,
         })
     }
@@ -155,8 +162,34 @@ impl Host {
         switches_of(self.pid)
     }
 
+    /// From now on, requests carry the token of user `name` (created here, not an admin), who is
+    /// made the owner of every environment created from now on: what authorization costs shows.
+    pub async fn act_as_member(&mut self, name: &str) -> Result<()> {
+        let (status, body) = self
+            .send_as(
+                &self.admin,
+                self.http.post(format!("{}/api/v1/users", self.base)).json(&json!({ "name": name })),
+            )
+            .await?;
+        ensure!(status == StatusCode::CREATED, "creating user {name}: {status} {body}");
+        let (status, body) = self
+            .send_as(
+                &self.admin,
+                self.http.post(format!("{}/api/v1/users/{name}/tokens", self.base)).json(&json!({})),
+            )
+            .await?;
+        ensure!(status == StatusCode::CREATED, "a token for {name}: {status} {body}");
+        self.token = body["token"].as_str().ok_or_else(|| anyhow!("no token in {body}"))?.to_string();
+        self.member = Some(name.to_string());
+        Ok(())
+    }
+
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<(StatusCode, Value)> {
-        let response = request.bearer_auth(&self.token).send().await?;
+        self.send_as(&self.token, request).await
+    }
+
+    async fn send_as(&self, token: &str, request: reqwest::RequestBuilder) -> Result<(StatusCode, Value)> {
+        let response = request.bearer_auth(token).send().await?;
         let status = response.status();
         let bytes = response.bytes().await?;
         let value = if bytes.is_empty() {
@@ -188,7 +221,8 @@ impl Host {
     /// Publishes a plugin to the server's registry (`/registry`, the token is needed to write).
     pub async fn publish(&self, bytes: &'static [u8]) -> Result<Value> {
         let (status, body) = self
-            .send(
+            .send_as(
+                &self.admin,
                 self.http
                     .post(format!("{}/registry/v1/plugins", self.base))
                     .header("content-type", "application/wasm")
@@ -201,13 +235,20 @@ impl Host {
 
     /// Creates an environment with `settings` (as `POST /api/v1/environments` takes them).
     pub async fn create_environment(&self, name: &str, settings: Value) -> Result<()> {
-        let (status, body) = self
-            .post(
-                "/api/v1/environments",
-                serde_json::to_vec(&json!({ "name": name, "settings": settings }))?,
-            )
-            .await?;
+        let request = self
+            .http
+            .post(format!("{}/api/v1/environments", self.base))
+            .json(&json!({ "name": name, "settings": settings }));
+        let (status, body) = self.send_as(&self.admin, request).await?;
         ensure!(status == StatusCode::CREATED, "creating {name}: {status} {body}");
+        if let Some(member) = &self.member {
+            let request = self
+                .http
+                .put(format!("{}/api/v1/environments/{name}/members/{member}", self.base))
+                .json(&json!({ "role": "owner" }));
+            let (status, body) = self.send_as(&self.admin, request).await?;
+            ensure!(status == StatusCode::OK, "making {member} the owner of {name}: {status} {body}");
+        }
         Ok(())
     }
 
