@@ -62,3 +62,9 @@ CREATE TABLE audit (
 
 CREATE INDEX audit_by_user ON audit (user_name, id);
 CREATE INDEX audit_by_environment ON audit (environment, id);
+
+-- Who made each intent version, deploy, repair and dryrun, and who last changed each node (a
+-- user's name); NULL: the host itself (a cluster watcher, a lease), or made before users.
+ALTER TABLE intent_versions ADD COLUMN author TEXT;
+ALTER TABLE jobs ADD COLUMN author TEXT;
+ALTER TABLE nodes ADD COLUMN changed_by TEXT;

@@ -11,6 +11,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::auth::Caller;
 use super::extract::{OptionalJson, Path};
 use super::{ApiError, AppState, ErrorBody, Result};
 use crate::scheduler::dryrun::report::DryrunResult;
@@ -35,6 +36,8 @@ pub(super) struct OperationView {
     status: OperationStatus,
     created_at: Millis,
     finished_at: Option<Millis>,
+    /// The user who started it.
+    author: Option<String>,
     /// Once `done`: the released version, resources per status, and actions per outcome that
     /// started while it ran.
     #[schema(value_type = Option<Object>, example = json!({"version": 3, "resources": {"deployed": 12}, "actions": {"unchanged": 11, "changed": 1}}))]
@@ -49,6 +52,7 @@ impl From<Operation> for OperationView {
             status: op.status,
             created_at: op.created_at,
             finished_at: op.finished_at,
+            author: op.author,
             result: op.result.and_then(|r| serde_json::from_str(&r).ok()),
         }
     }
@@ -63,6 +67,8 @@ pub(super) struct DryrunView {
     status: DryrunStatus,
     created_at: Millis,
     finished_at: Option<Millis>,
+    /// The user who started it.
+    author: Option<String>,
     /// Once `done`: per resource the changes or "no change", and what could not be checked and
     /// why. A `failed` dryrun carries `{error: {code, message}}` instead.
     /// The stored report as it is (no tree of values: 100,000 findings are tens of MiB).
@@ -78,6 +84,7 @@ impl From<DryrunReport> for DryrunView {
             status: d.status,
             created_at: d.created_at,
             finished_at: d.finished_at,
+            author: d.author,
             // Stored by this host, so valid JSON; checked anyway (no tree is built).
             report: d.report.and_then(|r| RawValue::from_string(r).ok()),
         }
@@ -100,8 +107,8 @@ fn accepted<T: Serialize>(location: String, body: T) -> impl IntoResponse {
     (StatusCode::ACCEPTED, [(header::LOCATION, location)], axum::Json(body))
 }
 
-async fn operation(envs: AppState, env: String, kind: OperationKind) -> Result<impl IntoResponse> {
-    let op = envs.start_operation(&env, kind).await?;
+async fn operation(envs: AppState, caller: Caller, env: String, kind: OperationKind) -> Result<impl IntoResponse> {
+    let op = envs.start_operation(&env, kind, Some(&caller.0.user)).await?;
     let location = format!("/api/v1/environments/{env}/operations/{}", op.id);
     Ok(accepted(location, OperationView::from(op)))
 }
@@ -110,16 +117,16 @@ async fn operation(envs: AppState, env: String, kind: OperationKind) -> Result<i
 #[utoipa::path(post, path = "/environments/{env}/deploy", tag = "actions",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 202, body = OperationView, headers(("Location" = String, description = "Where to fetch the outcome"))), (status = 404, body = ErrorBody)))]
-async fn deploy(State(envs): State<AppState>, Path(env): Path<String>) -> Result<impl IntoResponse> {
-    operation(envs, env, OperationKind::Deploy).await
+async fn deploy(State(envs): State<AppState>, caller: Caller, Path(env): Path<String>) -> Result<impl IntoResponse> {
+    operation(envs, caller, env, OperationKind::Deploy).await
 }
 
 /// Re-reads every resource now and restores what drifted.
 #[utoipa::path(post, path = "/environments/{env}/repair", tag = "actions",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 202, body = OperationView, headers(("Location" = String, description = "Where to fetch the outcome"))), (status = 404, body = ErrorBody)))]
-async fn repair(State(envs): State<AppState>, Path(env): Path<String>) -> Result<impl IntoResponse> {
-    operation(envs, env, OperationKind::Repair).await
+async fn repair(State(envs): State<AppState>, caller: Caller, Path(env): Path<String>) -> Result<impl IntoResponse> {
+    operation(envs, caller, env, OperationKind::Repair).await
 }
 
 #[utoipa::path(get, path = "/environments/{env}/operations/{id}", tag = "actions",
@@ -147,11 +154,12 @@ async fn get_operation(State(envs): State<AppState>, Path((env, id)): Path<(Stri
     ))]
 async fn start_dryrun(
     State(envs): State<AppState>,
+    Caller(caller): Caller,
     Path(env): Path<String>,
     OptionalJson(request): OptionalJson<DryrunRequest>,
 ) -> Result<impl IntoResponse> {
     let version = request.and_then(|r| r.version);
-    let report = envs.start_dryrun(&env, version).await?;
+    let report = envs.start_dryrun(&env, version, Some(&caller.user)).await?;
     let location = format!("/api/v1/environments/{env}/dryruns/{}", report.id);
     Ok(accepted(location, DryrunView::from(report)))
 }

@@ -10,6 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::auth::Caller;
 use super::extract::{Json, Path, Query};
 use super::{ApiError, AppState, ErrorBody, Result};
 use crate::app::clusters::{AmendRequest, ClusterView, CreateRequest, Outcome, PlanPreview, ReconfigureRequest, ServiceAction};
@@ -186,8 +187,13 @@ async fn template_versions(State(envs): State<AppState>, Path((env, name)): Path
         (status = 409, description = "`cluster_exists`", body = ErrorBody),
         (status = 422, description = "`no_valid_layout` (names the constraint), `invalid_template`, `invalid_cluster_request`, `solver_failed`, `invalid_layout`", body = ErrorBody),
     ))]
-async fn create_cluster(State(envs): State<AppState>, Path(env): Path<String>, Json(req): Json<CreateRequest>) -> Result<Response> {
-    Ok(started(envs.create_cluster(&env, req).await?))
+async fn create_cluster(
+    State(envs): State<AppState>,
+    Caller(caller): Caller,
+    Path(env): Path<String>,
+    Json(req): Json<CreateRequest>,
+) -> Result<Response> {
+    Ok(started(envs.create_cluster(&env, req, Some(&caller.user)).await?))
 }
 
 #[utoipa::path(get, path = "/environments/{env}/clusters", tag = "clusters",
@@ -212,8 +218,15 @@ async fn get_cluster(State(envs): State<AppState>, Path((env, name)): Path<(Stri
 #[utoipa::path(delete, path = "/environments/{env}/clusters/{name}", tag = "clusters",
     params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name")),
     responses((status = 202, body = ClusterView), (status = 404, body = ErrorBody)))]
-async fn delete_cluster(State(envs): State<AppState>, Path((env, name)): Path<(String, String)>) -> Result<impl IntoResponse> {
-    Ok((StatusCode::ACCEPTED, axum::Json(envs.delete_cluster(&env, &name).await?)))
+async fn delete_cluster(
+    State(envs): State<AppState>,
+    Caller(caller): Caller,
+    Path((env, name)): Path<(String, String)>,
+) -> Result<impl IntoResponse> {
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(envs.delete_cluster(&env, &name, Some(&caller.user)).await?),
+    ))
 }
 
 /// Changes the size, adds services or changes the nodes it may use; the solver keeps what it
@@ -229,10 +242,11 @@ async fn delete_cluster(State(envs): State<AppState>, Path((env, name)): Path<(S
     ))]
 async fn amend_cluster(
     State(envs): State<AppState>,
+    Caller(caller): Caller,
     Path((env, name)): Path<(String, String)>,
     Json(req): Json<AmendRequest>,
 ) -> Result<Response> {
-    Ok(started(envs.amend_cluster(&env, &name, req).await?))
+    Ok(started(envs.amend_cluster(&env, &name, req, Some(&caller.user)).await?))
 }
 
 /// Changes services' configuration: per service, a JSON merge patch of the cluster's overrides.
@@ -248,10 +262,11 @@ async fn amend_cluster(
     ))]
 async fn reconfigure_cluster(
     State(envs): State<AppState>,
+    Caller(caller): Caller,
     Path((env, name)): Path<(String, String)>,
     Json(req): Json<ReconfigureRequest>,
 ) -> Result<Response> {
-    Ok(started(envs.reconfigure_cluster(&env, &name, req).await?))
+    Ok(started(envs.reconfigure_cluster(&env, &name, req, Some(&caller.user)).await?))
 }
 
 /// Stops, starts or restarts a service on every node that runs it.
@@ -265,11 +280,12 @@ async fn reconfigure_cluster(
     responses((status = 202, body = ClusterView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn service_action(
     State(envs): State<AppState>,
+    Caller(caller): Caller,
     Path((env, name, service, action)): Path<(String, String, String, ServiceAction)>,
 ) -> Result<impl IntoResponse> {
     Ok((
         StatusCode::ACCEPTED,
-        axum::Json(envs.service_action(&env, &name, &service, action).await?),
+        axum::Json(envs.service_action(&env, &name, &service, action, Some(&caller.user)).await?),
     ))
 }
 
@@ -278,8 +294,15 @@ async fn service_action(
 #[utoipa::path(post, path = "/environments/{env}/clusters/{name}/retry", tag = "clusters",
     params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name")),
     responses((status = 202, body = ClusterView), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
-async fn retry_cluster(State(envs): State<AppState>, Path((env, name)): Path<(String, String)>) -> Result<impl IntoResponse> {
-    Ok((StatusCode::ACCEPTED, axum::Json(envs.retry_cluster(&env, &name).await?)))
+async fn retry_cluster(
+    State(envs): State<AppState>,
+    Caller(caller): Caller,
+    Path((env, name)): Path<(String, String)>,
+) -> Result<impl IntoResponse> {
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(envs.retry_cluster(&env, &name, Some(&caller.user)).await?),
+    ))
 }
 
 /// Sets the cluster's lease: it is deleted `lease_s` seconds from now unless extended again.

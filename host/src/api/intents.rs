@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::auth::Caller;
 use super::extract::{JsonBytes, Path};
 use super::views::VersionInfo;
 use super::{AppState, ErrorBody, Result};
@@ -67,8 +68,13 @@ impl From<IntentVersion> for VersionView {
         (status = 413, description = "Larger than `max_body_bytes`", body = ErrorBody),
         (status = 422, description = "Invalid intent: `duplicate_resource`, `unknown_requirement`, `dependency_cycle`, `unknown_plugin`, …", body = ErrorBody),
     ))]
-async fn submit_intent(State(envs): State<AppState>, Path(env): Path<String>, JsonBytes(body): JsonBytes) -> Result<impl IntoResponse> {
-    let (info, released) = envs.submit(&env, &body).await?;
+async fn submit_intent(
+    State(envs): State<AppState>,
+    Caller(caller): Caller,
+    Path(env): Path<String>,
+    JsonBytes(body): JsonBytes,
+) -> Result<impl IntoResponse> {
+    let (info, released) = envs.submit(&env, &body, Some(&caller.user)).await?;
     Ok((
         StatusCode::CREATED,
         axum::Json(Submitted {
@@ -112,17 +118,25 @@ async fn diff_intents(
 #[utoipa::path(post, path = "/environments/{env}/intents/{version}/release", tag = "intents",
     params(("env" = String, Path, description = "Environment name or id"), ("version" = i64, Path)),
     responses((status = 200, body = VersionInfo), (status = 404, body = ErrorBody)))]
-async fn release_intent(State(envs): State<AppState>, Path((env, version)): Path<(String, i64)>) -> Result<axum::Json<VersionInfo>> {
-    Ok(axum::Json(envs.release(&env, version).await?.into()))
+async fn release_intent(
+    State(envs): State<AppState>,
+    Caller(caller): Caller,
+    Path((env, version)): Path<(String, i64)>,
+) -> Result<axum::Json<VersionInfo>> {
+    Ok(axum::Json(envs.release(&env, version, Some(&caller.user)).await?.into()))
 }
 
 /// Rolls back to `version`: its document becomes a new version, released at once.
 #[utoipa::path(post, path = "/environments/{env}/intents/{version}/rollback", tag = "intents",
     params(("env" = String, Path, description = "Environment name or id"), ("version" = i64, Path, description = "The version to go back to")),
     responses((status = 201, description = "The new version", body = VersionInfo), (status = 404, body = ErrorBody)))]
-async fn rollback_intent(State(envs): State<AppState>, Path((env, version)): Path<(String, i64)>) -> Result<impl IntoResponse> {
+async fn rollback_intent(
+    State(envs): State<AppState>,
+    Caller(caller): Caller,
+    Path((env, version)): Path<(String, i64)>,
+) -> Result<impl IntoResponse> {
     Ok((
         StatusCode::CREATED,
-        axum::Json(VersionInfo::from(envs.rollback(&env, version).await?)),
+        axum::Json(VersionInfo::from(envs.rollback(&env, version, Some(&caller.user)).await?)),
     ))
 }

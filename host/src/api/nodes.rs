@@ -12,6 +12,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::auth::Caller;
 use super::extract::{Json, Path, Query};
 use super::views::Node;
 use super::{ApiError, AppState, ErrorBody, Result};
@@ -43,8 +44,12 @@ async fn environment_nodes(State(app): State<AppState>, Path(env): Path<String>)
     params(("env" = String, Path, description = "Environment name or id"), ("node" = String, Path, description = "Node name")),
     responses((status = 200, body = Node), (status = 404, body = ErrorBody),
         (status = 409, description = "In use by another environment, or private to another", body = ErrorBody)))]
-async fn claim_node(State(app): State<AppState>, Path((env, node)): Path<(String, String)>) -> Result<axum::Json<Node>> {
-    Ok(axum::Json(app.claim_node(&env, &node).await?.into()))
+async fn claim_node(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    Path((env, node)): Path<(String, String)>,
+) -> Result<axum::Json<Node>> {
+    Ok(axum::Json(app.claim_node(&env, &node, &caller.user).await?.into()))
 }
 
 /// Makes a node private to the environment public again.
@@ -52,8 +57,12 @@ async fn claim_node(State(app): State<AppState>, Path((env, node)): Path<(String
     params(("env" = String, Path, description = "Environment name or id"), ("node" = String, Path, description = "Node name")),
     responses((status = 200, body = Node), (status = 404, body = ErrorBody),
         (status = 409, description = "Not private to this environment", body = ErrorBody)))]
-async fn release_node(State(app): State<AppState>, Path((env, node)): Path<(String, String)>) -> Result<axum::Json<Node>> {
-    Ok(axum::Json(app.release_node(&env, &node).await?.into()))
+async fn release_node(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    Path((env, node)): Path<(String, String)>,
+) -> Result<axum::Json<Node>> {
+    Ok(axum::Json(app.release_node(&env, &node, &caller.user).await?.into()))
 }
 
 /// How the host logs in: `{"private_key": "<OpenSSH or PEM text>", "passphrase": "…"}` (the
@@ -174,7 +183,7 @@ async fn environment_id(envs: &AppState, key: Option<&str>) -> Result<Option<Env
         (status = 409, description = "The name is taken", body = ErrorBody),
         (status = 422, description = "An invalid field, named; `invalid_credential`", body = ErrorBody),
     ))]
-async fn register_node(State(envs): State<AppState>, Json(new): Json<NewNode>) -> Result<impl IntoResponse> {
+async fn register_node(State(envs): State<AppState>, Caller(caller): Caller, Json(new): Json<NewNode>) -> Result<impl IntoResponse> {
     let environment = environment_id(&envs, new.environment.as_deref()).await?;
     let credential = CredentialBody::parse(new.credential)?;
     let node = envs
@@ -187,6 +196,7 @@ async fn register_node(State(envs): State<AppState>, Json(new): Json<NewNode>) -
             host_key: new.host_key_fingerprint,
             labels: new.labels,
             environment,
+            author: Some(caller.user.clone()),
         })
         .await?;
     Ok((StatusCode::CREATED, axum::Json(Node::from(node))))
@@ -231,7 +241,12 @@ async fn get_node(State(envs): State<AppState>, Path(node): Path<String>) -> Res
         (status = 409, description = "Made private while another environment uses it", body = ErrorBody),
         (status = 422, body = ErrorBody),
     ))]
-async fn change_node(State(envs): State<AppState>, Path(node): Path<String>, Json(change): Json<NodeChange>) -> Result<axum::Json<Node>> {
+async fn change_node(
+    State(envs): State<AppState>,
+    Caller(caller): Caller,
+    Path(node): Path<String>,
+    Json(change): Json<NodeChange>,
+) -> Result<axum::Json<Node>> {
     let environment = match change.environment {
         Some(key) => Some(environment_id(&envs, key.as_deref()).await?),
         None => None,
@@ -241,6 +256,7 @@ async fn change_node(State(envs): State<AppState>, Path(node): Path<String>, Jso
         labels: change.labels,
         environment,
         credential,
+        author: Some(caller.user.clone()),
     };
     Ok(axum::Json(envs.change_node(&node, change).await?.into()))
 }

@@ -55,6 +55,9 @@ pub(super) struct VersionInfo {
     released_at: Option<Millis>,
     /// It is the environment's released version.
     active: bool,
+    /// The user who made it; `null`: the host itself (a cluster's watcher), or made before
+    /// users existed.
+    author: Option<String>,
 }
 
 impl From<store::VersionInfo> for VersionInfo {
@@ -65,6 +68,7 @@ impl From<store::VersionInfo> for VersionInfo {
             created_at: v.created_at,
             released_at: v.released_at,
             active: v.active,
+            author: v.author,
         }
     }
 }
@@ -152,6 +156,8 @@ pub(super) struct Node {
     created_at: Millis,
     updated_at: Millis,
     verified_at: Option<Millis>,
+    /// The user who registered it or last changed it (labels, visibility, credential).
+    changed_by: Option<String>,
 }
 
 impl From<store::NodeRecord> for Node {
@@ -173,6 +179,7 @@ impl From<store::NodeRecord> for Node {
             created_at: n.created_at,
             updated_at: n.updated_at,
             verified_at: n.verified_at,
+            changed_by: n.changed_by,
         }
     }
 }

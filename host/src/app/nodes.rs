@@ -61,7 +61,7 @@ impl App {
 
     /// Makes a public node private to `env` (an owner's claim; refused while another
     /// environment uses it, or when it is private to another).
-    pub async fn claim_node(&self, env: &str, node: &str) -> Result<NodeRecord, NodesError> {
+    pub async fn claim_node(&self, env: &str, node: &str, author: &str) -> Result<NodeRecord, NodesError> {
         let env = self.get(env).await.map_err(|e| NodesError::Environment(Box::new(e)))?;
         let record = self.nodes.get(node).await?;
         match record.environment {
@@ -73,6 +73,7 @@ impl App {
             None => {
                 let change = crate::nodes::Change {
                     environment: Some(Some(env.id)),
+                    author: Some(author.to_string()),
                     ..Default::default()
                 };
                 self.change_node(node, change).await
@@ -81,7 +82,7 @@ impl App {
     }
 
     /// Makes a node private to `env` public again.
-    pub async fn release_node(&self, env: &str, node: &str) -> Result<NodeRecord, NodesError> {
+    pub async fn release_node(&self, env: &str, node: &str, author: &str) -> Result<NodeRecord, NodesError> {
         let env = self.get(env).await.map_err(|e| NodesError::Environment(Box::new(e)))?;
         let record = self.nodes.get(node).await?;
         if record.environment != Some(env.id) {
@@ -92,6 +93,7 @@ impl App {
         }
         let change = crate::nodes::Change {
             environment: Some(None),
+            author: Some(author.to_string()),
             ..Default::default()
         };
         self.change_node(node, change).await

@@ -12,11 +12,11 @@ use crate::store::{DryrunReport, DryrunStatus, Operation, OperationKind, now_ms}
 impl App {
     /// Starts a user deploy or repair; the returned operation is completed (in the store) with its
     /// outcome once the scheduler has settled.
-    pub async fn start_operation(&self, key: &str, kind: OperationKind) -> Result<Operation, EnvError> {
+    pub async fn start_operation(&self, key: &str, kind: OperationKind, author: Option<&str>) -> Result<Operation, EnvError> {
         let env = self.get(key).await?;
         let running = self.running(&env).await?;
         running.check_scheduler()?;
-        let op = self.store.create_operation(&env.id, kind).await?;
+        let op = self.store.create_operation(&env.id, kind, author).await?;
         let started = match kind {
             OperationKind::Deploy => running.scheduler.deploy_failed(),
             OperationKind::Repair => running.scheduler.repair(),
@@ -65,7 +65,7 @@ impl App {
 
     /// Starts a dryrun of `version` (default: the latest); the returned report is completed (in
     /// the store) once every resource has been read and compared. Nothing is changed.
-    pub async fn start_dryrun(&self, key: &str, version: Option<i64>) -> Result<DryrunReport, EnvError> {
+    pub async fn start_dryrun(&self, key: &str, version: Option<i64>, author: Option<&str>) -> Result<DryrunReport, EnvError> {
         let env = self.get(key).await?;
         let version = match version {
             Some(v) => v,
@@ -85,7 +85,7 @@ impl App {
             Some(shared) => shared,
             None => Arc::new(self.load_version(&env.id, version, &running.grants()).await?),
         };
-        let report = self.store.create_dryrun(&env.id, version).await?;
+        let report = self.store.create_dryrun(&env.id, version, author).await?;
         let (store, ctx, id) = (self.store.clone(), running.ctx(), report.id);
         let (concurrency, per_node) = (env.settings.env_concurrency as usize, env.settings.per_node_concurrency as usize);
         tokio::spawn(async move {

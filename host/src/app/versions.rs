@@ -17,7 +17,7 @@ impl App {
     /// Validates `intent_json`, pins its adaptors to digests, stores it as the next version (the
     /// pinned document, with every cluster's current tasks added) and, with `auto_deploy`,
     /// releases it. Resources of the reserved type `task` are refused.
-    pub async fn submit(&self, key: &str, intent_json: &[u8]) -> Result<(VersionInfo, bool), EnvError> {
+    pub async fn submit(&self, key: &str, intent_json: &[u8], author: Option<&str>) -> Result<(VersionInfo, bool), EnvError> {
         let env = self.get(key).await?;
         let submitted = Intent::parse(intent_json)?;
         let limit = env.settings.limits.max_resources_per_intent;
@@ -40,7 +40,7 @@ impl App {
         running.check_scheduler()?;
         self.check_version_rate(&env).await?;
         let intent = self.with_cluster_tasks(&env, submitted.resources).await?;
-        self.store_version(&env, &running, intent, env.settings.auto_deploy).await
+        self.store_version(&env, &running, intent, env.settings.auto_deploy, author).await
     }
 
     /// Refuses a new version past the environment's `limits.versions_per_hour` (counted over the
@@ -79,8 +79,14 @@ impl App {
     /// releases it. Every path that makes a version and releases it at once comes here: a
     /// rollback, a release of a version whose cluster tasks are stale, a cluster operation.
     /// The caller holds the environment's release turn.
-    pub(super) async fn submit_and_release(&self, env: &Environment, running: &Running, intent: Intent) -> Result<VersionInfo, EnvError> {
-        Ok(self.store_version(env, running, intent, true).await?.0)
+    pub(super) async fn submit_and_release(
+        &self,
+        env: &Environment,
+        running: &Running,
+        intent: Intent,
+        author: Option<&str>,
+    ) -> Result<VersionInfo, EnvError> {
+        Ok(self.store_version(env, running, intent, true, author).await?.0)
     }
 
     /// Pins `intent`'s adaptors under the environment's grants, checks its nodes, stores it as
@@ -93,13 +99,14 @@ impl App {
         running: &Running,
         intent: Intent,
         release: bool,
+        author: Option<&str>,
     ) -> Result<(VersionInfo, bool), EnvError> {
         running.check_scheduler()?;
         let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &running.grants()).await?;
         // An earlier version may name a node deleted since, or made private to another environment.
         self.check_nodes(&intent, &pinned.plugins, env)?;
         let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
-        let info = self.store.submit_version(&env.id, &document).await?;
+        let info = self.store.submit_version(&env.id, &document, author).await?;
         if !release {
             return Ok((info, false));
         }
@@ -112,14 +119,14 @@ impl App {
     /// Rolls back to an earlier version: its (pinned) document, with the clusters' current
     /// tasks, becomes a new version, which is released at once. History stays linear: the new
     /// version records what is deployed now.
-    pub async fn rollback(&self, key: &str, to: i64) -> Result<VersionInfo, EnvError> {
+    pub async fn rollback(&self, key: &str, to: i64, author: Option<&str>) -> Result<VersionInfo, EnvError> {
         let env = self.get(key).await?;
         let running = self.running(&env).await?;
         let _turn = running.releases.lock().await;
         self.check_version_rate(&env).await?;
         let stored = Intent::parse(self.store.get_version(&env.id, to).await?.document.as_bytes())?;
         let intent = self.with_cluster_tasks(&env, stored.resources).await?;
-        self.submit_and_release(&env, &running, intent).await
+        self.submit_and_release(&env, &running, intent, author).await
     }
 
     /// What changed from version `from` to version `to`.
@@ -133,7 +140,7 @@ impl App {
 
     /// Releases a stored version (also an older one: a rollback). A version whose cluster tasks
     /// are not the clusters' current ones is released as a new version that carries them.
-    pub async fn release(&self, key: &str, version: i64) -> Result<VersionInfo, EnvError> {
+    pub async fn release(&self, key: &str, version: i64, author: Option<&str>) -> Result<VersionInfo, EnvError> {
         let env = self.get(key).await?;
         let running = self.running(&env).await?;
         let _turn = running.releases.lock().await;
@@ -141,7 +148,7 @@ impl App {
         let composed = self.with_cluster_tasks(&env, stored.resources.clone()).await?;
         if composed.resources != stored.resources {
             // Its cluster tasks are not the clusters' current ones: a new version carries them.
-            return self.submit_and_release(&env, &running, composed).await;
+            return self.submit_and_release(&env, &running, composed, author).await;
         }
         running.check_scheduler()?;
         let loaded = self.load_version(&env.id, version, &running.grants()).await?;

@@ -128,6 +128,9 @@ pub(crate) struct ClusterDoc {
     pub failure: Option<ClusterFailure>,
     /// When the current operation started.
     pub started_at: Millis,
+    /// The user who started it; `None`: the host itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
 }
 
 /// Why a cluster request was refused.

@@ -71,6 +71,8 @@ pub struct Registration {
     pub labels: BTreeMap<String, String>,
     /// Private to this environment; `None`: public.
     pub environment: Option<EnvironmentId>,
+    /// The user who registers it.
+    pub author: Option<String>,
 }
 
 /// Changes to a node.
@@ -80,6 +82,8 @@ pub struct Change {
     /// `Some(None)`: public; `Some(Some(env))`: private to `env`.
     pub environment: Option<Option<EnvironmentId>>,
     pub credential: Option<Credential>,
+    /// The user who makes the change.
+    pub author: Option<String>,
 }
 
 /// Why an intent may not name a node.
@@ -203,6 +207,7 @@ impl NodeRegistry {
                     labels: new.labels,
                     environment: new.environment,
                     host_key: new.host_key,
+                    changed_by: new.author,
                 },
                 &sealed,
             )
@@ -238,6 +243,7 @@ impl NodeRegistry {
             labels: change.labels,
             environment: change.environment,
             credential,
+            changed_by: change.author,
         };
         let record = match self.inner.store.patch_node(name, &patch).await {
             Ok(NodePatched::Changed(record)) => *record,

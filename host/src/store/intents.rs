@@ -15,7 +15,6 @@ fn version_not_found(env: &EnvironmentId, version: i64) -> StoreError {
 }
 
 impl Store {
-    /// Stores `document` (JSON text) as the environment's next version.
     /// How many versions of the environment were made at or after `since`, and when the oldest
     /// of them was.
     pub async fn versions_since(&self, env: &EnvironmentId, since: super::Millis) -> Result<(i64, Option<super::Millis>)> {
@@ -29,7 +28,9 @@ impl Store {
         })
     }
 
-    pub async fn submit_version(&self, env: &EnvironmentId, document: &str) -> Result<VersionInfo> {
+    /// Stores `document` (JSON text) as the environment's next version, made by `author` (a
+    /// user's name; `None`: the host itself).
+    pub async fn submit_version(&self, env: &EnvironmentId, document: &str, author: Option<&str>) -> Result<VersionInfo> {
         let now = now_ms();
         let context = || format!("submitting a version to environment {env}");
         let version: i64 = on_pool!(self, pool => {
@@ -43,11 +44,12 @@ impl Store {
             .await
             .map_err(backend_with(context))?;
             let version = version.ok_or_else(|| environment_not_found(env))?;
-            sqlx::query("INSERT INTO intent_versions (environment_id, version, document, created_at) VALUES ($1, $2, $3, $4)")
+            sqlx::query("INSERT INTO intent_versions (environment_id, version, document, created_at, author) VALUES ($1, $2, $3, $4, $5)")
                 .bind(env.to_string())
                 .bind(version)
                 .bind(document)
                 .bind(now)
+                .bind(author)
                 .execute(&mut *tx)
                 .await
                 .map_err(backend_with(context))?;
@@ -60,15 +62,16 @@ impl Store {
             created_at: now,
             released_at: None,
             active: false,
+            author: author.map(str::to_string),
         })
     }
 
     /// Every version of the environment, newest first, without documents.
     pub async fn list_versions(&self, env: &EnvironmentId) -> Result<Vec<VersionInfo>> {
         let released = self.get_environment(env).await?.released_version;
-        let rows: Vec<(i64, i64, Option<i64>)> = on_pool!(self, pool => {
+        let rows: Vec<(i64, i64, Option<i64>, Option<String>)> = on_pool!(self, pool => {
             sqlx::query_as(
-                "SELECT version, created_at, released_at FROM intent_versions WHERE environment_id = $1 ORDER BY version DESC",
+                "SELECT version, created_at, released_at, author FROM intent_versions WHERE environment_id = $1 ORDER BY version DESC",
             )
             .bind(env.to_string())
             .fetch_all(pool)
@@ -77,21 +80,23 @@ impl Store {
         });
         Ok(rows
             .into_iter()
-            .map(|(version, created_at, released_at)| VersionInfo {
+            .map(|(version, created_at, released_at, author)| VersionInfo {
                 environment: *env,
                 version,
                 created_at,
                 released_at,
                 active: released == Some(version),
+                author,
             })
             .collect())
     }
 
     /// One version with its document.
     pub async fn get_version(&self, env: &EnvironmentId, version: i64) -> Result<IntentVersion> {
-        let row: Option<(i64, Option<i64>, String, Option<i64>)> = on_pool!(self, pool => {
+        type WithDocument = (i64, Option<i64>, String, Option<i64>, Option<String>);
+        let row: Option<WithDocument> = on_pool!(self, pool => {
             sqlx::query_as(
-                "SELECT v.created_at, v.released_at, v.document, e.released_version \
+                "SELECT v.created_at, v.released_at, v.document, e.released_version, v.author \
                  FROM intent_versions v JOIN environments e ON e.id = v.environment_id \
                  WHERE v.environment_id = $1 AND v.version = $2",
             )
@@ -101,7 +106,7 @@ impl Store {
             .await
             .map_err(backend_with(|| format!("reading version {version} of environment {env}")))?
         });
-        let (created_at, released_at, document, released) = row.ok_or_else(|| version_not_found(env, version))?;
+        let (created_at, released_at, document, released, author) = row.ok_or_else(|| version_not_found(env, version))?;
         Ok(IntentVersion {
             info: VersionInfo {
                 environment: *env,
@@ -109,6 +114,7 @@ impl Store {
                 created_at,
                 released_at,
                 active: released == Some(version),
+                author,
             },
             document,
         })
@@ -119,11 +125,11 @@ impl Store {
     pub async fn release_version(&self, env: &EnvironmentId, version: i64) -> Result<VersionInfo> {
         let now = now_ms();
         let context = || format!("releasing version {version} of environment {env}");
-        let row: Option<(i64, Option<i64>)> = on_pool!(self, pool => {
+        let row: Option<(i64, Option<i64>, Option<String>)> = on_pool!(self, pool => {
             let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
             let row = sqlx::query_as(
                 "UPDATE intent_versions SET released_at = $3 WHERE environment_id = $1 AND version = $2 \
-                 RETURNING created_at, released_at",
+                 RETURNING created_at, released_at, author",
             )
             .bind(env.to_string())
             .bind(version)
@@ -143,13 +149,14 @@ impl Store {
             }
             row
         });
-        let (created_at, released_at) = row.ok_or_else(|| version_not_found(env, version))?;
+        let (created_at, released_at, author) = row.ok_or_else(|| version_not_found(env, version))?;
         Ok(VersionInfo {
             environment: *env,
             version,
             created_at,
             released_at,
             active: true,
+            author,
         })
     }
 }

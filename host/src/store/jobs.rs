@@ -10,14 +10,14 @@ use super::{
     now_ms, parse_name,
 };
 
-/// A `jobs` row: kind, version, status, created_at, finished_at, result.
-type Row = (String, Option<i64>, String, i64, Option<i64>, Option<String>);
-/// A `jobs` row as listed: id, version, status, created_at, finished_at.
-type Listed = (String, Option<i64>, String, i64, Option<i64>);
+/// A `jobs` row: kind, version, status, created_at, finished_at, result, author.
+type Row = (String, Option<i64>, String, i64, Option<i64>, Option<String>, Option<String>);
+/// A `jobs` row as listed: id, version, status, created_at, finished_at, author.
+type Listed = (String, Option<i64>, String, i64, Option<i64>, Option<String>);
 
 macro_rules! columns {
     () => {
-        "kind, version, status, created_at, finished_at, result"
+        "kind, version, status, created_at, finished_at, result, author"
     };
 }
 
@@ -44,7 +44,7 @@ impl JobRecord for Operation {
     }
 
     fn from_row(env: &EnvironmentId, id: uuid::Uuid, row: Row) -> Result<Operation> {
-        let (kind, _, status, created_at, finished_at, result) = row;
+        let (kind, _, status, created_at, finished_at, result, author) = row;
         Ok(Operation {
             id: OperationId::from(id),
             environment: *env,
@@ -53,6 +53,7 @@ impl JobRecord for Operation {
             created_at,
             finished_at,
             result,
+            author,
         })
     }
 }
@@ -69,7 +70,7 @@ impl JobRecord for DryrunReport {
     }
 
     fn from_row(env: &EnvironmentId, id: uuid::Uuid, row: Row) -> Result<DryrunReport> {
-        let (_, version, status, created_at, finished_at, report) = row;
+        let (_, version, status, created_at, finished_at, report, author) = row;
         Ok(DryrunReport {
             id: DryrunId::from(id),
             environment: *env,
@@ -78,6 +79,7 @@ impl JobRecord for DryrunReport {
             created_at,
             finished_at,
             report,
+            author,
         })
     }
 }
@@ -88,16 +90,17 @@ fn not_found<J: JobRecord>(env: &EnvironmentId, id: &uuid::Uuid) -> StoreError {
 
 impl Store {
     /// Records a new `running` job; a dryrun's version must exist.
-    async fn insert_job<J: JobRecord>(&self, env: &EnvironmentId, kind: &str, version: Option<i64>) -> Result<J> {
+    async fn insert_job<J: JobRecord>(&self, env: &EnvironmentId, kind: &str, version: Option<i64>, author: Option<&str>) -> Result<J> {
         let id = uuid::Uuid::new_v4();
         let now = now_ms();
         let inserted = on_pool!(self, pool => {
-            sqlx::query("INSERT INTO jobs (id, environment_id, kind, version, status, created_at) VALUES ($1, $2, $3, $4, 'running', $5)")
+            sqlx::query("INSERT INTO jobs (id, environment_id, kind, version, status, created_at, author) VALUES ($1, $2, $3, $4, 'running', $5, $6)")
                 .bind(id.hyphenated().to_string())
                 .bind(env.to_string())
                 .bind(kind)
                 .bind(version)
                 .bind(now)
+                .bind(author)
                 .execute(pool)
                 .await
                 .map(|done| done.rows_affected())
@@ -108,7 +111,19 @@ impl Store {
                 None => format!("environment {env}"),
             })),
             Err(e) => Err(backend_with(|| format!("recording a {kind} of environment {env}"))(e)),
-            Ok(_) => J::from_row(env, id, (kind.to_string(), version, "running".into(), now, None, None)),
+            Ok(_) => J::from_row(
+                env,
+                id,
+                (
+                    kind.to_string(),
+                    version,
+                    "running".into(),
+                    now,
+                    None,
+                    None,
+                    author.map(str::to_string),
+                ),
+            ),
         }
     }
 
@@ -164,7 +179,7 @@ impl Store {
     async fn jobs<J: JobRecord>(&self, env: &EnvironmentId, kind: &str) -> Result<Vec<J>> {
         let rows: Vec<Listed> = on_pool!(self, pool => {
             sqlx::query_as(
-                "SELECT id, version, status, created_at, finished_at FROM jobs WHERE environment_id = $1 AND kind = $2 \
+                "SELECT id, version, status, created_at, finished_at, author FROM jobs WHERE environment_id = $1 AND kind = $2 \
                  ORDER BY created_at DESC, id",
             )
             .bind(env.to_string())
@@ -174,16 +189,16 @@ impl Store {
             .map_err(backend_with(|| format!("listing the {kind} jobs of environment {env}")))?
         });
         rows.into_iter()
-            .map(|(id, version, status, created_at, finished_at)| {
+            .map(|(id, version, status, created_at, finished_at, author)| {
                 let id = super::parse_id(&id, J::WHAT)?;
-                J::from_row(env, id, (kind.to_string(), version, status, created_at, finished_at, None))
+                J::from_row(env, id, (kind.to_string(), version, status, created_at, finished_at, None, author))
             })
             .collect()
     }
 
     /// Records a new `running` operation.
-    pub async fn create_operation(&self, env: &EnvironmentId, kind: OperationKind) -> Result<Operation> {
-        self.insert_job(env, kind.as_str(), None).await
+    pub async fn create_operation(&self, env: &EnvironmentId, kind: OperationKind, author: Option<&str>) -> Result<Operation> {
+        self.insert_job(env, kind.as_str(), None, author).await
     }
 
     /// Finishes a running operation as `done` with its result. An operation finishes once.
@@ -205,8 +220,8 @@ impl Store {
     }
 
     /// Records a new `running` dryrun of `version`, which must exist.
-    pub async fn create_dryrun(&self, env: &EnvironmentId, version: i64) -> Result<DryrunReport> {
-        self.insert_job(env, "dryrun", Some(version)).await
+    pub async fn create_dryrun(&self, env: &EnvironmentId, version: i64, author: Option<&str>) -> Result<DryrunReport> {
+        self.insert_job(env, "dryrun", Some(version), author).await
     }
 
     /// Finishes a running dryrun as `done` or `failed` with its report. A dryrun finishes once.

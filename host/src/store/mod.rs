@@ -433,6 +433,29 @@ mod tests {
         );
     }
 
+    /// A store made before users (migration 5) keeps its admin tokens: they become tokens of a
+    /// user `admin`, who holds the server-wide admin role.
+    #[tokio::test]
+    async fn the_admin_tokens_of_an_older_store_become_the_admin_users() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(SQLITE_FILE);
+        let connect = SqliteConnectOptions::new().filename(&path).create_if_missing(true).foreign_keys(true);
+        let pool = SqlitePool::connect_with(connect).await.unwrap();
+        migrator(&SQLITE_MIGRATIONS[..5]).run(&pool).await.unwrap();
+        let hash = tokens::hash_token("orc_from_before");
+        sqlx::query("INSERT INTO admin_tokens (id, token_hash, created_at) VALUES ($1, $2, 7)")
+            .bind(TokenId::random().to_string())
+            .bind(&hash)
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        let store = Store::open_sqlite(&path).await.unwrap();
+        let (_, scope, account) = store.find_credential(&hash).await.unwrap().expect("the old token still works");
+        assert_eq!((account.name.as_str(), account.admin, account.disabled, scope), ("admin", true, false, None));
+        assert_eq!(store.count_users().await.unwrap(), 1);
+    }
+
     #[test]
     fn locations_are_redacted() {
         assert_eq!(redact("postgres://orc:hunter2@db:5432/orc"), "postgres://…@db:5432/orc");

@@ -78,6 +78,8 @@ pub struct VersionInfo {
     pub released_at: Option<Millis>,
     /// It is the environment's released version.
     pub active: bool,
+    /// The user who made it; `None`: the host itself (a cluster watcher), or made before users.
+    pub author: Option<String>,
 }
 
 /// An intent version with its immutable document (JSON text).
@@ -277,6 +279,8 @@ pub struct DryrunReport {
     pub finished_at: Option<Millis>,
     /// JSON text, once finished.
     pub report: Option<String>,
+    /// The user who started it.
+    pub author: Option<String>,
 }
 
 /// A user-triggered deploy or repair and, once the scheduler has settled, its outcome.
@@ -290,6 +294,8 @@ pub struct Operation {
     pub finished_at: Option<Millis>,
     /// JSON text, once finished.
     pub result: Option<String>,
+    /// The user who started it.
+    pub author: Option<String>,
 }
 
 /// A user, as stored (the password's hash is read only to check a password).
@@ -418,6 +424,8 @@ pub struct NodeRecord {
     pub created_at: Millis,
     pub updated_at: Millis,
     pub verified_at: Option<Millis>,
+    /// The user who registered it or last changed it (labels, visibility, credential).
+    pub changed_by: Option<String>,
 }
 
 /// A new node to store (status `unidentified`).
@@ -431,6 +439,8 @@ pub struct NewNode {
     pub labels: std::collections::BTreeMap<String, String>,
     pub environment: Option<EnvironmentId>,
     pub host_key: Option<String>,
+    /// The user who registers it.
+    pub changed_by: Option<String>,
 }
 
 /// A credential encrypted with the host's secret key. Only the node registry can open it.
@@ -468,4 +478,6 @@ pub struct NodePatch {
     /// `Some(None)`: make public; `Some(Some(env))`: private to `env`.
     pub environment: Option<Option<EnvironmentId>>,
     pub credential: Option<(CredentialKind, SealedCredential)>,
+    /// The user who makes the change.
+    pub changed_by: Option<String>,
 }

@@ -31,7 +31,9 @@ pub enum NodeDeletion {
     },
 }
 
-type Row = (
+/// A `nodes` row as [`select!`] reads it: the columns of [`NodeRecord`] as stored (more than
+/// sqlx decodes into a tuple, so decoded by position for each backend).
+type Columns = (
     String,
     String,
     i32,
@@ -50,16 +52,51 @@ type Row = (
     Option<i64>,
 );
 
+struct Row(Columns, Option<String>);
+
+macro_rules! decode_row {
+    ($row:ty) => {
+        impl sqlx::FromRow<'_, $row> for Row {
+            fn from_row(row: &$row) -> std::result::Result<Row, sqlx::Error> {
+                use sqlx::Row as _;
+                Ok(Row(
+                    (
+                        row.try_get(0)?,
+                        row.try_get(1)?,
+                        row.try_get(2)?,
+                        row.try_get(3)?,
+                        row.try_get(4)?,
+                        row.try_get(5)?,
+                        row.try_get(6)?,
+                        row.try_get(7)?,
+                        row.try_get(8)?,
+                        row.try_get(9)?,
+                        row.try_get(10)?,
+                        row.try_get(11)?,
+                        row.try_get(12)?,
+                        row.try_get(13)?,
+                        row.try_get(14)?,
+                        row.try_get(15)?,
+                    ),
+                    row.try_get(16)?,
+                ))
+            }
+        }
+    };
+}
+decode_row!(sqlx::sqlite::SqliteRow);
+decode_row!(sqlx::postgres::PgRow);
+
 /// The columns of a [`Row`]: never the credential.
 macro_rules! select {
     () => {
         "SELECT n.name, n.address, n.port, n.ssh_user, n.credential_kind, n.labels, n.environment_id, e.name, \
-     n.status, n.host_key, n.presented_host_key, n.facts, n.last_error, n.created_at, n.updated_at, n.verified_at \
+     n.status, n.host_key, n.presented_host_key, n.facts, n.last_error, n.created_at, n.updated_at, n.verified_at, n.changed_by \
      FROM nodes n LEFT JOIN environments e ON e.id = n.environment_id"
     };
 }
 
-fn record(row: Row) -> Result<NodeRecord> {
+fn record(Row(row, changed_by): Row) -> Result<NodeRecord> {
     let (
         name,
         address,
@@ -100,6 +137,7 @@ fn record(row: Row) -> Result<NodeRecord> {
         created_at,
         updated_at,
         verified_at,
+        changed_by,
         name,
     })
 }
@@ -138,7 +176,7 @@ impl Store {
                 let mut tx = pool.begin_write().await?;
                 sqlx::query(
                     "INSERT INTO nodes (name, address, port, ssh_user, credential_kind, labels, environment_id, status, host_key, \
-                     created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, 'unidentified', $8, $9, $9)",
+                     created_at, updated_at, changed_by) VALUES ($1, $2, $3, $4, $5, $6, $7, 'unidentified', $8, $9, $9, $10)",
                 )
                 .bind(&node.name)
                 .bind(&node.address)
@@ -149,6 +187,7 @@ impl Store {
                 .bind(node.environment.map(|e| e.to_string()))
                 .bind(&node.host_key)
                 .bind(now)
+                .bind(&node.changed_by)
                 .execute(&mut *tx)
                 .await?;
                 sqlx::query("INSERT INTO node_credentials (node, nonce, ciphertext) VALUES ($1, $2, $3)")
@@ -285,9 +324,10 @@ impl Store {
                         return Ok(Err(others));
                     }
                 }
-                let mut found = sqlx::query("UPDATE nodes SET updated_at = $1 WHERE name = $2")
+                let mut found = sqlx::query("UPDATE nodes SET updated_at = $1, changed_by = $3 WHERE name = $2")
                     .bind(now)
                     .bind(name)
+                    .bind(&patch.changed_by)
                     .execute(&mut *tx)
                     .await?
                     .rows_affected();

@@ -510,6 +510,7 @@ pub async fn a_token_carries_its_users_roles_or_a_narrower_set(backend: Backend)
 }
 
 /// Each state-changing request is in the audit trail with its author and outcome; reads are not.
+/// Intent versions, operations, dryruns and node changes name their author too.
 pub async fn the_audit_trail_records_each_change_with_its_author(backend: Backend) {
     let host = Host::start(backend, 1 << 20).await;
     let tokens = callers(&host).await;
@@ -572,6 +573,48 @@ pub async fn the_audit_trail_records_each_change_with_its_author(backend: Backen
     assert_ne!(first["items"][0]["id"], second["items"][0]["id"]);
     let denied = call(&host, Some(operator), Method::GET, "/audit", None).await;
     assert_eq!(denied.status(), StatusCode::FORBIDDEN);
+
+    // Versions, operations, dryruns and node changes show their author.
+    let owner = tokens["owner"].as_str();
+    let (status, body) = json_of(
+        call(
+            &host,
+            Some(owner),
+            Method::POST,
+            "/environments/a/intents",
+            Some(&json!({"resources": []})),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (_, version) = host.get(&format!("/environments/a/intents/{}", body["version"])).await;
+    assert_eq!(version["author"], "owner", "{version}");
+    let (_, listed) = host.get("/environments/a/intents").await;
+    assert_eq!(listed["items"][0]["author"], "owner", "{listed}");
+    let (status, op) = json_of(call(&host, Some(operator), Method::POST, "/environments/a/repair", None).await).await;
+    assert_eq!((status, op["author"].as_str()), (StatusCode::ACCEPTED, Some("operator")), "{op}");
+    let (_, op) = host
+        .get(&format!("/environments/a/operations/{}", op["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(op["author"], "operator", "{op}");
+    let (status, dryrun) = json_of(call(&host, Some(operator), Method::POST, "/environments/a/dryrun", None).await).await;
+    assert_eq!(
+        (status, dryrun["author"].as_str()),
+        (StatusCode::ACCEPTED, Some("operator")),
+        "{dryrun}"
+    );
+    let (_, dryruns) = host.get("/environments/a/dryruns").await;
+    assert_eq!(dryruns["items"][0]["author"], "operator", "{dryruns}");
+    let node = json!({"name": "box", "address": "127.0.0.1", "port": 1, "user": "x", "credential": {"password": "pw"}});
+    let (status, node) = host.post("/nodes", &node).await;
+    assert_eq!(
+        (status, node["changed_by"].as_str()),
+        (StatusCode::CREATED, Some("admin")),
+        "{node}"
+    );
+    let (status, node) = json_of(call(&host, Some(owner), Method::PUT, "/environments/a/nodes/box", None).await).await;
+    assert_eq!((status, node["changed_by"].as_str()), (StatusCode::OK, Some("owner")), "{node}");
     host.stop().await;
 }
 

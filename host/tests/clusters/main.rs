@@ -187,6 +187,8 @@ async fn a_shell_cluster_is_created_amended_reconfigured_and_deleted() {
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{c}");
     assert_eq!(c["status"], "creating");
+    // The operation names its author, the user of the token (the first start's `admin`).
+    assert_eq!(c["operation_author"], "admin", "{c}");
     // One operation at a time.
     let (status, busy) = host
         .post(&format!("/environments/{ENV}/clusters/shop/amend"), &json!({"size": 4}))
@@ -392,6 +394,8 @@ async fn a_failed_create_rolls_back() {
     assert_eq!(c["failure"]["task"], "task[n2,f1/app/install]", "{c:#}");
     assert!(c["failure"]["message"].as_str().unwrap().contains("disk full"), "{c:#}");
     assert_eq!(c["operation"], "rollback");
+    // The rollback after a failure is the host's own.
+    assert!(c["operation_author"].is_null(), "{c:#}");
     // Everything it made is undone: base removed everywhere, the app removed where installed.
     let ev = events(root);
     for node in ["n1", "n2", "n3"] {

@@ -124,7 +124,7 @@ pub async fn concurrent_submits_get_distinct_consecutive_versions(db: &TestDb) -
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..24 {
         let store = store.clone();
-        tasks.spawn(async move { store.submit_version(&env, &format!(r#"{{"resources":[],"n":{i}}}"#)).await });
+        tasks.spawn(async move { store.submit_version(&env, &format!(r#"{{"resources":[],"n":{i}}}"#), None).await });
     }
     let mut versions = Vec::new();
     while let Some(done) = tasks.join_next().await {
@@ -140,7 +140,7 @@ pub async fn concurrent_submits_get_distinct_consecutive_versions(db: &TestDb) -
     }
     assert_eq!(documents.len(), 24);
 
-    let err = store.submit_version(&EnvironmentId::random(), "{}").await.unwrap_err();
+    let err = store.submit_version(&EnvironmentId::random(), "{}", None).await.unwrap_err();
     assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
     Ok(())
 }
@@ -150,11 +150,15 @@ pub async fn versions_release_and_rollback(db: &TestDb) -> Result<()> {
     let env = new_env(store, "prod").await?;
     let other = new_env(store, "other").await?;
     for n in 1..=3 {
-        let info = store.submit_version(&env, &format!(r#"{{"v":{n}}}"#)).await?;
+        let info = store.submit_version(&env, &format!(r#"{{"v":{n}}}"#), None).await?;
         assert_eq!(info.version, n);
         assert!(!info.active && info.released_at.is_none());
     }
-    assert_eq!(store.submit_version(&other, "{}").await?.version, 1, "numbers are per environment");
+    assert_eq!(
+        store.submit_version(&other, "{}", None).await?.version,
+        1,
+        "numbers are per environment"
+    );
 
     let v2 = store.get_version(&env, 2).await?;
     assert_eq!(v2.document, r#"{"v":2}"#);
@@ -668,14 +672,14 @@ pub async fn actions_batch_and_query_order(db: &TestDb) -> Result<()> {
 pub async fn dryrun_lifecycle(db: &TestDb) -> Result<()> {
     let store = &db.store;
     let env = new_env(store, "prod").await?;
-    let err = store.create_dryrun(&env, 1).await.unwrap_err();
+    let err = store.create_dryrun(&env, 1, None).await.unwrap_err();
     assert!(
         matches!(err, StoreError::NotFound { .. }) && err.to_string().contains("version 1"),
         "{err}"
     );
 
-    store.submit_version(&env, "{}").await?;
-    let first = store.create_dryrun(&env, 1).await?;
+    store.submit_version(&env, "{}", None).await?;
+    let first = store.create_dryrun(&env, 1, None).await?;
     assert_eq!(first.status, DryrunStatus::Running);
     assert_eq!(store.get_dryrun(&env, &first.id).await?, first);
 
@@ -694,7 +698,7 @@ pub async fn dryrun_lifecycle(db: &TestDb) -> Result<()> {
         matches!(err, StoreError::Conflict { .. }) && err.to_string().contains("already done"),
         "{err}"
     );
-    let second = store.create_dryrun(&env, 1).await?;
+    let second = store.create_dryrun(&env, 1, None).await?;
     assert!(matches!(
         store.complete_dryrun(&env, &second.id, DryrunStatus::Running, "{}").await,
         Err(StoreError::Conflict { .. })
@@ -725,7 +729,7 @@ pub async fn dryrun_lifecycle(db: &TestDb) -> Result<()> {
 pub async fn operations_lifecycle_and_interruption(db: &TestDb) -> Result<()> {
     let store = &db.store;
     let env = new_env(store, "prod").await?;
-    let repair = store.create_operation(&env, OperationKind::Repair).await?;
+    let repair = store.create_operation(&env, OperationKind::Repair, None).await?;
     assert_eq!(repair.status, OperationStatus::Running);
     assert_eq!(store.get_operation(&env, &repair.id).await?, repair);
     let done = store.complete_operation(&env, &repair.id, r#"{"deployed":3}"#).await?;
@@ -740,11 +744,11 @@ pub async fn operations_lifecycle_and_interruption(db: &TestDb) -> Result<()> {
     );
 
     // A host that stops leaves these running; the next start interrupts them.
-    let deploy = store.create_operation(&env, OperationKind::Deploy).await?;
-    store.submit_version(&env, "{}").await?;
-    let dryrun = store.create_dryrun(&env, 1).await?;
+    let deploy = store.create_operation(&env, OperationKind::Deploy, None).await?;
+    store.submit_version(&env, "{}", None).await?;
+    let dryrun = store.create_dryrun(&env, 1, None).await?;
     let other = new_env(store, "other").await?;
-    let elsewhere = store.create_operation(&other, OperationKind::Deploy).await?;
+    let elsewhere = store.create_operation(&other, OperationKind::Deploy, None).await?;
     assert_eq!(store.interrupt_unfinished(&env, r#"{"error":"stopped"}"#).await?, (1, 1));
     assert_eq!(store.get_operation(&env, &deploy.id).await?.status, OperationStatus::Interrupted);
     assert_eq!(store.get_operation(&env, &repair.id).await?.status, OperationStatus::Done);
@@ -1110,10 +1114,10 @@ pub async fn deleting_an_environment_removes_its_data(db: &TestDb) -> Result<()>
     let env = new_env(store, "prod").await?;
     let keep = new_env(store, "keep").await?;
     for e in [env, keep] {
-        store.submit_version(&e, "{}").await?;
+        store.submit_version(&e, "{}", None).await?;
         store.upsert_states(&e, &[state(1, ResourceStatus::Deployed, 1)]).await?;
         store.insert_actions(&[action(e, "file[web1,/a]", ActionKind::Deploy, 1)]).await?;
-        store.create_dryrun(&e, 1).await?;
+        store.create_dryrun(&e, 1, None).await?;
     }
     store.delete_environment(&env).await?;
     assert!(matches!(store.list_versions(&env).await, Err(StoreError::NotFound { .. })));
@@ -1128,7 +1132,7 @@ pub async fn deleting_an_environment_removes_its_data(db: &TestDb) -> Result<()>
 
 pub async fn migrations_are_idempotent_on_reconnect(db: &TestDb) -> Result<()> {
     let env = new_env(&db.store, "prod").await?;
-    db.store.submit_version(&env, r#"{"kept":true}"#).await?;
+    db.store.submit_version(&env, r#"{"kept":true}"#, None).await?;
     for _ in 0..2 {
         let again = db.reopen().await?;
         assert_eq!(again.backend(), db.store.backend());

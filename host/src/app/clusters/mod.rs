@@ -137,6 +137,9 @@ pub struct ClusterView {
     pub template_version: i64,
     pub status: ClusterStatus,
     pub operation: OperationKind,
+    /// The user who started the current operation; `null`: the host itself (a rollback after a
+    /// failure, a lease that ended).
+    pub operation_author: Option<String>,
     pub size: u32,
     pub services: Vec<String>,
     /// Node → the services it runs.
@@ -297,7 +300,7 @@ impl App {
 
     /// Solves, plans and releases a new cluster (or only previews it). The cluster is
     /// `creating` until every task is done.
-    pub async fn create_cluster(self: &Arc<Self>, key: &str, req: CreateRequest) -> Result<Outcome, ClusterError> {
+    pub async fn create_cluster(self: &Arc<Self>, key: &str, req: CreateRequest, author: Option<&str>) -> Result<Outcome, ClusterError> {
         let env = self.get(key).await?;
         validate_name("cluster", &req.name)?;
         let lease = req.lease_s.map(lease_ms).transpose()?;
@@ -333,6 +336,7 @@ impl App {
             max_attempts: req.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
             failure: None,
             started_at: now_ms(),
+            author: author.map(str::to_string),
         };
         doc.layout = self.solve(&env, &selected, size, &doc.nodes, &Layout::default()).await?;
         let tasks = plan_for(&req.name, &selected, &doc, &[], true)?;
@@ -355,7 +359,10 @@ impl App {
             Err(StoreError::Conflict { .. }) => return Err(ClusterError::Exists(req.name)),
             other => other?,
         }
-        if let Err(e) = self.release_cluster_tasks(&env, &req.name, &doc.tasks, RowChange::Keep).await {
+        if let Err(e) = self
+            .release_cluster_tasks(&env, &req.name, &doc.tasks, RowChange::Keep, author)
+            .await
+        {
             // Nothing was released: the cluster never existed.
             let _ = self.store.delete_cluster(&env.id, &req.name).await;
             return Err(e);
@@ -384,7 +391,13 @@ impl App {
 
     /// Changes the size, adds services or changes the nodes it may use: solved again from the
     /// current layout (changing it as little as the solver can), planned, released.
-    pub async fn amend_cluster(self: &Arc<Self>, key: &str, name: &str, req: AmendRequest) -> Result<Outcome, ClusterError> {
+    pub async fn amend_cluster(
+        self: &Arc<Self>,
+        key: &str,
+        name: &str,
+        req: AmendRequest,
+        author: Option<&str>,
+    ) -> Result<Outcome, ClusterError> {
         let env = self.get(key).await?;
         let record = self.cluster_record(&env, name).await?;
         let mut doc = stored_doc(&record)?;
@@ -415,12 +428,18 @@ impl App {
         }
         tracing::info!(cluster = %name, from = ?old_layout, to = ?doc.layout, "cluster amended");
         doc.tasks = tasks;
-        self.begin_operation(&env, record, doc, OperationKind::Amend, ClusterStatus::Amending)
+        self.begin_operation(&env, record, doc, OperationKind::Amend, ClusterStatus::Amending, author)
             .await
     }
 
     /// Changes services' configuration (merge patches of the cluster's overrides).
-    pub async fn reconfigure_cluster(self: &Arc<Self>, key: &str, name: &str, req: ReconfigureRequest) -> Result<Outcome, ClusterError> {
+    pub async fn reconfigure_cluster(
+        self: &Arc<Self>,
+        key: &str,
+        name: &str,
+        req: ReconfigureRequest,
+        author: Option<&str>,
+    ) -> Result<Outcome, ClusterError> {
         let env = self.get(key).await?;
         let record = self.cluster_record(&env, name).await?;
         let mut doc = stored_doc(&record)?;
@@ -438,7 +457,7 @@ impl App {
             return Ok(Outcome::Preview(preview(&doc.layout, &previous, &tasks)));
         }
         doc.tasks = tasks;
-        self.begin_operation(&env, record, doc, OperationKind::Reconfigure, ClusterStatus::Reconfiguring)
+        self.begin_operation(&env, record, doc, OperationKind::Reconfigure, ClusterStatus::Reconfiguring, author)
             .await
     }
 
@@ -450,6 +469,7 @@ impl App {
         name: &str,
         service: &str,
         action: ServiceAction,
+        author: Option<&str>,
     ) -> Result<ClusterView, ClusterError> {
         let env = self.get(key).await?;
         let record = self.cluster_record(&env, name).await?;
@@ -477,7 +497,7 @@ impl App {
         let selected = template.select(&doc.services)?;
         let previous = std::mem::take(&mut doc.tasks);
         doc.tasks = plan_for(name, &selected, &doc, &previous, true)?;
-        match self.begin_operation(&env, record, doc, kind, status).await? {
+        match self.begin_operation(&env, record, doc, kind, status, author).await? {
             Outcome::Started(view) => Ok(*view),
             Outcome::Preview(_) => unreachable!("not a preview"),
         }
@@ -485,7 +505,7 @@ impl App {
 
     /// Runs a failed cluster's operation again: a rolled-back create is planned again on the
     /// same layout (never more nodes than asked); other failures retry their failed tasks now.
-    pub async fn retry_cluster(self: &Arc<Self>, key: &str, name: &str) -> Result<ClusterView, ClusterError> {
+    pub async fn retry_cluster(self: &Arc<Self>, key: &str, name: &str, author: Option<&str>) -> Result<ClusterView, ClusterError> {
         let env = self.get(key).await?;
         let record = self.cluster_record(&env, name).await?;
         let mut doc = stored_doc(&record)?;
@@ -503,7 +523,7 @@ impl App {
         doc.tasks = plan_for(name, &selected, &doc, &previous, true)?;
         let running = self.running(&env).await?;
         running.scheduler.deploy_failed().map_err(|e| running.unavailable(e))?;
-        match self.begin_operation(&env, record, doc, kind, status).await? {
+        match self.begin_operation(&env, record, doc, kind, status, author).await? {
             Outcome::Started(view) => Ok(*view),
             Outcome::Preview(_) => unreachable!("not a preview"),
         }
@@ -521,10 +541,10 @@ impl App {
 
     /// Deletes the cluster: every task is undone (services stopped, then removed, in reverse
     /// dependency order); the cluster disappears when that is done. Allowed in any state.
-    pub async fn delete_cluster(self: &Arc<Self>, key: &str, name: &str) -> Result<ClusterView, ClusterError> {
+    pub async fn delete_cluster(self: &Arc<Self>, key: &str, name: &str, author: Option<&str>) -> Result<ClusterView, ClusterError> {
         let env = self.get(key).await?;
         let record = self.cluster_record(&env, name).await?;
-        self.undo_cluster(&env, record, OperationKind::Delete, None).await
+        self.undo_cluster(&env, record, OperationKind::Delete, None, author).await
     }
 
     /// Purges every task of the cluster (delete, or the rollback of a failed create).
@@ -534,6 +554,7 @@ impl App {
         record: ClusterRecord,
         kind: OperationKind,
         failure: Option<ClusterFailure>,
+        author: Option<&str>,
     ) -> Result<ClusterView, ClusterError> {
         let mut doc = stored_doc(&record)?;
         let template = stored_template(&self.template_of(env, &record.template, Some(record.template_version)).await?)?;
@@ -551,13 +572,14 @@ impl App {
         } else {
             ClusterStatus::Deleting
         };
-        match self.begin_operation(env, record, doc, kind, status).await? {
+        match self.begin_operation(env, record, doc, kind, status, author).await? {
             Outcome::Started(view) => Ok(*view),
             Outcome::Preview(_) => unreachable!("not a preview"),
         }
     }
 
-    /// Stores the cluster's new plan under a new generation, releases it and watches it.
+    /// Stores the cluster's new plan under a new generation, releases it and watches it;
+    /// `author` started it (`None`: the host itself).
     async fn begin_operation(
         self: &Arc<Self>,
         env: &Environment,
@@ -565,8 +587,10 @@ impl App {
         mut doc: ClusterDoc,
         kind: OperationKind,
         status: ClusterStatus,
+        author: Option<&str>,
     ) -> Result<Outcome, ClusterError> {
         doc.operation = kind;
+        doc.author = author.map(str::to_string);
         doc.generation += 1;
         doc.started_at = now_ms();
         if kind != OperationKind::Rollback {
@@ -575,7 +599,7 @@ impl App {
         record.status = status.as_str().to_string();
         record.document = serde_json::to_string(&doc).expect("a cluster serialises");
         let record = self
-            .release_cluster_tasks(env, &record.name, &doc.tasks, RowChange::Update(&record))
+            .release_cluster_tasks(env, &record.name, &doc.tasks, RowChange::Update(&record), author)
             .await?
             .expect("an updated row");
         tracing::info!(environment = %env.name, cluster = %record.name, operation = ?kind, tasks = doc.tasks.len(), "cluster operation");
@@ -692,6 +716,7 @@ impl App {
         cluster: &str,
         tasks: &[ResourceSpec],
         row: RowChange<'_>,
+        author: Option<&str>,
     ) -> Result<Option<ClusterRecord>, ClusterError> {
         let running = self.running(env).await?;
         let _turn = running.releases.lock().await;
@@ -708,7 +733,7 @@ impl App {
         };
         resources.extend(tasks.iter().cloned());
         let intent = Intent::validate(IntentDocument { resources })?;
-        let info = self.submit_and_release(env, &running, intent).await?;
+        let info = self.submit_and_release(env, &running, intent, author).await?;
         tracing::debug!(environment = %env.name, cluster, version = info.version, "cluster tasks released");
         Ok(match row {
             RowChange::Keep => None,
@@ -827,6 +852,7 @@ impl App {
             template_version: record.template_version,
             status: ClusterStatus::parse(&record.status).unwrap_or(ClusterStatus::Failed),
             operation: doc.operation,
+            operation_author: doc.author.clone(),
             size: doc.size,
             services: doc.services.clone(),
             layout: doc.layout.clone(),

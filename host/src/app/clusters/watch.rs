@@ -107,12 +107,12 @@ impl App {
             ClusterStatus::RollingBack | ClusterStatus::Deleting if progress.done => {
                 doc.tasks.clear();
                 if status == ClusterStatus::Deleting {
-                    self.release_cluster_tasks(env, name, &[], RowChange::Delete).await?;
+                    self.release_cluster_tasks(env, name, &[], RowChange::Delete, None).await?;
                     tracing::info!(environment = %env.name, cluster = %name, "cluster deleted");
                 } else {
                     record.status = ClusterStatus::Failed.as_str().to_string();
                     record.document = serde_json::to_string(&doc).expect("a cluster serialises");
-                    self.release_cluster_tasks(env, name, &[], RowChange::Update(&record)).await?;
+                    self.release_cluster_tasks(env, name, &[], RowChange::Update(&record), None).await?;
                     tracing::warn!(environment = %env.name, cluster = %name, failure = ?doc.failure, "cluster create rolled back");
                 }
                 Ok(Next::Done)
@@ -126,7 +126,7 @@ impl App {
                     let previous = std::mem::take(&mut doc.tasks);
                     doc.tasks = plan_for(name, &selected, &doc, &previous, true)?;
                     record.document = serde_json::to_string(&doc).expect("a cluster serialises");
-                    self.release_cluster_tasks(env, name, &doc.tasks, RowChange::Update(&record))
+                    self.release_cluster_tasks(env, name, &doc.tasks, RowChange::Update(&record), None)
                         .await?;
                     return Ok(Next::Wait);
                 }
@@ -138,7 +138,7 @@ impl App {
             ClusterStatus::Creating if progress.failed.is_some() => {
                 let failure = progress.failed;
                 tracing::warn!(environment = %env.name, cluster = %name, failure = ?failure, "cluster create failed; rolling back");
-                self.undo_cluster(env, record, OperationKind::Rollback, failure).await?;
+                self.undo_cluster(env, record, OperationKind::Rollback, failure, None).await?;
                 Ok(Next::Done)
             }
             _ if progress.failed.is_some() => {
@@ -174,7 +174,7 @@ impl App {
         record.document = serde_json::to_string(&doc).expect("a cluster serialises");
         *record = if removals {
             let name = record.name.clone();
-            self.release_cluster_tasks(env, &name, &doc.tasks, RowChange::Update(record))
+            self.release_cluster_tasks(env, &name, &doc.tasks, RowChange::Update(record), None)
                 .await?
                 .expect("an updated row")
         } else {
@@ -231,7 +231,7 @@ impl App {
                     continue;
                 };
                 tracing::info!(environment = %env.name, cluster = %record.name, "cluster lease expired: deleting");
-                if let Err(e) = self.undo_cluster(&env, record, OperationKind::Delete, None).await {
+                if let Err(e) = self.undo_cluster(&env, record, OperationKind::Delete, None, None).await {
                     tracing::warn!(environment = %env.name, error = %error_chain(&e), "cannot delete an expired cluster");
                 }
             }
