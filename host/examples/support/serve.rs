@@ -184,6 +184,24 @@ impl Host {
         Ok(())
     }
 
+    /// The mean time of `n` sequential `GET path` requests (kept-alive connection), with the
+    /// member's token and with the admin's, alternating in rounds of 100 so that drift hits both.
+    pub async fn request_means(&self, path: &str, n: usize) -> Result<(Duration, Duration)> {
+        let (mut member, mut admin) = (Duration::ZERO, Duration::ZERO);
+        for round in 0..(n / 100).max(1) {
+            for (token, total) in [(&self.token, &mut member), (&self.admin, &mut admin)] {
+                let started = std::time::Instant::now();
+                for _ in 0..100 {
+                    let (status, body) = self.send_as(token, self.http.get(format!("{}{path}", self.base))).await?;
+                    ensure!(status == StatusCode::OK, "GET {path} (round {round}): {status} {body}");
+                }
+                *total += started.elapsed();
+            }
+        }
+        let count = u32::try_from((n / 100).max(1) * 100).unwrap_or(u32::MAX);
+        Ok((member / count, admin / count))
+    }
+
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<(StatusCode, Value)> {
         self.send_as(&self.token, request).await
     }

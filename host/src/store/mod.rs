@@ -439,7 +439,10 @@ mod tests {
     async fn the_admin_tokens_of_an_older_store_become_the_admin_users() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(SQLITE_FILE);
-        let connect = SqliteConnectOptions::new().filename(&path).create_if_missing(true).foreign_keys(true);
+        let connect = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .foreign_keys(true);
         let pool = SqlitePool::connect_with(connect).await.unwrap();
         migrator(&SQLITE_MIGRATIONS[..5]).run(&pool).await.unwrap();
         let hash = tokens::hash_token("orc_from_before");
@@ -452,7 +455,10 @@ mod tests {
         pool.close().await;
         let store = Store::open_sqlite(&path).await.unwrap();
         let (_, scope, account) = store.find_credential(&hash).await.unwrap().expect("the old token still works");
-        assert_eq!((account.name.as_str(), account.admin, account.disabled, scope), ("admin", true, false, None));
+        assert_eq!(
+            (account.name.as_str(), account.admin, account.disabled, scope),
+            ("admin", true, false, None)
+        );
         assert_eq!(store.count_users().await.unwrap(), 1);
     }
 
