@@ -628,17 +628,7 @@ pub async fn limits_answer_413_and_429_and_lose_nothing_accepted(backend: Backen
         config.token_burst = 40;
     })
     .await;
-    let fixture = orc_plugin_artifacts::FIXTURES.iter().find(|a| a.name == "misbehave").unwrap();
-    let root = host.base.trim_end_matches("/api/v1").to_string();
-    let published = host
-        .client
-        .post(format!("{root}/registry/v1/plugins"))
-        .bearer_auth(&host.token)
-        .body(fixture.bytes.to_vec())
-        .send()
-        .await
-        .unwrap();
-    assert!(published.status().is_success());
+    let adaptor = host.publish_misbehave().await;
     let limits = json!({"max_resources_per_intent": 2, "versions_per_hour": 2, "concurrent_dryruns": 1, "max_body_bytes": 2048});
     let everything = json!({ "node_files": true, "node_commands": true, "http": true, "kv": true });
     let (status, env) = host
@@ -650,7 +640,7 @@ pub async fn limits_answer_413_and_429_and_lose_nothing_accepted(backend: Backen
     assert_eq!(status, StatusCode::CREATED, "{env}");
     let slow = |n: usize| {
         let resources: Vec<Value> = (0..n)
-            .map(|i| json!({"id": format!("misbehave[local,r{i}]"), "adaptor": format!("misbehave@{}", fixture.version), "attributes": {"behave": "slow", "ms": 3000}}))
+            .map(|i| json!({"id": format!("misbehave[local,r{i}]"), "adaptor": adaptor.clone(), "attributes": {"behave": "slow", "ms": 3000}}))
             .collect();
         json!({ "resources": resources })
     };

@@ -322,20 +322,7 @@ pub async fn a_host_secret_without_origins_stops_the_start_naming_it(backend: Ba
 /// out; raised above the call's length, the same call succeeds. Changed live.
 pub async fn the_call_timeout_is_an_environment_setting(backend: Backend) {
     let host = Host::start(backend, 4 << 20).await;
-    let fixture = orc_plugin_artifacts::FIXTURES
-        .iter()
-        .find(|a| a.name == "misbehave")
-        .expect("the misbehave fixture");
-    let root = host.base.trim_end_matches("/api/v1").to_string();
-    let published = host
-        .client
-        .post(format!("{root}/registry/v1/plugins"))
-        .bearer_auth(&host.token)
-        .body(fixture.bytes.to_vec())
-        .send()
-        .await
-        .unwrap();
-    assert!(published.status().is_success(), "{}", published.text().await.unwrap());
+    let adaptor = host.publish_misbehave().await;
 
     let env = host.create_environment("slow").await;
     assert_eq!(env["settings"]["call_timeout_s"], 30);
@@ -356,7 +343,7 @@ pub async fn the_call_timeout_is_an_environment_setting(backend: Backend) {
 
     // Reading takes 2.5 s: longer than 1 s, shorter than 10.
     let intent = json!({ "resources": [{
-        "id": "misbehave[local,slow]", "adaptor": format!("misbehave@{}", fixture.version),
+        "id": "misbehave[local,slow]", "adaptor": adaptor.clone(),
         "attributes": { "behave": "slow", "ms": 2500 },
     }]});
     let (status, body) = host.post("/environments/slow/intents", &intent).await;
