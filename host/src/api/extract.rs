@@ -95,8 +95,9 @@ impl<S: Send + Sync> FromRequest<S> for JsonBytes {
     }
 }
 
-/// An optional JSON body: none (empty, whatever the `Content-Type`) and JSON `null` are `None`;
-/// anything else must say it is JSON and decode as `T`.
+/// An optional JSON body: none (no bytes, whatever the `Content-Type`) and JSON `null` are
+/// `None`; anything else — whitespace alone too, which is not a JSON text — must say it is JSON
+/// and decode as `T`.
 pub struct OptionalJson<T>(pub Option<T>);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJson<T> {
@@ -105,7 +106,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJson<T> {
     async fn from_request(req: Request, state: &S) -> Result<OptionalJson<T>, ApiError> {
         let headers = req.headers().clone();
         let Body(bytes) = Body::from_request(req, state).await?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
+        if bytes.is_empty() {
             return Ok(OptionalJson(None));
         }
         require_json(&headers)?;

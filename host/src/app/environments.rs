@@ -44,12 +44,20 @@ impl App {
     /// for it, its plugins' key/value state and its local node's directory included.
     pub async fn delete(&self, key: &str) -> Result<(), EnvError> {
         let env = self.get(key).await?;
-        let running = self.running.lock().await.remove(&env.id);
+        let running = {
+            let mut running = self.running.lock().await;
+            self.deleting.lock().expect("deleting").insert(env.id);
+            running.remove(&env.id)
+        };
         if let Some(running) = running {
             running.deleted.store(true, std::sync::atomic::Ordering::SeqCst);
             running.scheduler.stop().await;
         }
-        self.store.delete_environment(&env.id).await?;
+        let deleted = self.store.delete_environment(&env.id).await;
+        // Gone from the store (or not, and then it may run again): from now on `running` asks
+        // the store.
+        self.deleting.lock().expect("deleting").remove(&env.id);
+        deleted?;
         // Its plugins' state: scopes are `environment-id/plugin`.
         if let Err(e) = self.kv.forget(&format!("{}/", env.id)).await {
             tracing::warn!(environment = %env.name, error = %e, "cannot delete the plugins' key/value state");
@@ -147,4 +155,50 @@ fn validate_name(name: &str) -> Result<(), EnvError> {
         name: name.chars().take(100).collect(),
         reason: e.0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::config::HostConfig;
+
+    async fn app(dir: &std::path::Path) -> App {
+        let config = HostConfig {
+            data_dir: dir.to_path_buf(),
+            ..HostConfig::default()
+        };
+        App::open(&config).await.unwrap()
+    }
+
+    /// A request that read the environment before a delete (either while the delete runs, or
+    /// after it finished) gets `UnknownEnvironment`, and no scheduler or node directory comes
+    /// back for the deleted environment.
+    #[tokio::test]
+    async fn a_request_racing_a_delete_never_starts_the_environment_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let app = app(dir.path()).await;
+
+        // While the delete runs: its tombstone is set and its scheduler taken out.
+        let during = app.create("during", None).await.unwrap();
+        app.running.lock().await.remove(&during.id);
+        app.deleting.lock().unwrap().insert(during.id);
+        assert!(matches!(app.running(&during).await, Err(EnvError::UnknownEnvironment(_))));
+        assert!(!app.running.lock().await.contains_key(&during.id));
+
+        // After it finished: the store no longer has it.
+        let after = app.create("after", None).await.unwrap();
+        app.delete("after").await.unwrap();
+        assert!(
+            !app.deleting.lock().unwrap().contains(&after.id),
+            "the tombstone goes once the store has deleted it"
+        );
+        assert!(matches!(app.running(&after).await, Err(EnvError::UnknownEnvironment(_))));
+        assert!(!app.running.lock().await.contains_key(&after.id));
+        assert!(!node_dir(&app.data_dir, "after").exists(), "no node directory made again");
+        // An environment of the same name later is a new one, and runs.
+        let again = app.create("after", None).await.unwrap();
+        assert_ne!(again.id, after.id);
+        app.running(&again).await.unwrap();
+        app.shutdown(std::time::Duration::from_secs(1)).await;
+    }
 }

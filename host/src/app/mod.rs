@@ -59,6 +59,10 @@ pub struct App {
     data_dir: PathBuf,
     defaults: EnvironmentSettings,
     running: Mutex<HashMap<EnvironmentId, Arc<Running>>>,
+    /// Environments being deleted: set under the `running` lock before their scheduler is
+    /// taken out, so that no request that read the environment before the delete starts a new
+    /// scheduler for it (see [`App::running`]).
+    deleting: std::sync::Mutex<std::collections::HashSet<EnvironmentId>>,
     /// Looks at every environment's events after persistence.
     observers: Vec<Arc<dyn Observer>>,
     metrics: Arc<Metrics>,
@@ -114,6 +118,7 @@ impl App {
             data_dir,
             defaults: config.environment_defaults.clone(),
             running: Mutex::new(HashMap::new()),
+            deleting: std::sync::Mutex::new(std::collections::HashSet::new()),
             observers: Vec::new(),
             metrics: Arc::new(Metrics::new()),
             stopping: tokio::sync::watch::channel(false).0,

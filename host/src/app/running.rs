@@ -177,11 +177,22 @@ impl App {
         Ok(Version::new(version as u64, intent, pinned.plugins))
     }
 
-    /// The environment's scheduler, started (and resumed from the store) on first use.
+    /// The environment's scheduler, started (and resumed from the store) on first use. An
+    /// environment being deleted, or deleted since `env` was read, is unknown: a request racing
+    /// a delete never starts a scheduler for it again.
     pub(crate) async fn running(&self, env: &Environment) -> Result<Arc<Running>, EnvError> {
         let mut running = self.running.lock().await;
         if let Some(r) = running.get(&env.id) {
             return Ok(r.clone());
+        }
+        let gone = || EnvError::UnknownEnvironment(env.name.clone());
+        if self.deleting.lock().expect("deleting").contains(&env.id) {
+            return Err(gone());
+        }
+        match self.store.get_environment(&env.id).await {
+            Ok(_) => {}
+            Err(crate::store::StoreError::NotFound { .. }) => return Err(gone()),
+            Err(e) => return Err(e.into()),
         }
         let root = node_root(&self.data_dir, &env.name);
         let spares = node_spares(&self.data_dir, &env.name);

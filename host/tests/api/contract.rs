@@ -188,6 +188,11 @@ pub async fn bodies_must_be_json_and_an_optional_one_may_be_null(backend: Backen
             .await;
         assert_error(got, StatusCode::CONFLICT, "no_version", "dev");
     }
+    // Whitespace alone is a body, and not JSON (schemathesis sent a tab to `POST /tokens`).
+    for path in ["/environments/dev/dryrun", "/tokens"] {
+        let got = host.with_content_type(Method::POST, path, Some("application/json"), "\t ").await;
+        assert_error(got, StatusCode::BAD_REQUEST, "invalid_json", "EOF");
+    }
     let (status, _) = host.post_raw("/environments/dev/intents", QUICKSTART.as_bytes()).await;
     assert_eq!(status, StatusCode::CREATED);
     let (status, body) = host
