@@ -80,6 +80,12 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
         .await
         .ok()
         .and_then(|params| params.iter().find(|(name, _)| *name == "env").map(|(_, value)| value.to_string()));
+    // What the audit trail stores of it: a decoded path segment may hold NUL, which
+    // PostgreSQL's text refuses (the entry would be lost), and any length.
+    let audited_env = env.clone().map(|mut e| {
+        orc_runtime::bounded::storable(&mut e, 256);
+        e
+    });
     let path: String = parts.uri.path().chars().take(2048).collect();
     let token = parts
         .headers
@@ -176,7 +182,7 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
             method: method.to_string(),
             route,
             path,
-            environment: env,
+            environment: audited_env,
             status: response.status().as_u16(),
             code: response.extensions().get::<ErrorCode>().map(|c| c.0.to_string()),
         })

@@ -44,8 +44,8 @@ impl AccessCache {
     }
 }
 
-/// A user to create.
-#[derive(Debug, Clone, Default)]
+/// A user to create. No `Debug`: it holds a password.
+#[derive(Clone, Default)]
 pub struct NewUser {
     pub name: String,
     pub password: Option<String>,
@@ -53,8 +53,9 @@ pub struct NewUser {
     pub publisher: bool,
 }
 
-/// A change of a user; `None` leaves a field. `password: Some(None)` removes the password.
-#[derive(Debug, Clone, Default)]
+/// A change of a user; `None` leaves a field. `password: Some(None)` removes the password. No
+/// `Debug`: it holds a password.
+#[derive(Clone, Default)]
 pub struct UserPatch {
     pub password: Option<Option<String>>,
     pub admin: Option<bool>,

@@ -99,6 +99,10 @@ impl Store {
     }
 
     pub async fn find_environment_by_name(&self, name: &str) -> Result<Option<Environment>> {
+        // No stored name holds NUL, which PostgreSQL's text cannot even be asked about.
+        if name.contains('\0') {
+            return Ok(None);
+        }
         let row: Option<Row> = on_pool!(self, pool => {
             sqlx::query_as(concat!("SELECT ", columns!(), " FROM environments WHERE name = $1"))
                 .bind(name)

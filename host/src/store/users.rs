@@ -117,6 +117,10 @@ impl Store {
 
     /// A user and its password's hash (to check a password against).
     pub async fn find_user_with_password(&self, name: &str) -> Result<Option<(UserRecord, Option<String>)>> {
+        // No stored name holds NUL, which PostgreSQL's text cannot even be asked about.
+        if name.contains('\0') {
+            return Ok(None);
+        }
         type WithPassword = (String, String, bool, bool, bool, bool, i64, Option<String>);
         let row: Option<WithPassword> = on_pool!(self, pool => {
             sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT {USER_COLUMNS}, password_hash FROM users WHERE name = $1")))

@@ -725,3 +725,38 @@ pub async fn limits_answer_413_and_429_and_lose_nothing_accepted(backend: Backen
     assert_eq!(call(&host, Some(&other), Method::GET, "/me", None).await.status(), StatusCode::OK);
     host.stop().await;
 }
+
+/// A NUL character in a name from a path, a query or a sign-in (which PostgreSQL's text cannot
+/// hold) is an unknown name — 401, 403 or 404 — never a 500, and the refused request still
+/// reaches the audit trail.
+pub async fn nul_in_names_is_unknown_and_still_audited(backend: Backend) {
+    let host = Host::start(backend, 1 << 20).await;
+    let tokens = callers(&host).await;
+    for (path, want) in [
+        ("/users/a%00b", StatusCode::NOT_FOUND),
+        ("/environments/a%00b", StatusCode::NOT_FOUND),
+    ] {
+        let (status, body) = host.get(path).await;
+        assert_eq!(status, want, "{path}: {body}");
+    }
+    let (status, body) = json_of(call(&host, Some(&tokens["viewer"]), Method::GET, "/environments/a%00b/resources", None).await).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let login = json!({"name": "viewer\u{0}", "password": "a long and secret passphrase 7"});
+    let (status, body) = json_of(call(&host, None, Method::POST, "/login", Some(&login)).await).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("invalid_credentials")),
+        "{body}"
+    );
+    let refused = call(&host, None, Method::POST, "/environments/x%00y/halt", None).await;
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    let (status, page) = host.get("/audit?environment=x%00y").await;
+    assert_eq!(
+        (status, page["items"].as_array().map(Vec::len)),
+        (StatusCode::OK, Some(0)),
+        "{page}"
+    );
+    let (_, page) = host.get("/audit?limit=1").await;
+    assert_eq!(page["items"][0]["environment"], "x\u{FFFD}y", "{page}");
+    host.stop().await;
+}

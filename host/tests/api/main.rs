@@ -107,6 +107,7 @@ on_both_backends!(
     a_token_carries_its_users_roles_or_a_narrower_set,
     the_audit_trail_records_each_change_with_its_author,
     limits_answer_413_and_429_and_lose_nothing_accepted,
+    nul_in_names_is_unknown_and_still_audited,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");
