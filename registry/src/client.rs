@@ -9,6 +9,7 @@ use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 
 use crate::error::{ErrorBody, RegistryError, Result};
+use crate::services::{PublishedService, ServiceEntry, check_service_name};
 use crate::source::{BlobSource, BoxFuture};
 use crate::store::{Entry, Published, check_name, check_version};
 
@@ -160,6 +161,38 @@ impl Client {
 
     pub async fn list(&self) -> Result<Vec<Entry>> {
         let url = self.url("/v1/plugins");
+        json(&url, self.send(&url, self.http.get(&url)).await?).await
+    }
+
+    /// Publishes a service version from its JSON document.
+    pub async fn publish_service(&self, bytes: impl Into<Bytes>) -> Result<PublishedService> {
+        let url = self.url("/v1/services");
+        let response = self
+            .send(
+                &url,
+                self.http.post(&url).header("content-type", "application/json").body(bytes.into()),
+            )
+            .await?;
+        let created = response.status() == StatusCode::CREATED;
+        let entry: ServiceEntry = json(&url, response).await?;
+        Ok(PublishedService { entry, created })
+    }
+
+    pub async fn resolve_service(&self, name: &str, version: &str) -> Result<ServiceEntry> {
+        check_service_name(name)?;
+        check_version(version)?;
+        let url = self.url(&format!("/v1/services/{name}/{version}"));
+        json(&url, self.send(&url, self.http.get(&url)).await?).await
+    }
+
+    pub async fn service_versions(&self, name: &str) -> Result<Vec<ServiceEntry>> {
+        check_service_name(name)?;
+        let url = self.url(&format!("/v1/services/{name}"));
+        json(&url, self.send(&url, self.http.get(&url)).await?).await
+    }
+
+    pub async fn list_services(&self) -> Result<Vec<ServiceEntry>> {
+        let url = self.url("/v1/services");
         json(&url, self.send(&url, self.http.get(&url)).await?).await
     }
 

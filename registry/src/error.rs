@@ -30,6 +30,9 @@ pub enum RegistryError {
     },
     #[error("not a publishable plugin: {0}")]
     InvalidPlugin(String),
+    /// A service document refused: `path` is its culprit (`interfaces[0].max_connections`).
+    #[error("not a publishable service: {path}: {message}")]
+    InvalidService { path: String, message: String },
     #[error("{0}")]
     InvalidName(String),
     #[error("{0}")]
@@ -69,6 +72,7 @@ impl RegistryError {
             RegistryError::DigestMismatch { .. } => "digest_mismatch",
             RegistryError::VersionTaken { .. } => "version_taken",
             RegistryError::InvalidPlugin(_) => "invalid_plugin",
+            RegistryError::InvalidService { .. } => "invalid_service",
             RegistryError::InvalidName(_) => "invalid_name",
             RegistryError::InvalidDigest(_) => "invalid_digest",
             RegistryError::TooLarge { .. } => "too_large",
@@ -103,6 +107,9 @@ pub struct ErrorBody {
     pub what: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The JSON path of the culprit in a refused document.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<Digest>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -154,6 +161,7 @@ impl ErrorBody {
             RegistryError::InvalidPlugin(r) | RegistryError::InvalidName(r) | RegistryError::InvalidDigest(r) => {
                 body.reason = Some(r.clone())
             }
+            RegistryError::InvalidService { path, message } => (body.path, body.reason) = (Some(path.clone()), Some(message.clone())),
             RegistryError::TooLarge { size, limit } => (body.size, body.limit) = (Some(*size), Some(*limit)),
             RegistryError::Io { .. } => body.message = "internal storage error in the registry (details are in its log)".into(),
             _ => {}
@@ -194,6 +202,10 @@ impl ErrorBody {
                 _ => remote(self),
             },
             "invalid_plugin" => RegistryError::InvalidPlugin(self.reason.unwrap_or(self.message)),
+            "invalid_service" => match (self.path.clone(), self.reason.clone()) {
+                (Some(path), Some(message)) => RegistryError::InvalidService { path, message },
+                _ => remote(self),
+            },
             "invalid_name" => RegistryError::InvalidName(self.reason.unwrap_or(self.message)),
             "invalid_digest" => RegistryError::InvalidDigest(self.reason.unwrap_or(self.message)),
             "too_large" => match (self.size, self.limit) {
@@ -231,6 +243,10 @@ mod tests {
                 attempted: b,
             },
             RegistryError::InvalidPlugin("no manifest".into()),
+            RegistryError::InvalidService {
+                path: "interfaces[0].name".into(),
+                message: "duplicate interface `kv`".into(),
+            },
             RegistryError::InvalidName("bad".into()),
             RegistryError::InvalidDigest("bad".into()),
             RegistryError::TooLarge { size: 10, limit: 5 },

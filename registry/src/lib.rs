@@ -1,7 +1,8 @@
-//! `orc-registry`: the content-addressed plugin store.
+//! `orc-registry`: the content-addressed plugin store and service catalog.
 //!
 //! A plugin artifact is one Wasm component with its manifest embedded, addressed by the sha256 of
-//! its bytes. The [`Store`] keeps verified blobs and a `name@version → digest` index in a directory;
+//! its bytes; a service version ([`services`]) is a JSON document addressed the same way. The
+//! [`Store`] keeps verified blobs and a `name@version → digest` index of each in a directory;
 //! the `server` feature serves it over HTTP ([`server::router`]), the `client` feature talks to such
 //! a service ([`Client`]), and [`Registry`] is either, chosen by a `--registry <URL|DIR>` string.
 //!
@@ -9,6 +10,7 @@
 //! the client alike; a `name@version` once published is never re-pointed to other bytes.
 
 pub mod error;
+pub mod services;
 pub mod source;
 pub mod store;
 
@@ -25,6 +27,7 @@ use bytes::Bytes;
 pub use client::Client;
 pub use error::{ErrorBody, RegistryError, Result, parse_digest};
 pub use orc_manifest::Digest;
+pub use services::{PublishedService, ServiceEntry, check_service_name, parse_service};
 pub use source::{BlobSource, BoxFuture};
 pub use store::{DEFAULT_MAX_BLOB_SIZE, Entry, Published, Store, StoreOptions, check_name, check_version};
 
@@ -133,6 +136,53 @@ impl Registry {
             #[cfg(feature = "client")]
             Registry::Remote(client) => client.list().await,
         }
+    }
+
+    /// Publishes a service version from its JSON document.
+    pub async fn publish_service(&self, bytes: impl Into<Bytes>) -> Result<PublishedService> {
+        match self {
+            Registry::Local(store) => {
+                let bytes = bytes.into();
+                blocking(store, move |s| s.publish_service(&bytes)).await
+            }
+            #[cfg(feature = "client")]
+            Registry::Remote(client) => client.publish_service(bytes).await,
+        }
+    }
+
+    pub async fn resolve_service(&self, name: &str, version: &str) -> Result<ServiceEntry> {
+        match self {
+            Registry::Local(store) => {
+                let (name, version) = (name.to_string(), version.to_string());
+                blocking(store, move |s| s.resolve_service(&name, &version)).await
+            }
+            #[cfg(feature = "client")]
+            Registry::Remote(client) => client.resolve_service(name, version).await,
+        }
+    }
+
+    pub async fn service_versions(&self, name: &str) -> Result<Vec<ServiceEntry>> {
+        match self {
+            Registry::Local(store) => {
+                let name = name.to_string();
+                blocking(store, move |s| s.service_versions(&name)).await
+            }
+            #[cfg(feature = "client")]
+            Registry::Remote(client) => client.service_versions(name).await,
+        }
+    }
+
+    pub async fn list_services(&self) -> Result<Vec<ServiceEntry>> {
+        match self {
+            Registry::Local(store) => blocking(store, |s| s.list_services()).await,
+            #[cfg(feature = "client")]
+            Registry::Remote(client) => client.list_services().await,
+        }
+    }
+
+    /// The document `entry` files, from its verified blob.
+    pub async fn service_document(&self, entry: &ServiceEntry) -> Result<orc_cluster::ServiceDocument> {
+        parse_service(&self.fetch(&entry.digest).await?)
     }
 }
 

@@ -4,6 +4,10 @@
 //! Routes (all JSON except blob bodies, which are `application/wasm`):
 //! - `GET  /v1/plugins` — every entry; `POST /v1/plugins` — publish a component (201 new, 200 same bytes again);
 //! - `GET  /v1/plugins/{name}` — its versions; `GET /v1/plugins/{name}/{version}` — one entry;
+//! - `GET  /v1/services` — every service version; `POST /v1/services` — publish a service document
+//!   (JSON; 201 new, 200 same bytes again);
+//! - `GET  /v1/services/{name}` — its versions; `GET /v1/services/{name}/{version}` — one entry (the
+//!   document itself is the blob its `digest` names);
 //! - `PUT  /v1/blobs/{digest}` — store bytes that must hash to `digest` (201 new, 200 present);
 //! - `GET|HEAD /v1/blobs/{digest}` — the bytes, verified on every read.
 //!
@@ -22,6 +26,7 @@ use orc_manifest::Digest;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ErrorBody, RegistryError, parse_digest};
+use crate::services::{ServiceEntry, check_service_name};
 use crate::source::blocking;
 use crate::store::{Entry, Store, check_name, check_version};
 
@@ -39,6 +44,9 @@ pub fn router(store: Store) -> Router {
         .route("/v1/plugins", get(list).post(publish))
         .route("/v1/plugins/{name}", get(versions))
         .route("/v1/plugins/{name}/{version}", get(resolve))
+        .route("/v1/services", get(list_services).post(publish_service))
+        .route("/v1/services/{name}", get(service_versions))
+        .route("/v1/services/{name}/{version}", get(resolve_service))
         .route("/v1/blobs/{digest}", get(get_blob).put(put_blob))
         .fallback(not_found)
         // Bodies are read by `read_body` against the store's own limit, so an oversized upload
@@ -70,6 +78,7 @@ pub fn status_of(err: &RegistryError) -> StatusCode {
         RegistryError::NotFound { .. } | RegistryError::UnknownDigest(_) => StatusCode::NOT_FOUND,
         RegistryError::DigestMismatch { .. }
         | RegistryError::InvalidPlugin(_)
+        | RegistryError::InvalidService { .. }
         | RegistryError::InvalidName(_)
         | RegistryError::InvalidDigest(_) => StatusCode::BAD_REQUEST,
         RegistryError::VersionTaken { .. } => StatusCode::CONFLICT,
@@ -127,6 +136,28 @@ async fn resolve(State(store): State<Store>, Path((name, version)): Path<(String
 async fn publish(State(store): State<Store>, headers: HeaderMap, body: Body) -> ApiResult<(StatusCode, Json<Entry>)> {
     let bytes = read_body(&headers, body, store.max_blob_size()).await?;
     let published = blocking(&store, move |s| s.publish(&bytes)).await?;
+    let status = if published.created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(published.entry)))
+}
+
+async fn list_services(State(store): State<Store>) -> ApiResult<Json<Vec<ServiceEntry>>> {
+    Ok(Json(blocking(&store, |s| s.list_services()).await?))
+}
+
+async fn service_versions(State(store): State<Store>, Path(name): Path<String>) -> ApiResult<Json<Vec<ServiceEntry>>> {
+    check_service_name(&name)?;
+    Ok(Json(blocking(&store, move |s| s.service_versions(&name)).await?))
+}
+
+async fn resolve_service(State(store): State<Store>, Path((name, version)): Path<(String, String)>) -> ApiResult<Json<ServiceEntry>> {
+    check_service_name(&name)?;
+    check_version(&version)?;
+    Ok(Json(blocking(&store, move |s| s.resolve_service(&name, &version)).await?))
+}
+
+async fn publish_service(State(store): State<Store>, headers: HeaderMap, body: Body) -> ApiResult<(StatusCode, Json<ServiceEntry>)> {
+    let bytes = read_body(&headers, body, store.max_blob_size()).await?;
+    let published = blocking(&store, move |s| s.publish_service(&bytes)).await?;
     let status = if published.created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(published.entry)))
 }

@@ -86,6 +86,37 @@ pub struct Published {
     pub created: bool,
 }
 
+/// What the store files by `name@version` under a directory of its own: plugins ([`Entry`],
+/// `index/`) and service versions ([`crate::ServiceEntry`], `services/`).
+pub(crate) trait Indexed: Serialize + serde::de::DeserializeOwned {
+    /// The index directory.
+    const DIR: &'static str;
+    /// What an entry is, for messages (`plugin`, `service`).
+    const WHAT: &'static str;
+    fn name(&self) -> &str;
+    fn version(&self) -> &str;
+    fn digest(&self) -> Digest;
+    /// Validates a name before it becomes a path component.
+    fn check_name(name: &str) -> Result<()>;
+}
+
+impl Indexed for Entry {
+    const DIR: &'static str = INDEX_DIR;
+    const WHAT: &'static str = "plugin";
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn version(&self) -> &str {
+        &self.version
+    }
+    fn digest(&self) -> Digest {
+        self.digest
+    }
+    fn check_name(name: &str) -> Result<()> {
+        check_name(name)
+    }
+}
+
 /// A registry directory. Cheap to clone; all methods block on the file system (async callers use
 /// `spawn_blocking`, as [`crate::Registry`] and the HTTP service do).
 #[derive(Clone)]
@@ -158,7 +189,7 @@ impl Store {
         format!("{BLOB_DIR}/{}", digest.hex())
     }
 
-    fn check_size(&self, size: usize) -> Result<()> {
+    pub(crate) fn check_size(&self, size: usize) -> Result<()> {
         let size = size as u64;
         let limit = self.max_blob_size();
         if size > limit {
@@ -264,25 +295,30 @@ impl Store {
             resource_types: manifest.resource_types,
             published_at: OffsetDateTime::now_utc(),
         };
+        let (entry, created) = self.file_entry(entry, bytes)?;
+        Ok(Published { entry, created })
+    }
+
+    /// Stores `bytes` (whose digest `entry` names) and files `entry` under its name and version.
+    /// Re-filing the same digest is a no-op; another digest under a filed `name@version` is
+    /// refused with `VersionTaken`.
+    pub(crate) fn file_entry<T: Indexed>(&self, entry: T, bytes: &[u8]) -> Result<(T, bool)> {
         // Fast path: a re-publish or a refused re-point never writes anything.
-        if let Some(existing) = self.try_resolve(&entry.name, &entry.version)? {
-            return Self::compare(existing, digest);
+        if let Some(existing) = self.try_resolve_in::<T>(entry.name(), entry.version())? {
+            return Self::compare(existing, entry.digest());
         }
-        self.write_blob(&digest, bytes)?;
+        self.write_blob(&entry.digest(), bytes)?;
         self.link_entry(entry)
     }
 
-    fn compare(existing: Entry, attempted: Digest) -> Result<Published> {
-        if existing.digest == attempted {
-            Ok(Published {
-                entry: existing,
-                created: false,
-            })
+    fn compare<T: Indexed>(existing: T, attempted: Digest) -> Result<(T, bool)> {
+        if existing.digest() == attempted {
+            Ok((existing, false))
         } else {
             Err(RegistryError::VersionTaken {
-                name: existing.name,
-                version: existing.version,
-                existing: existing.digest,
+                name: existing.name().to_string(),
+                version: existing.version().to_string(),
+                existing: existing.digest(),
                 attempted,
             })
         }
@@ -290,46 +326,50 @@ impl Store {
 
     /// Files `entry` under its name and version with create-new semantics: of two racing
     /// publishers exactly one links its file; the other sees the winner's entry.
-    fn link_entry(&self, entry: Entry) -> Result<Published> {
-        let reference = entry.reference();
+    fn link_entry<T: Indexed>(&self, entry: T) -> Result<(T, bool)> {
+        let reference = format!("{} {}@{}", T::WHAT, entry.name(), entry.version());
         let json = serde_json::to_vec_pretty(&entry).expect("an entry always serialises");
-        let name_dir = format!("{INDEX_DIR}/{}", entry.name);
+        let name_dir = format!("{}/{}", T::DIR, entry.name());
         self.dir()
             .create_dir_all(&name_dir)
-            .map_err(RegistryError::io(format!("cannot create index directory for {}", entry.name)))?;
+            .map_err(RegistryError::io(format!("cannot create index directory for {reference}")))?;
         let tmp = self.write_tmp(&json, &format!("index entry {reference}"))?;
-        let path = Self::index_path(&entry.name, &entry.version);
+        let path = Self::index_path::<T>(entry.name(), entry.version());
         match self.dir().hard_link(&tmp.name, self.dir(), &path) {
             Ok(()) => {
                 drop(tmp);
                 self.sync_dir(&name_dir)?;
-                tracing::info!(plugin = %reference, digest = %entry.digest, "published");
-                Ok(Published { entry, created: true })
+                tracing::info!(entry = %reference, digest = %entry.digest(), "published");
+                Ok((entry, true))
             }
             Err(e) if e.kind() == ErrorKind::AlreadyExists => {
                 drop(tmp);
-                let existing = self.resolve(&entry.name, &entry.version)?;
-                Self::compare(existing, entry.digest)
+                let existing = self.resolve_in::<T>(entry.name(), entry.version())?;
+                Self::compare(existing, entry.digest())
             }
             Err(e) => Err(RegistryError::io(format!("cannot write index entry {reference}"))(e)),
         }
     }
 
-    fn index_path(name: &str, version: &str) -> String {
-        format!("{INDEX_DIR}/{name}/{version}.json")
+    fn index_path<T: Indexed>(name: &str, version: &str) -> String {
+        format!("{}/{name}/{version}.json", T::DIR)
     }
 
     /// The entry for `name@version`.
     pub fn resolve(&self, name: &str, version: &str) -> Result<Entry> {
-        self.try_resolve(name, version)?.ok_or_else(|| RegistryError::NotFound {
-            what: format!("plugin {name}@{version}"),
+        self.resolve_in(name, version)
+    }
+
+    pub(crate) fn resolve_in<T: Indexed>(&self, name: &str, version: &str) -> Result<T> {
+        self.try_resolve_in(name, version)?.ok_or_else(|| RegistryError::NotFound {
+            what: format!("{} {name}@{version}", T::WHAT),
         })
     }
 
-    fn try_resolve(&self, name: &str, version: &str) -> Result<Option<Entry>> {
-        check_name(name)?;
+    fn try_resolve_in<T: Indexed>(&self, name: &str, version: &str) -> Result<Option<T>> {
+        T::check_name(name)?;
         check_version(version)?;
-        let path = Self::index_path(name, version);
+        let path = Self::index_path::<T>(name, version);
         let text = match self.dir().read(&path) {
             Ok(text) => text,
             Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
@@ -342,20 +382,24 @@ impl Store {
                 message,
             }
         };
-        let entry: Entry = serde_json::from_slice(&text).map_err(|e| corrupt(e.to_string()))?;
-        if entry.name != name || entry.version != version {
-            return Err(corrupt(format!("it describes {} instead", entry.reference())));
+        let entry: T = serde_json::from_slice(&text).map_err(|e| corrupt(e.to_string()))?;
+        if entry.name() != name || entry.version() != version {
+            return Err(corrupt(format!("it describes {}@{} instead", entry.name(), entry.version())));
         }
         Ok(Some(entry))
     }
 
     /// Every published version of `name`, oldest first.
     pub fn versions(&self, name: &str) -> Result<Vec<Entry>> {
-        check_name(name)?;
+        self.versions_in(name)
+    }
+
+    pub(crate) fn versions_in<T: Indexed>(&self, name: &str) -> Result<Vec<T>> {
+        T::check_name(name)?;
         let not_found = || RegistryError::NotFound {
-            what: format!("plugin `{name}`"),
+            what: format!("{} `{name}`", T::WHAT),
         };
-        let name_dir = format!("{INDEX_DIR}/{name}");
+        let name_dir = format!("{}/{name}", T::DIR);
         let entries = match self.dir().read_dir(&name_dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == ErrorKind::NotFound => return Err(not_found()),
@@ -374,35 +418,43 @@ impl Store {
                 tracing::warn!(file = %file_name.to_string_lossy(), %name, "ignoring a file in the index that is not an entry");
                 continue;
             }
-            if let Some(entry) = self.try_resolve(name, version)? {
+            if let Some(entry) = self.try_resolve_in::<T>(name, version)? {
                 out.push(entry);
             }
         }
         if out.is_empty() {
             return Err(not_found());
         }
-        out.sort_by(|a, b| version_key(&a.version).cmp(&version_key(&b.version)));
+        out.sort_by(|a, b| orc_manifest::version_order(a.version()).cmp(&orc_manifest::version_order(b.version())));
         Ok(out)
     }
 
     /// Every entry, sorted by name then version.
     pub fn list(&self) -> Result<Vec<Entry>> {
-        let entries = self
-            .dir()
-            .read_dir(INDEX_DIR)
-            .map_err(RegistryError::io("cannot list the registry index"))?;
+        self.list_in()
+    }
+
+    pub(crate) fn list_in<T: Indexed>(&self) -> Result<Vec<T>> {
+        let entries = match self.dir().read_dir(T::DIR) {
+            Ok(entries) => entries,
+            // The services index is made by the first service published.
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(RegistryError::io(format!("cannot list the registry's {} index", T::WHAT))(e)),
+        };
         let mut names = Vec::new();
         for item in entries {
-            let item = item.map_err(RegistryError::io("cannot list the registry index"))?;
+            let item = item.map_err(RegistryError::io(format!("cannot list the registry's {} index", T::WHAT)))?;
             match item.file_name().to_str() {
-                Some(name) if check_name(name).is_ok() => names.push(name.to_string()),
-                _ => tracing::warn!(file = %item.file_name().to_string_lossy(), "ignoring a file in the index that is not a plugin name"),
+                Some(name) if T::check_name(name).is_ok() => names.push(name.to_string()),
+                _ => {
+                    tracing::warn!(file = %item.file_name().to_string_lossy(), what = T::WHAT, "ignoring a file in the index that is not a name")
+                }
             }
         }
         names.sort();
         let mut out = Vec::new();
         for name in names {
-            match self.versions(&name) {
+            match self.versions_in::<T>(&name) {
                 Ok(v) => out.extend(v),
                 Err(RegistryError::NotFound { .. }) => {}
                 Err(e) => return Err(e),
@@ -494,28 +546,5 @@ impl Drop for TmpFile<'_> {
         {
             tracing::warn!(file = %self.name, error = %e, "cannot remove a temporary file");
         }
-    }
-}
-
-/// Orders versions like semver: numerically by `MAJOR.MINOR.PATCH`, a pre-release before its
-/// release, then by the text (validated versions only, so parsing cannot fail in practice).
-fn version_key(version: &str) -> (u64, u64, u64, bool, &str) {
-    let core_end = version.find(['-', '+']).unwrap_or(version.len());
-    let mut parts = version[..core_end].split('.').map(|p| p.parse::<u64>().unwrap_or(u64::MAX));
-    let mut next = || parts.next().unwrap_or(0);
-    let (major, minor, patch) = (next(), next(), next());
-    let release = !version[core_end..].starts_with('-');
-    (major, minor, patch, release, &version[core_end..])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn versions_sort_like_semver() {
-        let mut v = vec!["1.10.0", "1.2.0", "1.2.0-alpha", "0.9.9", "1.2.0+build"];
-        v.sort_by_key(|x| version_key(x));
-        assert_eq!(v, ["0.9.9", "1.2.0-alpha", "1.2.0", "1.2.0+build", "1.10.0"]);
     }
 }

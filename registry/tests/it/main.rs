@@ -6,6 +6,7 @@
 
 #[cfg(all(feature = "server", feature = "client"))]
 mod http;
+mod services;
 mod store;
 
 use orc_manifest::{Capability, Manifest, PluginKind};

@@ -1,5 +1,6 @@
-//! Cluster templates and layouts (Coopr's model), shared by the host, the solver plugins and
-//! the automators.
+//! Cluster templates and layouts (Coopr's model) and the service catalog's documents (dEF-Pi's
+//! services, [`service`]), shared by the host, the registry, the solver plugins and the
+//! automators.
 //!
 //! A [`Template`] names the services a cluster may contain — each with its automator, its
 //! configuration and its install-time and run-time dependencies — and the constraints on where
@@ -17,7 +18,9 @@
 //! `constraints.apart[0]`, …) — the names a solver's "no valid layout" answer uses.
 
 mod layout;
+pub mod service;
 mod template;
 
 pub use layout::{Layout, NodeInfo, Violation, check_layout};
+pub use service::{Interface, InterfaceVersion, Role, ServiceDocument, ServiceError};
 pub use template::{Constraints, Count, Defaults, FactNeed, Needs, Range, Requires, Service, Template, TemplateError, valid_service_name};

@@ -5,6 +5,7 @@
 //! Shared by the registry (which indexes manifests), the host runtime (which links only the
 //! capabilities a manifest requests) and the `orc-plugin` CLI and build scripts (which write it).
 
+pub mod canonical;
 mod digest;
 pub mod names;
 pub mod project;
@@ -279,6 +280,17 @@ pub fn validate_version(version: &str) -> Result<(), ManifestError> {
     Ok(())
 }
 
+/// A key that orders versions like semver: numerically by `MAJOR.MINOR.PATCH`, a pre-release
+/// before its release, then by the text (for validated versions; anything else sorts last).
+pub fn version_order(version: &str) -> (u64, u64, u64, bool, &str) {
+    let core_end = version.find(['-', '+']).unwrap_or(version.len());
+    let mut parts = version[..core_end].split('.').map(|p| p.parse::<u64>().unwrap_or(u64::MAX));
+    let mut next = || parts.next().unwrap_or(0);
+    let (major, minor, patch) = (next(), next(), next());
+    let release = !version[core_end..].starts_with('-');
+    (major, minor, patch, release, &version[core_end..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,6 +305,13 @@ mod tests {
             resource_types: vec!["file".into()],
             description: "files".into(),
         }
+    }
+
+    #[test]
+    fn versions_order_like_semver() {
+        let mut v = vec!["1.10.0", "1.2.0", "1.2.0-alpha", "0.9.9", "1.2.0+build"];
+        v.sort_by_key(|x| version_order(x));
+        assert_eq!(v, ["0.9.9", "1.2.0-alpha", "1.2.0", "1.2.0+build", "1.10.0"]);
     }
 
     #[test]
