@@ -38,6 +38,9 @@ fn document(automator: &Digest) -> Value {
     })
 }
 
+/// A change made to a good document.
+type Change = Box<dyn Fn(&mut Value)>;
+
 fn bytes(v: &Value) -> Vec<u8> {
     serde_json::to_vec(v).unwrap()
 }
@@ -90,7 +93,7 @@ fn a_service_version_is_filed_once_and_read_back_verified() {
 fn each_bad_document_is_refused_naming_its_field() {
     let (_dir, store, automator, adaptor) = store_with_plugins();
     let unknown = Digest::of(b"no such plugin");
-    let cases: Vec<(&str, Box<dyn Fn(&mut Value)>, &str, &str)> = vec![
+    let cases: Vec<(&str, Change, &str, &str)> = vec![
         (
             "unknown automator",
             Box::new(move |d| d["automator"] = json!(unknown.to_string())),
