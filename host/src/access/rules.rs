@@ -89,6 +89,10 @@ pub const RULES: &[(&str, &str, Rule)] = &[
     ("POST", "/tokens", Rule::Signed),
     ("DELETE", "/tokens/{id}", Rule::Signed),
     ("GET", "/audit", ADMIN),
+    // The service catalog: every signed-in user reads it (publishing is the registry's).
+    ("GET", "/services", Rule::Signed),
+    ("GET", "/services/{name}", Rule::Signed),
+    ("GET", "/services/{name}/{version}", Rule::Signed),
 ];
 
 static BY_ROUTE: LazyLock<HashMap<(&'static str, &'static str), Rule>> =

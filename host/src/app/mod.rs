@@ -19,6 +19,7 @@ mod nodes;
 mod operations;
 mod resources;
 mod running;
+mod services;
 mod versions;
 
 pub use access::{NewUser, ScopeRequest, TokenView, UserPatch};

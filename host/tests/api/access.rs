@@ -84,6 +84,9 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("POST", "/tokens", "signed"),
     ("DELETE", "/tokens/{id}", "signed"),
     ("GET", "/audit", "admin"),
+    ("GET", "/services", "signed"),
+    ("GET", "/services/{name}", "signed"),
+    ("GET", "/services/{name}/{version}", "signed"),
 ];
 
 /// The callers tried on every route.

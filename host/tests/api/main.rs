@@ -30,6 +30,7 @@ mod pg;
 mod plugin_text;
 mod promises;
 mod sandbox;
+mod services;
 
 use paths::encode;
 
@@ -43,6 +44,7 @@ use lifecycle::*;
 use plugin_text::*;
 use promises::*;
 use sandbox::*;
+use services::*;
 
 /// One `#[tokio::test]` per case and backend: `sqlite::<case>` and `postgres::<case>`, each
 /// calling `crate::<case>(backend)`.
@@ -108,6 +110,7 @@ on_both_backends!(
     the_audit_trail_records_each_change_with_its_author,
     limits_answer_413_and_429_and_lose_nothing_accepted,
     nul_in_names_is_unknown_and_still_audited,
+    the_catalog_lists_published_service_versions,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");

@@ -1,10 +1,12 @@
 //! `orc-plugin`: the plugin author's command line — scaffold a plugin crate, build it into a
-//! verified component with its manifest, inspect a component, publish it to a registry.
+//! verified component with its manifest, inspect a component, publish it to a registry; publish a
+//! service version to a registry's catalog.
 
 mod build;
 mod inspect;
 mod publish;
 mod scaffold;
+mod service;
 mod vendor;
 
 use std::path::PathBuf;
@@ -65,6 +67,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Publish a service version (a TOML or `.json` document) to a registry's service catalog.
+    PublishService {
+        /// The service document.
+        file: PathBuf,
+        /// A registry URL (`http://…`) or a registry directory.
+        #[arg(long, env = "ORC_REGISTRY")]
+        registry: String,
+        /// Bearer token for a registry that wants one to publish.
+        #[arg(long, env = "ORC_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -83,6 +98,12 @@ fn main() -> std::process::ExitCode {
             token,
             json,
         } => publish::run(path, &registry, token.as_deref(), json),
+        Command::PublishService {
+            file,
+            registry,
+            token,
+            json,
+        } => service::publish(&file, &registry, token.as_deref(), json),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

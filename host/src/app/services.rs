@@ -1,0 +1,71 @@
+//! The service catalog as the application reads it: service versions from the registry, each
+//! with its verified document.
+
+use orc_cluster::ServiceDocument;
+use orc_registry::{RegistryError, ServiceEntry, Store};
+
+use crate::app::App;
+use crate::services::ServicesError;
+
+impl App {
+    /// Every service version in the catalog, by name then version.
+    pub async fn services(&self) -> Result<Vec<(ServiceEntry, ServiceDocument)>, ServicesError> {
+        self.catalog(String::new(), |store| {
+            store
+                .list_services()?
+                .into_iter()
+                .map(|e| {
+                    let doc = store.service_document(&e)?;
+                    Ok((e, doc))
+                })
+                .collect()
+        })
+        .await
+    }
+
+    /// The versions of service `name`, oldest first.
+    pub async fn service_versions(&self, name: &str) -> Result<Vec<(ServiceEntry, ServiceDocument)>, ServicesError> {
+        let name = name.to_string();
+        self.catalog(name.clone(), move |store| {
+            store
+                .service_versions(&name)?
+                .into_iter()
+                .map(|e| {
+                    let doc = store.service_document(&e)?;
+                    Ok((e, doc))
+                })
+                .collect()
+        })
+        .await
+    }
+
+    /// Service `name@version`.
+    pub async fn service(&self, name: &str, version: &str) -> Result<(ServiceEntry, ServiceDocument), ServicesError> {
+        let (name, version) = (name.to_string(), version.to_string());
+        self.catalog(format!("{name}@{version}"), move |store| {
+            let entry = store.resolve_service(&name, &version)?;
+            let doc = store.service_document(&entry)?;
+            Ok((entry, doc))
+        })
+        .await
+    }
+
+    /// Runs a read of the catalog on the blocking pool; a name or version that is not one, or
+    /// that is not there, is the unknown service `what`.
+    async fn catalog<T: Send + 'static>(
+        &self,
+        what: String,
+        read: impl FnOnce(&Store) -> Result<T, RegistryError> + Send + 'static,
+    ) -> Result<T, ServicesError> {
+        let store = self.registry.clone();
+        let result = tokio::task::spawn_blocking(move || read(&store))
+            .await
+            .map_err(|e| ServicesError::Registry(RegistryError::Unsupported(format!("a catalog read failed: {e}"))))?;
+        result.map_err(|e| match e {
+            RegistryError::NotFound { .. } | RegistryError::InvalidName(_) => {
+                ServicesError::UnknownService(what.chars().filter(|c| !c.is_control()).take(140).collect())
+            }
+            e => ServicesError::Registry(e),
+        })
+    }
+}
