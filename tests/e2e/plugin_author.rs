@@ -240,3 +240,44 @@ async fn solver_and_automator_scaffolds_build_and_run() {
     assert_eq!(outcome.messages, vec!["installed web\n"]);
     assert_eq!(std::fs::read_to_string(node_root.join("marker")).unwrap(), "installed web\n");
 }
+
+/// `orc-plugin publish-service`: the first-party redis service from its TOML file, its
+/// automator pinned to the digest it has in the registry; the same file again is no change; a
+/// mistake is named by its field before anything is published.
+#[test]
+fn publish_service_pins_the_automator_and_names_a_bad_field() {
+    let work = tempfile::tempdir().unwrap();
+    let registry = work.path().join("registry");
+    let redis = orc_plugin_artifacts::by_name("redis").unwrap();
+    let wasm = work.path().join("redis.wasm");
+    std::fs::write(&wasm, redis.bytes).unwrap();
+    let cli = |args: &[&str]| {
+        let mut c = Command::new(bin("orc-plugin"));
+        c.args(args).arg("--registry").arg(&registry);
+        c
+    };
+    run(&mut cli(&["publish", wasm.to_str().unwrap()]), true);
+    let service = repo_root().join("plugins/redis/service.toml");
+    let out = stdout(&run(&mut cli(&["publish-service", service.to_str().unwrap(), "--json"]), true));
+    let published: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(published["created"], true, "{out}");
+    assert_eq!(published["entry"]["automator"], redis.digest, "{out}");
+    let store = orc_registry::Store::open(&registry, Default::default()).unwrap();
+    let entry = store.resolve_service("redis", "1.0.0").unwrap();
+    let doc = store.service_document(&entry).unwrap();
+    assert_eq!(doc.automator.to_string(), redis.digest);
+    assert_eq!(doc.interface("kv").unwrap().limit(), None);
+    let again = stdout(&run(&mut cli(&["publish-service", service.to_str().unwrap()]), true));
+    assert!(again.contains("already published (no change)"), "{again}");
+
+    let bad = work.path().join("bad.toml");
+    let text = std::fs::read_to_string(&service)
+        .unwrap()
+        .replace("version = \"1.0.0\"\ndescription", "version = \"1.1.0\"\ndescription");
+    std::fs::write(&bad, text.replace("allow_multiple = true", "max_connections = 0")).unwrap();
+    let out = run(&mut cli(&["publish-service", bad.to_str().unwrap()]), false);
+    assert!(!out.status.success());
+    let err = orc_tests::stderr(&out);
+    assert!(err.contains("interfaces[0].max_connections") && err.contains("at least 1"), "{err}");
+    assert_eq!(store.service_versions("redis").unwrap().len(), 1);
+}
