@@ -93,6 +93,12 @@ pub const RULES: &[(&str, &str, Rule)] = &[
     ("GET", "/services", Rule::Signed),
     ("GET", "/services/{name}", Rule::Signed),
     ("GET", "/services/{name}/{version}", Rule::Signed),
+    // Processes: run by operators, like cluster operations.
+    ("GET", "/environments/{env}/processes", VIEWER),
+    ("POST", "/environments/{env}/processes", OPERATOR),
+    ("GET", "/environments/{env}/processes/{name}", VIEWER),
+    ("PATCH", "/environments/{env}/processes/{name}", OPERATOR),
+    ("DELETE", "/environments/{env}/processes/{name}", OPERATOR),
 ];
 
 static BY_ROUTE: LazyLock<HashMap<(&'static str, &'static str), Rule>> =

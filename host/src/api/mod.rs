@@ -18,6 +18,7 @@ mod extract;
 mod intents;
 mod nodes;
 mod ops;
+mod processes;
 mod resources;
 mod serve;
 mod services;
@@ -68,7 +69,7 @@ type Result<T, E = ApiError> = std::result::Result<T, E>;
         (name = "actions", description = "Deploy, repair and dryrun, answered 202 with an id to fetch"),
         (name = "events", description = "Server-sent events of state changes and action outcomes"),
         (name = "clusters", description = "Cluster templates and clusters: create, amend, reconfigure, stop/start/restart services, delete"),
-        (name = "services", description = "The service catalog: service versions, their interfaces and configuration schemas"),
+        (name = "services", description = "The service catalog (service versions, their interfaces and configuration schemas) and processes"),
         (name = "nodes", description = "SSH nodes: register, verify, label, share or keep private, accept a changed host key"),
         (name = "host", description = "Health and readiness"),
         (name = "access", description = "Users, roles, tokens, signing in and the audit trail"),
@@ -101,6 +102,7 @@ fn protected() -> OpenApiRouter<AppState> {
         .merge(nodes::routes())
         .merge(clusters::routes())
         .merge(services::routes())
+        .merge(processes::routes())
 }
 
 /// The OpenAPI document of `/api/v1` (paths relative to it; `servers` says where it lives).

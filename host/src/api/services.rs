@@ -28,17 +28,30 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 
 impl From<ServicesError> for ApiError {
     fn from(e: ServicesError) -> ApiError {
-        match &e {
-            ServicesError::UnknownService(_) => ApiError::new(StatusCode::NOT_FOUND, "unknown_service", e.to_string()),
+        let (status, code) = match &e {
+            ServicesError::Cluster(_) => match e {
+                ServicesError::Cluster(inner) => return inner.into(),
+                _ => unreachable!(),
+            },
+            ServicesError::UnknownService(_) => (StatusCode::NOT_FOUND, "unknown_service"),
+            ServicesError::UnknownProcess(_) => (StatusCode::NOT_FOUND, "unknown_process"),
+            ServicesError::ProcessExists(_) => (StatusCode::CONFLICT, "process_exists"),
+            ServicesError::InvalidTransition { .. } => (StatusCode::CONFLICT, "invalid_transition"),
+            ServicesError::VersionConflict { .. } => (StatusCode::CONFLICT, "version_conflict"),
+            ServicesError::PortInUse { .. } => (StatusCode::CONFLICT, "port_in_use"),
+            ServicesError::InvalidConfig { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_config"),
+            ServicesError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_process_request"),
+            ServicesError::NodeUnsuitable { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "node_unsuitable"),
             ServicesError::Registry(inner) => {
                 tracing::error!(error = %orc_manifest::error_chain(inner), "the service catalog cannot be read");
-                ApiError::new(
+                return ApiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     "catalog_unreadable",
                     "the service catalog cannot be read (details are in the host's log)",
-                )
+                );
             }
-        }
+        };
+        ApiError::new(status, code, e.to_string())
     }
 }
 

@@ -17,6 +17,7 @@ mod environments;
 mod error;
 mod nodes;
 mod operations;
+pub mod processes;
 mod resources;
 mod running;
 mod services;

@@ -486,6 +486,12 @@ impl Loop {
                 }
             }
         } else {
+            // A failed action may have changed part of what it was deploying (a restart that
+            // stopped the old server, then could not start the new one): the device is in no
+            // state known to be deployed, so a version asking for the old state again (a
+            // rollback) must run it again rather than trust the hash of what ran before.
+            e.deployed = None;
+            self.deployed.remove(done.resource.as_str());
             e.status = if outcome == Outcome::Unavailable {
                 Status::Unavailable
             } else {

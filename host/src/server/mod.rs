@@ -28,6 +28,7 @@ impl Server {
     pub async fn start(config: &HostConfig) -> Result<Server, StartError> {
         let app = Arc::new(App::open(config).await?);
         app.resume_clusters().await;
+        app.resume_processes().await;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| StartError::Bind {

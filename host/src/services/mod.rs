@@ -1,23 +1,263 @@
-//! Services (dEF-Pi's orchestrator): the catalog of service versions the registry holds, and —
-//! as they are built — the processes that run them and the connections between their interfaces.
+//! Services (dEF-Pi's orchestrator): the catalog of service versions the registry holds, and the
+//! processes that run them.
 //!
 //! The **catalog** is the registry's (`orc_registry::services`): a service version is a
 //! content-addressed document, validated and filed once; the host only reads it
 //! ([`crate::app::App::services`]), verified on every read.
+//!
+//! A **process** is one instance of a service version on one node, with a configuration of its
+//! own (validated against the service's schema; its ports set under each port's `config_key`).
+//! It compiles to the five steps of an automator task (`bootstrap → install → configure →
+//! initialize → start`, the cluster planner's) in its own **resource set** `process.<name>`
+//! (no cluster can be named so: cluster names have no `.`), released as a new intent version
+//! like a cluster's tasks, so the scheduler runs it through the service's automator with
+//! retries, self-healing, dryrun and the action log. The automator sees the set as the task's
+//! `cluster`, so its instance names never meet a cluster's.
+//!
+//! The lifecycle, each state persisted ([`ProcessState`]) and each operation checked against it
+//! ([`ProcessState::allows`]):
+//!
+//! ```text
+//!   create ─▶ creating ──done──▶ running ◀──done── updating ◀── update (running, failed)
+//!                │                  ▲                 │
+//!             failed             done (failure kept)  failed
+//!                ▼                  │                 ▼
+//!          rolling_back ──(none ran)──▶ failed    rolling_back (to the last that ran)
+//!   terminate (any but terminating) ─▶ terminating ──done──▶ gone
+//! ```
+//!
+//! Inmanta's candidate/active sets: `target` is what the process is driven to; `active` what last
+//! ran. A failed update puts `target` back to `active` (and its tasks), keeping the failure.
 
+use std::collections::BTreeMap;
+
+use orc_manifest::Digest;
 use orc_registry::RegistryError;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-/// Why a service request is refused.
+use crate::app::EnvError;
+use crate::clusters::{ClusterError, ClusterFailure};
+use crate::intent::ResourceSpec;
+use crate::store::Millis;
+
+/// The prefix of a process's resource set (and of its tasks' keys).
+pub const SET_PREFIX: &str = "process.";
+
+/// The resource set of process `name`.
+pub fn set_of(name: &str) -> String {
+    format!("{SET_PREFIX}{name}")
+}
+
+/// A process's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessState {
+    Creating,
+    Running,
+    Updating,
+    /// A failed create or update is being undone.
+    RollingBack,
+    Terminating,
+    /// Its create failed and was undone; `failure` says why.
+    Failed,
+}
+
+/// What an operator asks of a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Update,
+    Terminate,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Update => "update",
+            Operation::Terminate => "terminate",
+        }
+    }
+}
+
+impl ProcessState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProcessState::Creating => "creating",
+            ProcessState::Running => "running",
+            ProcessState::Updating => "updating",
+            ProcessState::RollingBack => "rolling_back",
+            ProcessState::Terminating => "terminating",
+            ProcessState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ProcessState> {
+        [
+            ProcessState::Creating,
+            ProcessState::Running,
+            ProcessState::Updating,
+            ProcessState::RollingBack,
+            ProcessState::Terminating,
+            ProcessState::Failed,
+        ]
+        .into_iter()
+        .find(|state| state.as_str() == s)
+    }
+
+    /// Whether `operation` may start in this state.
+    pub fn allows(self, operation: Operation) -> bool {
+        match operation {
+            Operation::Update => matches!(self, ProcessState::Running | ProcessState::Failed),
+            Operation::Terminate => self != ProcessState::Terminating,
+        }
+    }
+}
+
+/// One configuration of a process: the service version, where, and with what.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Deployment {
+    pub service: String,
+    pub version: String,
+    /// The service document's digest.
+    pub digest: Digest,
+    pub automator: Digest,
+    pub node: String,
+    /// The operator's configuration (valid against the service's schema).
+    pub config: Value,
+    /// Port name → number.
+    pub ports: BTreeMap<String, u16>,
+    /// Port name → the configuration key the automator takes it under.
+    #[serde(default)]
+    pub port_keys: BTreeMap<String, String>,
+}
+
+impl Deployment {
+    /// `service@version`.
+    pub fn reference(&self) -> String {
+        format!("{}@{}", self.service, self.version)
+    }
+
+    /// What the automator is handed: the operator's configuration with each port under its key.
+    pub fn effective_config(&self) -> Value {
+        let mut config = self.config.clone();
+        if let Value::Object(map) = &mut config {
+            for (port, key) in &self.port_keys {
+                if let Some(number) = self.ports.get(port) {
+                    map.insert(key.clone(), Value::from(*number));
+                }
+            }
+        }
+        config
+    }
+}
+
+/// What the host keeps of a process (the store's `document`, which it does not interpret).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ProcessDoc {
+    /// What the process is driven to.
+    pub target: Deployment,
+    /// What last ran; `None` before the process first ran.
+    pub active: Option<Deployment>,
+    /// The set's tasks in the plan released last.
+    pub tasks: Vec<ResourceSpec>,
+    /// Counts operations; a watcher acts only for its own.
+    pub generation: u64,
+    pub max_attempts: u32,
+    pub failure: Option<ClusterFailure>,
+    /// Who started the current operation; `None`: the host itself.
+    pub author: Option<String>,
+    pub started_at: Millis,
+}
+
+/// Why a process request is refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ServicesError {
     #[error("service `{0}` is not in the catalog (see /api/v1/services)")]
     UnknownService(String),
     #[error("the service catalog cannot be read: {0}")]
     Registry(#[source] RegistryError),
+    #[error("process `{0}` does not exist")]
+    UnknownProcess(String),
+    #[error("a process named `{0}` already exists")]
+    ProcessExists(String),
+    #[error("process `{name}` is {state}: it cannot {operation} now")]
+    InvalidTransition {
+        name: String,
+        state: &'static str,
+        operation: &'static str,
+    },
+    #[error("process `{name}` is at revision {current}, not {expected} (If-Match): read it again")]
+    VersionConflict { name: String, expected: String, current: i64 },
+    #[error("config{path}: {message}")]
+    InvalidConfig { path: String, message: String },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("node `{node}`: {message}")]
+    NodeUnsuitable { node: String, message: String },
+    #[error("port {port} on node `{node}` is taken by process `{process}`")]
+    PortInUse { node: String, port: u16, process: String },
+    #[error(transparent)]
+    Cluster(ClusterError),
 }
 
 impl From<RegistryError> for ServicesError {
     fn from(e: RegistryError) -> ServicesError {
         ServicesError::Registry(e)
+    }
+}
+
+impl From<ClusterError> for ServicesError {
+    fn from(e: ClusterError) -> ServicesError {
+        ServicesError::Cluster(e)
+    }
+}
+
+impl From<EnvError> for ServicesError {
+    fn from(e: EnvError) -> ServicesError {
+        ServicesError::Cluster(ClusterError::Env(e))
+    }
+}
+
+impl From<crate::store::StoreError> for ServicesError {
+    fn from(e: crate::store::StoreError) -> ServicesError {
+        ServicesError::Cluster(e.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_state_allows_only_its_operations() {
+        use ProcessState::*;
+        for (state, update, terminate) in [
+            (Creating, false, true),
+            (Running, true, true),
+            (Updating, false, true),
+            (RollingBack, false, true),
+            (Terminating, false, false),
+            (Failed, true, true),
+        ] {
+            assert_eq!(state.allows(Operation::Update), update, "{state:?}");
+            assert_eq!(state.allows(Operation::Terminate), terminate, "{state:?}");
+            assert_eq!(ProcessState::parse(state.as_str()), Some(state));
+        }
+    }
+
+    #[test]
+    fn ports_reach_the_automator_under_their_keys() {
+        let d = Deployment {
+            service: "redis".into(),
+            version: "1.0.0".into(),
+            digest: Digest::of(b"doc"),
+            automator: Digest::of(b"automator"),
+            node: "n1".into(),
+            config: serde_json::json!({"maxmemory": "10mb"}),
+            ports: [("kv".to_string(), 6380)].into(),
+            port_keys: [("kv".to_string(), "port".to_string())].into(),
+        };
+        assert_eq!(d.effective_config(), serde_json::json!({"maxmemory": "10mb", "port": 6380}));
+        assert_eq!(d.reference(), "redis@1.0.0");
     }
 }

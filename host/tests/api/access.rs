@@ -87,6 +87,11 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("GET", "/services", "signed"),
     ("GET", "/services/{name}", "signed"),
     ("GET", "/services/{name}/{version}", "signed"),
+    ("GET", "/environments/{env}/processes", "viewer"),
+    ("POST", "/environments/{env}/processes", "operator"),
+    ("GET", "/environments/{env}/processes/{name}", "viewer"),
+    ("PATCH", "/environments/{env}/processes/{name}", "operator"),
+    ("DELETE", "/environments/{env}/processes/{name}", "operator"),
 ];
 
 /// The callers tried on every route.

@@ -15,6 +15,7 @@ mod host;
 mod paths;
 #[path = "../support/pg.rs"]
 mod pg;
+mod processes;
 #[path = "../../ssh/tests/support/sshd.rs"]
 mod sshd;
 

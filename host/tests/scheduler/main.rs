@@ -223,6 +223,35 @@ async fn self_healing_repairs_drift_on_its_own() {
     }
 }
 
+/// A failed action may have changed part of what it deployed, so it leaves no state known to be
+/// deployed: a version asking for the state that ran before (a rollback) runs it again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rollback_after_a_failed_action_runs_the_old_state_again() {
+    let h = Harness::new();
+    let s = h.scheduler(Settings {
+        retry_interval: Duration::from_secs(3600),
+        max_retry_interval: Duration::from_secs(3600),
+        ..quick()
+    });
+    let good = json!([{ "id": "misbehave[local,a]", "adaptor": "misbehave@0.1.0", "attributes": { "behave": "fail_times", "times": 0, "counter": "good" } }]);
+    let bad = json!([{ "id": "misbehave[local,a]", "adaptor": "misbehave@0.1.0", "attributes": { "behave": "fail_times", "times": 1000, "counter": "bad" } }]);
+    s.release(h.version(1, good.clone())).unwrap();
+    until(&s, "v1 deployed", |snap| {
+        snap.version == Some(1) && snap.count(Status::Deployed) == 1
+    })
+    .await;
+    s.release(h.version(2, bad)).unwrap();
+    until(&s, "v2 failed", |snap| snap.version == Some(2) && snap.count(Status::Failed) == 1).await;
+    let before = h.recorder.actions("misbehave[local,a]").len();
+    s.release(h.version(3, good)).unwrap();
+    until(&s, "v3 deployed", |snap| {
+        snap.version == Some(3) && snap.count(Status::Deployed) == 1
+    })
+    .await;
+    let actions = h.recorder.actions("misbehave[local,a]");
+    assert_eq!(actions.len(), before + 1, "the rolled-back state was trusted, not run: {actions:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_new_version_supersedes_the_old_one() {
     let h = Harness::new();

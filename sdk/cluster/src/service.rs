@@ -52,6 +52,10 @@ pub struct Port {
     pub port: u16,
     #[serde(default)]
     pub protocol: Protocol,
+    /// The configuration key the automator takes this port's number under (`port` for the
+    /// redis automator); the host sets it in each process's configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_key: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,6 +190,11 @@ impl ServiceDocument {
             }
             if p.port == 0 {
                 return Err(err(format!("{at}.port"), "a port is 1 to 65535"));
+            }
+            if let Some(key) = &p.config_key
+                && (key.is_empty() || key.len() > 64)
+            {
+                return Err(err(format!("{at}.config_key"), "a configuration key has 1 to 64 characters"));
             }
         }
         let mut interfaces = BTreeSet::new();

@@ -227,7 +227,13 @@ impl App {
 
     /// Resolves and loads a template's plugin under the environment's `grants`: one that requests
     /// a capability not granted is refused now, not when a cluster is made from the template.
-    async fn pin_plugin(&self, template: &str, reference: &str, kind: PluginKind, grants: &Grants) -> Result<Digest, ClusterError> {
+    pub(crate) async fn pin_plugin(
+        &self,
+        template: &str,
+        reference: &str,
+        kind: PluginKind,
+        grants: &Grants,
+    ) -> Result<Digest, ClusterError> {
         let parsed: PluginRef = reference
             .parse()
             .map_err(|e: crate::intent::IntentError| ClusterError::PluginRejected {
@@ -616,7 +622,7 @@ impl App {
 
     /// The nodes a cluster of `env` may be laid out on (verified, public or private to `env`),
     /// restricted to `allowed` when it names any.
-    async fn cluster_nodes(&self, env: &Environment, allowed: &[String]) -> Result<Vec<NodeInfo>, ClusterError> {
+    pub(crate) async fn cluster_nodes(&self, env: &Environment, allowed: &[String]) -> Result<Vec<NodeInfo>, ClusterError> {
         let all = self
             .nodes
             .list()
@@ -644,7 +650,7 @@ impl App {
     }
 
     /// Asks the template's solver for a layout and checks it.
-    async fn solve(
+    pub(crate) async fn solve(
         &self,
         env: &Environment,
         template: &Template,
@@ -718,6 +724,37 @@ impl App {
         row: RowChange<'_>,
         author: Option<&str>,
     ) -> Result<Option<ClusterRecord>, ClusterError> {
+        let store = &self.store;
+        Ok(self
+            .release_set(env, cluster, tasks, author, || async move {
+                Ok(match row {
+                    RowChange::Keep => None,
+                    RowChange::Update(record) => Some(store.update_cluster(&env.id, record).await?),
+                    RowChange::Delete => {
+                        store.delete_cluster(&env.id, cluster).await?;
+                        None
+                    }
+                })
+            })
+            .await?)
+    }
+
+    /// Releases a new version: the released version's resources with the tasks of resource set
+    /// `set` (a cluster, or `process.<name>`) replaced by `tasks`; then, still holding the
+    /// environment's release turn, runs `commit` (which makes the set's row agree, the row an
+    /// operator's version reads the set's tasks from) and answers what it answers.
+    pub(crate) async fn release_set<T, F, Fut>(
+        &self,
+        env: &Environment,
+        set: &str,
+        tasks: &[ResourceSpec],
+        author: Option<&str>,
+        commit: F,
+    ) -> Result<T, EnvError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
         let running = self.running(env).await?;
         let _turn = running.releases.lock().await;
         running.check_scheduler()?;
@@ -726,7 +763,7 @@ impl App {
                 .intent
                 .resources
                 .iter()
-                .filter(|r| !planner::is_task_of(&r.id, cluster))
+                .filter(|r| !planner::is_task_of(&r.id, set))
                 .cloned()
                 .collect(),
             None => Vec::new(),
@@ -734,20 +771,14 @@ impl App {
         resources.extend(tasks.iter().cloned());
         let intent = Intent::validate(IntentDocument { resources })?;
         let info = self.submit_and_release(env, &running, intent, author).await?;
-        tracing::debug!(environment = %env.name, cluster, version = info.version, "cluster tasks released");
-        Ok(match row {
-            RowChange::Keep => None,
-            RowChange::Update(record) => Some(self.store.update_cluster(&env.id, record).await?),
-            RowChange::Delete => {
-                self.store.delete_cluster(&env.id, cluster).await?;
-                None
-            }
-        })
+        tracing::debug!(environment = %env.name, set, version = info.version, "tasks released");
+        Ok(commit().await?)
     }
 
-    /// Every cluster's current tasks in `env`: what an operator's new version keeps.
+    /// Every cluster's and every process's current tasks in `env`: what an operator's new
+    /// version keeps.
     pub(crate) async fn cluster_tasks(&self, env: &Environment) -> Result<Vec<ResourceSpec>, EnvError> {
-        let mut tasks = Vec::new();
+        let mut tasks = self.process_tasks(env).await?;
         for record in self.store.list_clusters(&env.id).await? {
             match serde_json::from_str::<ClusterDoc>(&record.document) {
                 Ok(doc) => tasks.extend(doc.tasks),
@@ -761,7 +792,7 @@ impl App {
         Ok(tasks)
     }
 
-    /// The states of a cluster's tasks, by resource id.
+    /// The states of a resource set's tasks, by resource id.
     async fn task_states(&self, env: &Environment, cluster: &str) -> Result<HashMap<String, ResourceState>, ClusterError> {
         let mut states = HashMap::new();
         let mut after = None;
@@ -791,11 +822,23 @@ impl App {
 
     /// How far the cluster's plan is.
     pub(crate) async fn progress(&self, env: &Environment, name: &str, doc: &ClusterDoc) -> Result<Progress, ClusterError> {
-        let states = self.task_states(env, name).await?;
+        self.task_progress(env, name, &doc.tasks, doc.max_attempts).await
+    }
+
+    /// How far the plan `planned` of resource set `set` is; a task failed `max_attempts` times
+    /// fails it.
+    pub(crate) async fn task_progress(
+        &self,
+        env: &Environment,
+        set: &str,
+        planned: &[ResourceSpec],
+        max_attempts: u32,
+    ) -> Result<Progress, ClusterError> {
+        let states = self.task_states(env, set).await?;
         let mut done = true;
         let mut failed = None;
-        let mut tasks = Vec::with_capacity(doc.tasks.len());
-        for t in &doc.tasks {
+        let mut tasks = Vec::with_capacity(planned.len());
+        for t in planned {
             let PluginRef::Digest(digest) = &t.adaptor else {
                 return Err(ClusterError::Invalid(format!("task `{}` is not pinned", t.id)));
             };
@@ -821,7 +864,7 @@ impl App {
                     view.attempts = s.attempts;
                     view.last_error = s.last_error.as_ref().map(|e| format!("{}: {}", e.code, e.message));
                     done &= finished;
-                    if s.status == ResourceStatus::Failed && s.attempts >= i64::from(doc.max_attempts) && failed.is_none() {
+                    if s.status == ResourceStatus::Failed && s.attempts >= i64::from(max_attempts) && failed.is_none() {
                         failed = Some(ClusterFailure {
                             task: Some(t.id.to_string()),
                             code: s.last_error.as_ref().map_or("failed".into(), |e| e.code.clone()),

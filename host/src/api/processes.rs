@@ -1,0 +1,115 @@
+//! Processes: instances of catalog service versions on nodes — create (202; the node named or
+//! chosen by the solver), list, show, update (a new version and/or configuration), terminate.
+//! Every answer about one process carries its revision as an `ETag`; `PATCH` and `DELETE` with
+//! an `If-Match` naming another revision are refused (409 `version_conflict`).
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::auth::Caller;
+use super::extract::{Json, Path};
+use super::{AppState, ErrorBody, Result};
+use crate::app::processes::{CreateProcess, ProcessView, UpdateProcess};
+
+pub(super) fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_process, list_processes))
+        .routes(routes!(get_process, update_process, terminate_process))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct ProcessList {
+    items: Vec<ProcessView>,
+}
+
+/// The answer for one process: `status`, its view, its revision as the `ETag`.
+fn answer(status: StatusCode, view: ProcessView) -> Response {
+    let etag = HeaderValue::from_str(&format!("\"{}\"", view.revision)).expect("a number is a header value");
+    (status, [(header::ETAG, etag)], axum::Json(view)).into_response()
+}
+
+fn if_match(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::IF_MATCH).map(|v| v.to_str().unwrap_or("\u{fffd}"))
+}
+
+/// Creates a process of a catalog service version (202: `creating` until its tasks are done).
+#[utoipa::path(post, path = "/environments/{env}/processes", tag = "services", request_body = CreateProcess,
+    params(("env" = String, Path, description = "Environment name or id")),
+    responses(
+        (status = 202, body = ProcessView),
+        (status = 404, description = "Unknown environment or service", body = ErrorBody),
+        (status = 409, description = "A process of that name exists, or the port is taken on the node", body = ErrorBody),
+        (status = 422, description = "Invalid name, configuration or node", body = ErrorBody)))]
+async fn create_process(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    Path(env): Path<String>,
+    Json(req): Json<CreateProcess>,
+) -> Result<Response> {
+    Ok(answer(
+        StatusCode::ACCEPTED,
+        app.create_process(&env, req, Some(&caller.user)).await?,
+    ))
+}
+
+#[utoipa::path(get, path = "/environments/{env}/processes", tag = "services",
+    params(("env" = String, Path, description = "Environment name or id")),
+    responses((status = 200, body = ProcessList), (status = 404, body = ErrorBody)))]
+async fn list_processes(State(app): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<ProcessList>> {
+    Ok(axum::Json(ProcessList {
+        items: app.processes(&env).await?,
+    }))
+}
+
+/// The process: state, service version, node, configuration (secrets redacted), what last ran,
+/// its tasks and their states.
+#[utoipa::path(get, path = "/environments/{env}/processes/{name}", tag = "services",
+    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Process name")),
+    responses((status = 200, body = ProcessView), (status = 404, body = ErrorBody)))]
+async fn get_process(State(app): State<AppState>, Path((env, name)): Path<(String, String)>) -> Result<Response> {
+    Ok(answer(StatusCode::OK, app.process(&env, &name).await?))
+}
+
+/// Moves the process to another version of its service and/or another configuration (202); a
+/// failure rolls it back to what last ran.
+#[utoipa::path(patch, path = "/environments/{env}/processes/{name}", tag = "services", request_body = UpdateProcess,
+    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Process name"),
+        ("If-Match" = Option<String>, Header, description = "The revision (ETag) the change is based on")),
+    responses(
+        (status = 202, body = ProcessView),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Stale If-Match, or the process's state does not allow it", body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
+async fn update_process(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    Path((env, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    Json(req): Json<UpdateProcess>,
+) -> Result<Response> {
+    let view = app.update_process(&env, &name, req, if_match(&headers), Some(&caller.user)).await?;
+    Ok(answer(StatusCode::ACCEPTED, view))
+}
+
+/// Terminates the process: stopped, then removed (202); it disappears when that is done.
+#[utoipa::path(delete, path = "/environments/{env}/processes/{name}", tag = "services",
+    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Process name"),
+        ("If-Match" = Option<String>, Header, description = "The revision (ETag) the change is based on")),
+    responses(
+        (status = 202, body = ProcessView),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Stale If-Match, or already terminating", body = ErrorBody)))]
+async fn terminate_process(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    Path((env, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    let view = app.terminate_process(&env, &name, if_match(&headers), Some(&caller.user)).await?;
+    Ok(answer(StatusCode::ACCEPTED, view))
+}

@@ -1,0 +1,642 @@
+//! Processes of the application: create (on a named node, or where the solver puts it),
+//! update (a new version and/or configuration), terminate, list and show; [`watch`] follows each
+//! operation to its end. The model and its lifecycle: [`crate::services`].
+//!
+//! Each operation first writes the process's row (revision-checked: `If-Match`, and any writer
+//! that read an older revision, gets `version_conflict`), then releases the process's tasks in a
+//! new intent version; a release that fails puts the row back. So two operations on one process
+//! never both pass, and an operator's intent, which carries every process's tasks from the rows,
+//! never loses one.
+
+mod watch;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use orc_cluster::{Layout, Needs, ServiceDocument, Template};
+use orc_manifest::PluginKind;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::app::App;
+use crate::app::clusters::{Progress, TaskView};
+use crate::clusters::ClusterFailure;
+use crate::clusters::planner::{self, PlanInput};
+use crate::intent::ResourceSpec;
+use crate::services::{Deployment, Operation, ProcessDoc, ProcessState, ServicesError, set_of};
+use crate::store::{Environment, Millis, ProcessRecord, StoreError, now_ms};
+
+/// How many times a task may fail before its operation fails (and is rolled back).
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+
+/// `POST …/processes`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateProcess {
+    pub name: String,
+    /// `name@version` of a service in the catalog.
+    pub service: String,
+    /// The node to run on; the solver picks one the service's needs allow when absent.
+    #[serde(default)]
+    pub node: Option<String>,
+    /// The process's own configuration, valid against the service's `config_schema`.
+    #[serde(default = "empty_object")]
+    #[schema(value_type = Object)]
+    pub config: Value,
+    /// Port name → number, replacing the service's defaults.
+    #[serde(default)]
+    pub ports: BTreeMap<String, u16>,
+    /// A task failing this many times fails the operation (default 3).
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+}
+
+/// `PATCH …/processes/{name}`: what is given replaces what the process has.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateProcess {
+    /// Another version of the same service (`name@version`).
+    #[serde(default)]
+    pub service: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<Value>,
+    #[serde(default)]
+    pub ports: Option<BTreeMap<String, u16>>,
+}
+
+fn empty_object() -> Value {
+    Value::Object(Default::default())
+}
+
+/// A process as the API shows it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ProcessView {
+    pub name: String,
+    pub state: ProcessState,
+    /// Counts the process's changes: its ETag.
+    pub revision: i64,
+    /// `name@version` of the service it is driven to.
+    pub service: String,
+    pub node: String,
+    /// Its configuration; values the schema marks `writeOnly` or `format: password` are
+    /// `"<redacted>"`.
+    #[schema(value_type = Object)]
+    pub config: Value,
+    pub ports: BTreeMap<String, u16>,
+    /// What last ran (service, node), when something has.
+    pub active: Option<ActiveView>,
+    pub failure: Option<ClusterFailure>,
+    /// Tasks by state: `done`, `pending`, and the resource statuses.
+    pub progress: BTreeMap<String, usize>,
+    pub tasks: Vec<TaskView>,
+    /// Who started the current operation; `null`: the host itself.
+    pub operation_author: Option<String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ActiveView {
+    pub service: String,
+    pub node: String,
+}
+
+impl App {
+    /// Creates a process: the service version resolved, its configuration validated, its node
+    /// checked (or chosen by the solver), its tasks released. The process is `creating` until they
+    /// are done.
+    pub async fn create_process(
+        self: &Arc<Self>,
+        key: &str,
+        req: CreateProcess,
+        author: Option<&str>,
+    ) -> Result<ProcessView, ServicesError> {
+        let env = self.get(key).await?;
+        crate::clusters::validate_name("process", &req.name)?;
+        if req.max_attempts == Some(0) {
+            return Err(ServicesError::Invalid("max_attempts: at least 1".into()));
+        }
+        if self.store.find_process(&env.id, &req.name).await?.is_some() {
+            return Err(ServicesError::ProcessExists(req.name));
+        }
+        let doc = self.catalog_document(&req.service).await?;
+        let target = self
+            .deployment(&env, &req.name, doc, req.node.as_deref(), req.config, &req.ports)
+            .await?;
+        let set = set_of(&req.name);
+        let tasks = plan(&set, Some(&target), &[])?;
+        let process = ProcessDoc {
+            target,
+            active: None,
+            tasks,
+            generation: 1,
+            max_attempts: req.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
+            failure: None,
+            author: author.map(str::to_string),
+            started_at: now_ms(),
+        };
+        let record = match self
+            .store
+            .insert_process(&env.id, &req.name, ProcessState::Creating.as_str(), &encode(&process))
+            .await
+        {
+            Err(StoreError::Conflict { .. }) => return Err(ServicesError::ProcessExists(req.name)),
+            other => other?,
+        };
+        if let Err(e) = self.release_set(&env, &set, &process.tasks, author, || async { Ok(()) }).await {
+            // Nothing was released: the process never existed.
+            let _ = self.store.delete_process(&env.id, &req.name, record.revision).await;
+            return Err(e.into());
+        }
+        tracing::info!(environment = %env.name, process = %req.name, service = %process.target.reference(), node = %process.target.node, "process creating");
+        self.spawn_process_watcher(env.id, req.name.clone(), process.generation);
+        self.process_view(&env, &record, &process).await
+    }
+
+    pub async fn processes(&self, key: &str) -> Result<Vec<ProcessView>, ServicesError> {
+        let env = self.get(key).await?;
+        let mut views = Vec::new();
+        for record in self.store.list_processes(&env.id).await? {
+            let doc = decode(&record)?;
+            views.push(self.process_view(&env, &record, &doc).await?);
+        }
+        Ok(views)
+    }
+
+    pub async fn process(&self, key: &str, name: &str) -> Result<ProcessView, ServicesError> {
+        let env = self.get(key).await?;
+        let record = self.process_record(&env, name).await?;
+        let doc = decode(&record)?;
+        self.process_view(&env, &record, &doc).await
+    }
+
+    /// Moves the process to another version of its service and/or another configuration; on
+    /// failure it is rolled back to what last ran.
+    pub async fn update_process(
+        self: &Arc<Self>,
+        key: &str,
+        name: &str,
+        req: UpdateProcess,
+        if_match: Option<&str>,
+        author: Option<&str>,
+    ) -> Result<ProcessView, ServicesError> {
+        let env = self.get(key).await?;
+        let record = self.process_record(&env, name).await?;
+        check_if_match(name, &record, if_match)?;
+        let mut doc = decode(&record)?;
+        let state = state_of(&record);
+        ensure_allows(name, state, Operation::Update)?;
+        let service = match &req.service {
+            Some(reference) => {
+                let (service, _) = reference.split_once('@').unwrap_or((reference.as_str(), ""));
+                if service != doc.target.service {
+                    return Err(ServicesError::Invalid(format!(
+                        "service: `{reference}` is another service; a process runs versions of `{}` only",
+                        doc.target.service
+                    )));
+                }
+                reference.clone()
+            }
+            None => doc.target.reference(),
+        };
+        let service_doc = self.catalog_document(&service).await?;
+        let config = req.config.unwrap_or_else(|| doc.target.config.clone());
+        let ports = req.ports.unwrap_or_else(|| doc.target.ports.clone());
+        let node = doc.target.node.clone();
+        doc.target = self.deployment(&env, name, service_doc, Some(&node), config, &ports).await?;
+        let previous = std::mem::take(&mut doc.tasks);
+        doc.tasks = plan(&set_of(name), Some(&doc.target), &previous)?;
+        self.begin_process(&env, &record, doc, ProcessState::Updating, author).await
+    }
+
+    /// Stops and removes the process (its tasks purged: stop, then remove); it disappears when
+    /// that is done.
+    pub async fn terminate_process(
+        self: &Arc<Self>,
+        key: &str,
+        name: &str,
+        if_match: Option<&str>,
+        author: Option<&str>,
+    ) -> Result<ProcessView, ServicesError> {
+        let env = self.get(key).await?;
+        let record = self.process_record(&env, name).await?;
+        check_if_match(name, &record, if_match)?;
+        ensure_allows(name, state_of(&record), Operation::Terminate)?;
+        let mut doc = decode(&record)?;
+        let previous = std::mem::take(&mut doc.tasks);
+        doc.tasks = plan(&set_of(name), None, &previous)?;
+        self.begin_process(&env, &record, doc, ProcessState::Terminating, author).await
+    }
+
+    /// Stores `doc` in `state` under a new generation (refused if the row moved on since
+    /// `record`), releases its tasks (putting the row back if that fails) and watches it.
+    pub(crate) async fn begin_process(
+        self: &Arc<Self>,
+        env: &Environment,
+        record: &ProcessRecord,
+        mut doc: ProcessDoc,
+        state: ProcessState,
+        author: Option<&str>,
+    ) -> Result<ProcessView, ServicesError> {
+        doc.generation += 1;
+        doc.author = author.map(str::to_string);
+        doc.started_at = now_ms();
+        if state != ProcessState::RollingBack {
+            doc.failure = None;
+        }
+        let stored = self.write_process(env, record, state, &doc).await?;
+        if let Err(e) = self
+            .release_set(env, &set_of(&record.name), &doc.tasks, author, || async { Ok(()) })
+            .await
+        {
+            let _ = self
+                .store
+                .update_process(&env.id, &record.name, stored.revision, &record.state, &record.document)
+                .await;
+            return Err(e.into());
+        }
+        tracing::info!(environment = %env.name, process = %record.name, state = state.as_str(), tasks = doc.tasks.len(), "process operation");
+        self.spawn_process_watcher(env.id, record.name.clone(), doc.generation);
+        self.process_view(env, &stored, &doc).await
+    }
+
+    /// Writes `doc` in `state` over `record`, refused when the row is no longer at its revision.
+    async fn write_process(
+        &self,
+        env: &Environment,
+        record: &ProcessRecord,
+        state: ProcessState,
+        doc: &ProcessDoc,
+    ) -> Result<ProcessRecord, ServicesError> {
+        match self
+            .store
+            .update_process(&env.id, &record.name, record.revision, state.as_str(), &encode(doc))
+            .await
+        {
+            Err(StoreError::Conflict { .. }) => {
+                let current = self.store.find_process(&env.id, &record.name).await?.map_or(0, |r| r.revision);
+                Err(ServicesError::VersionConflict {
+                    name: record.name.clone(),
+                    expected: record.revision.to_string(),
+                    current,
+                })
+            }
+            Err(StoreError::NotFound { .. }) => Err(ServicesError::UnknownProcess(record.name.clone())),
+            other => Ok(other?),
+        }
+    }
+
+    /// Every process's current tasks in `env`.
+    pub(crate) async fn process_tasks(&self, env: &Environment) -> Result<Vec<ResourceSpec>, crate::app::EnvError> {
+        let mut tasks = Vec::new();
+        for record in self.store.list_processes(&env.id).await? {
+            let doc: ProcessDoc = serde_json::from_str(&record.document).map_err(|e| {
+                crate::app::EnvError::Store(StoreError::Corrupt {
+                    what: format!("process `{}`: {e}", record.name),
+                })
+            })?;
+            tasks.extend(doc.tasks);
+        }
+        Ok(tasks)
+    }
+
+    pub(crate) async fn process_record(&self, env: &Environment, name: &str) -> Result<ProcessRecord, ServicesError> {
+        self.store
+            .find_process(&env.id, name)
+            .await?
+            .ok_or_else(|| ServicesError::UnknownProcess(name.chars().filter(|c| !c.is_control()).take(100).collect()))
+    }
+
+    /// The catalog's document for `name@version`, and its digest.
+    async fn catalog_document(&self, reference: &str) -> Result<(orc_manifest::Digest, ServiceDocument), ServicesError> {
+        let Some((name, version)) = reference.split_once('@') else {
+            return Err(ServicesError::Invalid(format!(
+                "service: `{}` is not `name@version`",
+                reference.chars().take(100).collect::<String>()
+            )));
+        };
+        let (entry, doc) = self.service(name, version).await?;
+        Ok((entry.digest, doc))
+    }
+
+    /// A deployment of `doc` for process `name`: configuration valid against the schema, ports
+    /// known and free on the node, the node usable by the environment and meeting the service's
+    /// needs (or chosen by the solver).
+    async fn deployment(
+        &self,
+        env: &Environment,
+        name: &str,
+        (digest, doc): (orc_manifest::Digest, ServiceDocument),
+        node: Option<&str>,
+        config: Value,
+        ports: &BTreeMap<String, u16>,
+    ) -> Result<Deployment, ServicesError> {
+        let doc = &doc;
+        check_config(&doc.config_schema, &config)?;
+        let mut effective = BTreeMap::new();
+        let mut keys = BTreeMap::new();
+        for p in &doc.ports {
+            effective.insert(p.name.clone(), p.port);
+            if let Some(key) = &p.config_key {
+                keys.insert(p.name.clone(), key.clone());
+            }
+        }
+        for (port, number) in ports {
+            if !effective.contains_key(port) {
+                return Err(ServicesError::Invalid(format!(
+                    "ports.{port}: `{}` has no port `{port}`",
+                    doc.reference()
+                )));
+            }
+            if *number == 0 {
+                return Err(ServicesError::Invalid(format!("ports.{port}: a port is 1 to 65535")));
+            }
+            effective.insert(port.clone(), *number);
+        }
+        let node = match node {
+            Some(node) => {
+                self.check_node(env, node, &doc.needs).await?;
+                node.to_string()
+            }
+            None => self.place(env, doc).await?,
+        };
+        // No two processes of the environment listen on one port of a node.
+        for record in self.store.list_processes(&env.id).await? {
+            if record.name == name {
+                continue;
+            }
+            let other = decode(&record)?;
+            if other.target.node != node {
+                continue;
+            }
+            if let Some((_, port)) = other.target.ports.iter().find(|(_, p)| effective.values().any(|mine| mine == *p)) {
+                return Err(ServicesError::PortInUse {
+                    node,
+                    port: *port,
+                    process: record.name,
+                });
+            }
+        }
+        Ok(Deployment {
+            service: doc.name.clone(),
+            version: doc.version.clone(),
+            digest,
+            automator: doc.automator,
+            node,
+            config,
+            ports: effective,
+            port_keys: keys,
+        })
+    }
+
+    /// `node` is verified, usable by `env`, and meets `needs`.
+    async fn check_node(&self, env: &Environment, node: &str, needs: &Needs) -> Result<(), ServicesError> {
+        let unsuitable = |message: String| ServicesError::NodeUnsuitable {
+            node: node.chars().take(100).collect(),
+            message,
+        };
+        let usable = self
+            .cluster_nodes(env, &[node.to_string()])
+            .await
+            .map_err(|e| unsuitable(e.to_string()))?;
+        let Some(info) = usable.into_iter().find(|n| n.name == node) else {
+            return Err(unsuitable("it is not verified (see /api/v1/nodes/{node})".into()));
+        };
+        if !needs.met_by(&info.labels, &info.facts) {
+            return Err(unsuitable(format!(
+                "it does not meet the service's needs {}",
+                serde_json::to_string(needs).expect("needs serialise")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Where the first-party solver puts one process of `doc` among the nodes `env` may use.
+    async fn place(&self, env: &Environment, doc: &ServiceDocument) -> Result<String, ServicesError> {
+        let grants = env.settings.capabilities.grants();
+        let solver = self
+            .pin_plugin(&doc.name, crate::app::clusters::DEFAULT_SOLVER, PluginKind::Solver, &grants)
+            .await?;
+        let mut template = single_service(&doc.name, doc.automator, &doc.needs);
+        template.solver = Some(solver.to_string());
+        let layout = self.solve(env, &template, 1, &[], &Layout::default()).await?;
+        layout
+            .nodes_of(&doc.name)
+            .next()
+            .map(str::to_string)
+            .ok_or_else(|| ServicesError::Invalid("the solver placed the process nowhere".into()))
+    }
+
+    async fn process_view(&self, env: &Environment, record: &ProcessRecord, doc: &ProcessDoc) -> Result<ProcessView, ServicesError> {
+        let Progress { tasks, .. } = self.task_progress(env, &set_of(&record.name), &doc.tasks, doc.max_attempts).await?;
+        let mut progress = BTreeMap::new();
+        for t in &tasks {
+            *progress.entry(t.status.clone()).or_insert(0) += 1;
+        }
+        let schema = self
+            .service(&doc.target.service, &doc.target.version)
+            .await
+            .map(|(_, d)| d.config_schema)
+            .unwrap_or(Value::Null);
+        Ok(ProcessView {
+            name: record.name.clone(),
+            state: state_of(record),
+            revision: record.revision,
+            service: doc.target.reference(),
+            node: doc.target.node.clone(),
+            config: redacted(&schema, &doc.target.config),
+            ports: doc.target.ports.clone(),
+            active: doc.active.as_ref().map(|a| ActiveView {
+                service: a.reference(),
+                node: a.node.clone(),
+            }),
+            failure: doc.failure.clone(),
+            progress,
+            tasks,
+            operation_author: doc.author.clone(),
+            created_at: record.created_at,
+            updated_at: record.updated_at,
+        })
+    }
+}
+
+/// The template of one service, as the planner and the solver take it.
+fn single_service(service: &str, automator: orc_manifest::Digest, needs: &Needs) -> Template {
+    let value = serde_json::json!({"services": {service: {"automator": automator.to_string(), "needs": needs}}});
+    Template::from_json(value).expect("a one-service template is valid")
+}
+
+/// The tasks of a process's resource set `set` for `target` (`None`: every task undone),
+/// keeping `previous` tasks the new plan no longer has as removals.
+pub(crate) fn plan(set: &str, target: Option<&Deployment>, previous: &[ResourceSpec]) -> Result<Vec<ResourceSpec>, ServicesError> {
+    let (template, layout, config) = match target {
+        Some(t) => (
+            single_service(&t.service, t.automator, &Needs::default()),
+            [(t.node.clone(), [t.service.clone()])].into_iter().collect::<Layout>(),
+            [(t.service.clone(), t.effective_config())].into_iter().collect(),
+        ),
+        None => {
+            let service = previous
+                .iter()
+                .find_map(|t| planner::parse_task_key(&t.id.key).map(|(_, s, _)| s.to_string()))
+                .unwrap_or_else(|| "none".to_string());
+            let automator = previous
+                .iter()
+                .find_map(|t| match &t.adaptor {
+                    crate::intent::PluginRef::Digest(d) => Some(*d),
+                    _ => None,
+                })
+                .unwrap_or_else(|| orc_manifest::Digest::of(b""));
+            (
+                single_service(&service, automator, &Needs::default()),
+                Layout::default(),
+                BTreeMap::new(),
+            )
+        }
+    };
+    planner::plan(&PlanInput {
+        cluster: set,
+        template: &template,
+        config: &config,
+        layout: &layout,
+        stopped: &BTreeSet::new(),
+        previous,
+        keep_removals: true,
+    })
+    .map_err(|e| ServicesError::Invalid(e.to_string()))
+}
+
+/// Refuses a configuration its service's schema does not accept, naming the first culprit by
+/// its JSON pointer.
+fn check_config(schema: &Value, config: &Value) -> Result<(), ServicesError> {
+    let validator = jsonschema::validator_for(schema).map_err(|e| ServicesError::InvalidConfig {
+        path: String::new(),
+        message: format!("the service's configuration schema does not compile: {e}"),
+    })?;
+    if let Some(e) = validator.iter_errors(config).next() {
+        return Err(ServicesError::InvalidConfig {
+            path: e.instance_path().to_string(),
+            message: e.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// `config` with the values `schema` marks secret (`writeOnly`, `format: password`) replaced.
+fn redacted(schema: &Value, config: &Value) -> Value {
+    match (config, schema.get("properties").and_then(Value::as_object)) {
+        (Value::Object(map), Some(properties)) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    let value = match properties.get(k) {
+                        Some(p)
+                            if p.get("writeOnly") == Some(&Value::Bool(true))
+                                || p.get("format").and_then(Value::as_str) == Some("password") =>
+                        {
+                            Value::String("<redacted>".into())
+                        }
+                        Some(p) => redacted(p, v),
+                        None => v.clone(),
+                    };
+                    (k.clone(), value)
+                })
+                .collect(),
+        ),
+        _ => config.clone(),
+    }
+}
+
+fn check_if_match(name: &str, record: &ProcessRecord, if_match: Option<&str>) -> Result<(), ServicesError> {
+    match if_match.map(|v| v.trim().trim_start_matches("W/").trim_matches('"')) {
+        None | Some("*") => Ok(()),
+        Some(tag) if tag == record.revision.to_string() => Ok(()),
+        Some(tag) => Err(ServicesError::VersionConflict {
+            name: name.to_string(),
+            expected: tag.chars().take(40).collect(),
+            current: record.revision,
+        }),
+    }
+}
+
+fn ensure_allows(name: &str, state: ProcessState, operation: Operation) -> Result<(), ServicesError> {
+    if state.allows(operation) {
+        Ok(())
+    } else {
+        Err(ServicesError::InvalidTransition {
+            name: name.to_string(),
+            state: state.as_str(),
+            operation: operation.as_str(),
+        })
+    }
+}
+
+pub(crate) fn state_of(record: &ProcessRecord) -> ProcessState {
+    ProcessState::parse(&record.state).unwrap_or(ProcessState::Failed)
+}
+
+pub(crate) fn encode(doc: &ProcessDoc) -> String {
+    serde_json::to_string(doc).expect("a process serialises")
+}
+
+pub(crate) fn decode(record: &ProcessRecord) -> Result<ProcessDoc, ServicesError> {
+    serde_json::from_str(&record.document).map_err(|e| {
+        StoreError::Corrupt {
+            what: format!("process `{}`: {e}", record.name),
+        }
+        .into()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn secrets_the_schema_marks_are_redacted_at_any_depth() {
+        let schema = json!({"type": "object", "properties": {
+            "password": {"type": "string", "writeOnly": true},
+            "db": {"type": "object", "properties": {"token": {"type": "string", "format": "password"}, "host": {"type": "string"}}},
+            "port": {"type": "integer"}
+        }});
+        let config = json!({"password": "p", "db": {"token": "t", "host": "h"}, "port": 1, "extra": "x"});
+        assert_eq!(
+            redacted(&schema, &config),
+            json!({"password": "<redacted>", "db": {"token": "<redacted>", "host": "h"}, "port": 1, "extra": "x"})
+        );
+    }
+
+    #[test]
+    fn a_configuration_is_refused_naming_its_first_culprit() {
+        let schema = json!({"type": "object", "additionalProperties": false, "properties": {"size": {"type": "integer", "minimum": 1}}});
+        check_config(&schema, &json!({"size": 2})).unwrap();
+        match check_config(&schema, &json!({"size": 0})) {
+            Err(ServicesError::InvalidConfig { path, .. }) => assert_eq!(path, "/size"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            check_config(&schema, &json!({"other": 1})),
+            Err(ServicesError::InvalidConfig { .. })
+        ));
+    }
+
+    #[test]
+    fn an_if_match_must_name_the_current_revision() {
+        let record = ProcessRecord {
+            name: "p".into(),
+            state: "running".into(),
+            document: "{}".into(),
+            revision: 4,
+            created_at: 0,
+            updated_at: 0,
+        };
+        for ok in [None, Some("*"), Some("\"4\""), Some("W/\"4\""), Some("4")] {
+            check_if_match("p", &record, ok).unwrap();
+        }
+        assert!(matches!(
+            check_if_match("p", &record, Some("\"3\"")),
+            Err(ServicesError::VersionConflict { current: 4, .. })
+        ));
+    }
+}

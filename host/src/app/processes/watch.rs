@@ -1,0 +1,181 @@
+//! The process watcher: one task per process operation that follows the environment's events
+//! and moves the process on when its tasks are done or have failed: `creating`/`updating` →
+//! `running`; a failure → `rolling_back` (a create: every task undone; an update: back to what
+//! last ran) → `failed` or `running` with the failure kept; `terminating` → gone. Watchers are
+//! restarted with the host.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orc_manifest::error_chain;
+use tracing::Instrument;
+
+use super::{decode, plan, state_of};
+use crate::app::App;
+use crate::services::{ProcessState, ServicesError, set_of};
+use crate::store::{Environment, EnvironmentId, StoreError};
+
+/// How often a watcher looks again without an event (events wake it sooner).
+const TICK: Duration = Duration::from_secs(2);
+
+/// What a watcher does next.
+enum Next {
+    Wait,
+    Done,
+}
+
+impl App {
+    /// Follows process `name`'s operation `generation` until it is over.
+    pub(crate) fn spawn_process_watcher(self: &Arc<Self>, env: EnvironmentId, name: String, generation: u64) {
+        let this = self.clone();
+        let span = tracing::info_span!("process_watch", process = %name, generation);
+        tokio::spawn(async move { this.watch_process(env, name, generation).await }.instrument(span));
+    }
+
+    async fn watch_process(self: Arc<Self>, env_id: EnvironmentId, name: String, generation: u64) {
+        let mut stopping = self.stopping.subscribe();
+        loop {
+            if *stopping.borrow() {
+                return;
+            }
+            let env = match self.store.get_environment(&env_id).await {
+                Ok(env) => env,
+                Err(StoreError::NotFound { .. }) => return,
+                Err(e) => {
+                    tracing::warn!(error = %error_chain(&e), "cannot read the environment");
+                    tokio::time::sleep(TICK).await;
+                    continue;
+                }
+            };
+            let mut events = match self.running(&env).await {
+                Ok(r) => r.stream.subscribe(),
+                Err(e) => {
+                    tracing::warn!(error = %error_chain(&e), "environment not running");
+                    tokio::time::sleep(TICK).await;
+                    continue;
+                }
+            };
+            match self.process_step(&env, &name, generation).await {
+                Ok(Next::Done) => return,
+                Ok(Next::Wait) => {}
+                Err(e) => tracing::warn!(error = %error_chain(&e), "process step failed; trying again"),
+            }
+            tokio::select! {
+                _ = events.recv() => tokio::time::sleep(Duration::from_millis(50)).await,
+                _ = tokio::time::sleep(TICK) => {}
+                _ = stopping.changed() => return,
+            }
+        }
+    }
+
+    /// Looks at the process once and moves it on.
+    async fn process_step(self: &Arc<Self>, env: &Environment, name: &str, generation: u64) -> Result<Next, ServicesError> {
+        let Some(record) = self.store.find_process(&env.id, name).await? else {
+            return Ok(Next::Done);
+        };
+        let mut doc = decode(&record)?;
+        if doc.generation != generation {
+            return Ok(Next::Done);
+        }
+        let set = set_of(name);
+        let progress = self.task_progress(env, &set, &doc.tasks, doc.max_attempts).await?;
+        let state = state_of(&record);
+        match state {
+            ProcessState::Running | ProcessState::Failed => Ok(Next::Done),
+            ProcessState::Terminating if progress.done => {
+                self.release_set(env, &set, &[], None, || async {
+                    self.store.delete_process(&env.id, name, record.revision).await
+                })
+                .await?;
+                tracing::info!(environment = %env.name, process = %name, "process terminated");
+                Ok(Next::Done)
+            }
+            ProcessState::Creating | ProcessState::Updating if progress.done => {
+                doc.active = Some(doc.target.clone());
+                self.settle_process(env, &record, doc, ProcessState::Running).await?;
+                tracing::info!(environment = %env.name, process = %name, "process running");
+                Ok(Next::Done)
+            }
+            ProcessState::RollingBack if progress.done => {
+                let state = if doc.active.is_some() {
+                    ProcessState::Running
+                } else {
+                    ProcessState::Failed
+                };
+                self.settle_process(env, &record, doc, state).await?;
+                tracing::warn!(environment = %env.name, process = %name, state = state.as_str(), "process rolled back");
+                Ok(Next::Done)
+            }
+            ProcessState::Creating | ProcessState::Updating if progress.failed.is_some() => {
+                tracing::warn!(environment = %env.name, process = %name, failure = ?progress.failed, "process operation failed; rolling back");
+                doc.failure = progress.failed;
+                let previous = std::mem::take(&mut doc.tasks);
+                if let Some(active) = doc.active.clone() {
+                    doc.target = active;
+                    doc.tasks = plan(&set, Some(&doc.target), &previous)?;
+                } else {
+                    doc.tasks = plan(&set, None, &previous)?;
+                }
+                self.begin_process(env, &record, doc, ProcessState::RollingBack, None).await?;
+                Ok(Next::Done)
+            }
+            ProcessState::RollingBack if progress.failed.is_some() && doc.active.is_none() => {
+                // Undoing a failed create failed too: keep the first failure, stop watching.
+                self.settle_process(env, &record, doc, ProcessState::Failed).await?;
+                Ok(Next::Done)
+            }
+            _ => Ok(Next::Wait),
+        }
+    }
+
+    /// Ends an operation in `state`: the removals that are done are dropped from the plan (a
+    /// process that never ran keeps no task), released with the row.
+    async fn settle_process(
+        &self,
+        env: &Environment,
+        record: &crate::store::ProcessRecord,
+        mut doc: crate::services::ProcessDoc,
+        state: ProcessState,
+    ) -> Result<(), ServicesError> {
+        let set = set_of(&record.name);
+        doc.tasks = match (&doc.active, state) {
+            (Some(active), ProcessState::Running) => {
+                doc.target = active.clone();
+                plan(&set, Some(active), &[])?
+            }
+            _ => Vec::new(),
+        };
+        let document = super::encode(&doc);
+        let (store, name, revision) = (&self.store, record.name.as_str(), record.revision);
+        self.release_set(env, &set, &doc.tasks, None, || async move {
+            store
+                .update_process(&env.id, name, revision, state.as_str(), &document)
+                .await
+                .map(drop)
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Restarts the watchers of processes with an operation under way. Called once the host is
+    /// up.
+    pub async fn resume_processes(self: &Arc<Self>) {
+        let envs = match self.store.list_environments().await {
+            Ok(envs) => envs,
+            Err(e) => return tracing::error!(error = %error_chain(&e), "cannot list environments for their processes"),
+        };
+        for env in envs {
+            match self.store.list_processes(&env.id).await {
+                Ok(processes) => {
+                    for p in processes {
+                        let busy = !matches!(state_of(&p), ProcessState::Running | ProcessState::Failed);
+                        if let (true, Ok(doc)) = (busy, decode(&p)) {
+                            self.spawn_process_watcher(env.id, p.name.clone(), doc.generation);
+                        }
+                    }
+                }
+                Err(e) => tracing::error!(environment = %env.name, error = %error_chain(&e), "cannot list processes"),
+            }
+        }
+    }
+}

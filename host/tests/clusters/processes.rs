@@ -1,0 +1,262 @@
+//! Processes of catalog services on real sshd nodes, through the REST API: the redis service
+//! published to the host's catalog, a process on a named node and one placed by the solver, each
+//! answering PING on its own port; refusals with their codes; an update with a stale `If-Match`
+//! refused and one with the current revision applied; a failing update rolled back to the
+//! configuration that ran, the failure kept and the process serving again; terminate.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use super::{ENV, OP_TIMEOUT, nodes, ping, start_host};
+use crate::host::Host;
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// The redis service, as `plugins/redis/service.toml` describes it, with its automator pinned.
+fn redis_service() -> Value {
+    json!({
+        "name": "redis", "version": "1.0.0",
+        "automator": orc_plugin_artifacts::by_name("redis").unwrap().digest,
+        "config_schema": {"type": "object", "additionalProperties": false, "properties": {
+            "bind": {"type": "string"},
+            "maxmemory": {"type": ["integer", "string"]}
+        }},
+        "ports": [{"name": "kv", "port": 6379, "config_key": "port"}],
+        "interfaces": [{"name": "kv", "role": "provides", "port": "kv", "allow_multiple": true,
+            "versions": [{"version": "1.0.0", "schema": {"type": "object", "required": ["command"]}}]}]
+    })
+}
+
+async fn publish_service(host: &Host, doc: &Value) {
+    let resp = host
+        .client
+        .post(host.base.replace("/api/v1", "/registry/v1/services"))
+        .bearer_auth(&host.token)
+        .json(doc)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED, "{}", resp.text().await.unwrap());
+}
+
+/// A request with an optional `If-Match`; the status, body and `ETag`.
+async fn call(
+    host: &Host,
+    method: Method,
+    path: &str,
+    body: Option<&Value>,
+    if_match: Option<&str>,
+) -> (StatusCode, Value, Option<String>) {
+    let mut req = host.client.request(method, format!("{}{path}", host.base)).bearer_auth(&host.token);
+    if let Some(tag) = if_match {
+        req = req.header("if-match", tag);
+    }
+    if let Some(body) = body {
+        req = req.json(body);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status();
+    let etag = resp.headers().get("etag").map(|v| v.to_str().unwrap().to_string());
+    (status, resp.json().await.unwrap_or(Value::Null), etag)
+}
+
+async fn wait_state(host: &Host, name: &str, state: &str) -> Value {
+    host.wait_for(&format!("/environments/{ENV}/processes/{name}"), state, OP_TIMEOUT, |code, p| {
+        assert!(code == StatusCode::OK, "process {name}: {code} {p:#}");
+        assert!(p["state"] != "failed" || state == "failed", "process {name} failed: {p:#}");
+        p["state"] == state
+    })
+    .await
+}
+
+async fn config_get(port: u16, key: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    s.write_all(format!("CONFIG GET {key}\r\n").as_bytes()).await.unwrap();
+    let mut buf = [0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
+    String::from_utf8_lossy(&buf[..n]).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_process_is_created_updated_rolled_back_and_terminated() {
+    let host = start_host(1).await;
+    let _sshd = nodes(&host, 2).await;
+    publish_service(&host, &redis_service()).await;
+    let processes = format!("/environments/{ENV}/processes");
+    let (p1, p2) = (free_port(), free_port());
+
+    // Refusals, each with its code and the culprit named; nothing refused is kept.
+    let refusals = [
+        (
+            json!({"name": "c", "service": "redis@9.9.9", "node": "n1"}),
+            StatusCode::NOT_FOUND,
+            "unknown_service",
+            "redis@9.9.9",
+        ),
+        (
+            json!({"name": "c", "service": "redis@1.0.0", "node": "n1", "config": {"maxmemory": true}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_config",
+            "config/maxmemory",
+        ),
+        (
+            json!({"name": "c", "service": "redis@1.0.0", "node": "n1", "config": {"colour": "red"}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_config",
+            "colour",
+        ),
+        (
+            json!({"name": "c", "service": "redis@1.0.0", "node": "nope"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "node_unsuitable",
+            "node `nope`",
+        ),
+        (
+            json!({"name": "c", "service": "redis@1.0.0", "node": "n1", "ports": {"web": 80}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_process_request",
+            "ports.web",
+        ),
+        (
+            json!({"name": "C!", "service": "redis@1.0.0", "node": "n1"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_cluster_request",
+            "process name",
+        ),
+    ];
+    for (body, status, code, words) in refusals {
+        let (got, answer) = host.post(&processes, &body).await;
+        assert_eq!((got, answer["code"].as_str()), (status, Some(code)), "{body}: {answer}");
+        assert!(answer["message"].as_str().unwrap().contains(words), "{body}: {answer}");
+    }
+    let (_, listed) = host.get(&processes).await;
+    assert_eq!(listed["items"], json!([]));
+
+    // On a named node.
+    let body = json!({"name": "cache", "service": "redis@1.0.0", "node": "n1", "ports": {"kv": p1}, "max_attempts": 1});
+    let (status, created, etag) = call(&host, Method::POST, &processes, Some(&body), None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{created}");
+    assert_eq!((created["state"].as_str(), etag.as_deref()), (Some("creating"), Some("\"1\"")));
+    let running = wait_state(&host, "cache", "running").await;
+    assert_eq!(running["active"]["service"], "redis@1.0.0");
+    assert_eq!(ping(p1).await.as_deref(), Some("+PONG"));
+    // The same name, and the same port on the same node, are refused.
+    let (status, answer) = host.post(&processes, &body).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::CONFLICT, Some("process_exists")),
+        "{answer}"
+    );
+    let taken = json!({"name": "other", "service": "redis@1.0.0", "node": "n1", "ports": {"kv": p1}});
+    let (status, answer) = host.post(&processes, &taken).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::CONFLICT, Some("port_in_use")),
+        "{answer}"
+    );
+
+    // Placed by the solver: any node the environment may use.
+    let (status, placed) = host
+        .post(
+            &processes,
+            &json!({"name": "placed", "service": "redis@1.0.0", "ports": {"kv": p2}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{placed}");
+    assert!(["n1", "n2"].contains(&placed["node"].as_str().unwrap()), "{placed}");
+    wait_state(&host, "placed", "running").await;
+    assert_eq!(ping(p2).await.as_deref(), Some("+PONG"));
+
+    // An update naming a stale revision is refused; with the current one it applies.
+    let path = format!("{processes}/cache");
+    let (_, now, etag) = call(&host, Method::GET, &path, None, None).await;
+    let etag = etag.unwrap();
+    assert_eq!(etag, format!("\"{}\"", now["revision"]));
+    let patch = json!({"config": {"maxmemory": "10mb"}});
+    let (status, answer, _) = call(&host, Method::PATCH, &path, Some(&patch), Some("\"1\"")).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::CONFLICT, Some("version_conflict")),
+        "{answer}"
+    );
+    assert!(
+        answer["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("at revision {}", now["revision"])),
+        "{answer}"
+    );
+    let (status, updating, _) = call(&host, Method::PATCH, &path, Some(&patch), Some(&etag)).await;
+    assert_eq!(
+        (status, updating["state"].as_str()),
+        (StatusCode::ACCEPTED, Some("updating")),
+        "{updating}"
+    );
+    let (status, answer, _) = call(&host, Method::PATCH, &path, Some(&patch), None).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::CONFLICT, Some("invalid_transition")),
+        "{answer}"
+    );
+    wait_state(&host, "cache", "running").await;
+    assert!(config_get(p1, "maxmemory").await.contains("10485760"), "maxmemory not applied");
+
+    // A failing update (an address this machine does not have) is rolled back to what ran.
+    let bad = json!({"config": {"maxmemory": "10mb", "bind": "203.0.113.7"}});
+    let (status, answer, _) = call(&host, Method::PATCH, &path, Some(&bad), None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
+    let back = host
+        .wait_for(&path, "rolled back", OP_TIMEOUT, |_, p| {
+            p["state"] == "running" && !p["failure"].is_null()
+        })
+        .await;
+    assert!(back["config"].get("bind").is_none(), "the configuration that ran is back: {back}");
+    assert!(
+        back["failure"]["task"].as_str().unwrap().contains("process.cache/redis/start"),
+        "{back}"
+    );
+    let deadline = std::time::Instant::now() + OP_TIMEOUT;
+    while ping(p1).await.as_deref() != Some("+PONG") {
+        assert!(std::time::Instant::now() < deadline, "the rolled-back process does not serve");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The action log has the process's tasks like any resource's.
+    let (_, log) = host.get(&format!("/environments/{ENV}/actions?limit=500")).await;
+    assert!(log.to_string().contains("process.cache/redis/start"), "{log}");
+
+    // Terminate: stopped and removed, then gone.
+    let (_, _, etag) = call(&host, Method::GET, &path, None, None).await;
+    let (status, answer, _) = call(&host, Method::DELETE, &path, None, Some("\"999\"")).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::CONFLICT, Some("version_conflict")),
+        "{answer}"
+    );
+    let (status, gone, _) = call(&host, Method::DELETE, &path, None, etag.as_deref()).await;
+    assert_eq!(
+        (status, gone["state"].as_str()),
+        (StatusCode::ACCEPTED, Some("terminating")),
+        "{gone}"
+    );
+    host.wait_for(&path, "terminated", OP_TIMEOUT, |code, _| code == StatusCode::NOT_FOUND)
+        .await;
+    assert_eq!(ping(p1).await, None, "redis still answers after terminate");
+    let (status, _) = host.delete(&format!("{processes}/placed")).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    host.wait_for(&format!("{processes}/placed"), "terminated", OP_TIMEOUT, |code, _| {
+        code == StatusCode::NOT_FOUND
+    })
+    .await;
+    assert_eq!(ping(p2).await, None);
+    host.stop().await;
+}
