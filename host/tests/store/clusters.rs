@@ -293,3 +293,45 @@ pub async fn deleting_an_environment_removes_its_clusters(db: &TestDb) -> Result
     assert_eq!(expired, [keep]);
     Ok(())
 }
+
+/// Processes: revision 1 when inserted, one more per update; an update or delete naming another
+/// revision is refused naming the current one, so of two writers that read the same row only
+/// one writes; rows are per environment and go with it.
+pub async fn processes_are_revision_checked(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    let env = new_env(store, "prod").await?;
+    let other = new_env(store, "staging").await?;
+    let p = store.insert_process(&env, "cache", "creating", "{}").await?;
+    ensure!(p.revision == 1, "{p:?}");
+    store.insert_process(&other, "cache", "creating", "{}").await?;
+    conflict(
+        store.insert_process(&env, "cache", "creating", "{}").await.unwrap_err(),
+        &format!("a process named `cache` already exists in environment {env}"),
+    )?;
+    let updated = store.update_process(&env, "cache", 1, "running", r#"{"n":1}"#).await?;
+    ensure!(
+        updated.revision == 2 && updated.state == "running" && updated.created_at == p.created_at,
+        "{updated:?}"
+    );
+    // A second writer that read revision 1 loses.
+    conflict(
+        store.update_process(&env, "cache", 1, "updating", "{}").await.unwrap_err(),
+        "process `cache` is at revision 2, not 1",
+    )?;
+    conflict(
+        store.delete_process(&env, "cache", 1).await.unwrap_err(),
+        "process `cache` is at revision 2, not 1",
+    )?;
+    ensure!(store.find_process(&env, "cache").await?.is_some_and(|r| r.document == r#"{"n":1}"#));
+    ensure!(store.find_process(&env, "ca\0che").await?.is_none());
+    store.delete_process(&env, "cache", 2).await?;
+    not_found(store.delete_process(&env, "cache", 2).await.unwrap_err(), &["process `cache`"])?;
+    not_found(
+        store.update_process(&env, "cache", 2, "x", "{}").await.unwrap_err(),
+        &["process `cache`"],
+    )?;
+    ensure!(store.list_processes(&other).await?.len() == 1);
+    store.delete_environment(&other).await?;
+    ensure!(store.list_processes(&other).await?.is_empty());
+    Ok(())
+}

@@ -66,5 +66,6 @@ on_both_backends!(
         clusters_crud,
         expired_cluster_leases,
         deleting_an_environment_removes_its_clusters,
+        processes_are_revision_checked,
     ],
 );
