@@ -99,6 +99,10 @@ pub const RULES: &[(&str, &str, Rule)] = &[
     ("GET", "/environments/{env}/processes/{name}", VIEWER),
     ("PATCH", "/environments/{env}/processes/{name}", OPERATOR),
     ("DELETE", "/environments/{env}/processes/{name}", OPERATOR),
+    ("GET", "/environments/{env}/connections", VIEWER),
+    ("POST", "/environments/{env}/connections", OPERATOR),
+    ("DELETE", "/environments/{env}/connections/{id}", OPERATOR),
+    ("GET", "/environments/{env}/pending", VIEWER),
 ];
 
 static BY_ROUTE: LazyLock<HashMap<(&'static str, &'static str), Rule>> =

@@ -1,7 +1,9 @@
 //! Processes: instances of catalog service versions on nodes — create (202; the node named or
 //! chosen by the solver), list, show, update (a new version and/or configuration), terminate.
 //! Every answer about one process carries its revision as an `ETag`; `PATCH` and `DELETE` with
-//! an `If-Match` naming another revision are refused (409 `version_conflict`).
+//! an `If-Match` naming another revision are refused (409 `version_conflict`). Connections
+//! between processes' interfaces (made only here, refused with the reason named), and the changes
+//! each process has not taken yet (`pending`).
 
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -14,12 +16,69 @@ use utoipa_axum::routes;
 use super::auth::Caller;
 use super::extract::{Json, Path};
 use super::{AppState, ErrorBody, Result};
-use crate::app::processes::{CreateProcess, ProcessView, UpdateProcess};
+use crate::app::processes::{ConnectRequest, ConnectionView, CreateProcess, PendingList, ProcessView, UpdateProcess};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create_process, list_processes))
         .routes(routes!(get_process, update_process, terminate_process))
+        .routes(routes!(connect, list_connections))
+        .routes(routes!(disconnect))
+        .routes(routes!(pending))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct ConnectionList {
+    items: Vec<ConnectionView>,
+}
+
+/// Connects one process's interface to another's (201). Refused (422) naming the reason:
+/// `unknown_process`, `unknown_interface`, `incompatible_interfaces` (what each side offers),
+/// `cardinality_exceeded` (the limit and the connections it has).
+#[utoipa::path(post, path = "/environments/{env}/connections", tag = "services", request_body = ConnectRequest,
+    params(("env" = String, Path, description = "Environment name or id")),
+    responses(
+        (status = 201, body = ConnectionView),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Connected already, or a process is terminating", body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
+async fn connect(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    Path(env): Path<String>,
+    Json(req): Json<ConnectRequest>,
+) -> Result<impl IntoResponse> {
+    Ok((StatusCode::CREATED, axum::Json(app.connect(&env, req, Some(&caller.user)).await?)))
+}
+
+#[utoipa::path(get, path = "/environments/{env}/connections", tag = "services",
+    params(("env" = String, Path, description = "Environment name or id")),
+    responses((status = 200, body = ConnectionList), (status = 404, body = ErrorBody)))]
+async fn list_connections(State(app): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<ConnectionList>> {
+    Ok(axum::Json(ConnectionList {
+        items: app.connections(&env).await?,
+    }))
+}
+
+/// Deletes a connection; both processes are told.
+#[utoipa::path(delete, path = "/environments/{env}/connections/{id}", tag = "services",
+    params(("env" = String, Path, description = "Environment name or id"), ("id" = String, Path, description = "Connection id")),
+    responses((status = 200, body = ConnectionView), (status = 404, body = ErrorBody)))]
+async fn disconnect(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    Path((env, id)): Path<(String, String)>,
+) -> Result<axum::Json<ConnectionView>> {
+    Ok(axum::Json(app.disconnect(&env, &id, Some(&caller.user)).await?))
+}
+
+/// What each process has not taken yet (its tasks whose desired state is not deployed): the
+/// step, since when, attempts, the last error. The scheduler re-applies them until they hold.
+#[utoipa::path(get, path = "/environments/{env}/pending", tag = "services",
+    params(("env" = String, Path, description = "Environment name or id")),
+    responses((status = 200, body = PendingList), (status = 404, body = ErrorBody)))]
+async fn pending(State(app): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<PendingList>> {
+    Ok(axum::Json(app.pending(&env).await?))
 }
 
 #[derive(Debug, Serialize, ToSchema)]

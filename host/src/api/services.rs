@@ -42,6 +42,12 @@ impl From<ServicesError> for ApiError {
             ServicesError::InvalidConfig { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_config"),
             ServicesError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_process_request"),
             ServicesError::NodeUnsuitable { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "node_unsuitable"),
+            ServicesError::UnknownPeer(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unknown_process"),
+            ServicesError::UnknownInterface(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unknown_interface"),
+            ServicesError::IncompatibleInterfaces(_) => (StatusCode::UNPROCESSABLE_ENTITY, "incompatible_interfaces"),
+            ServicesError::CardinalityExceeded(_) => (StatusCode::UNPROCESSABLE_ENTITY, "cardinality_exceeded"),
+            ServicesError::UnknownConnection(_) => (StatusCode::NOT_FOUND, "unknown_connection"),
+            ServicesError::ConnectionExists(_) => (StatusCode::CONFLICT, "connection_exists"),
             ServicesError::Registry(inner) => {
                 tracing::error!(error = %orc_manifest::error_chain(inner), "the service catalog cannot be read");
                 return ApiError::new(

@@ -27,6 +27,9 @@ pub(crate) struct Running {
     pub(crate) scheduler: Scheduler,
     /// Serialises submissions and releases, so the scheduler sees versions in the store's order.
     pub(crate) releases: Mutex<()>,
+    /// Serialises operations on processes and connections, whose checks span processes (a port
+    /// on a node, an interface's cardinality). Taken before `releases`, never while holding it.
+    pub(crate) services: Mutex<()>,
     /// What the environment's plugins are called with (nodes, kv, HTTP, deadline); dryruns use
     /// it too. Replaced when the settings change.
     pub(super) ctx: std::sync::RwLock<CallContext>,
@@ -253,6 +256,7 @@ impl App {
             name: env.name.clone(),
             scheduler,
             releases: Mutex::new(()),
+            services: Mutex::new(()),
             ctx: std::sync::RwLock::new(ctx),
             capabilities: std::sync::Mutex::new(env.settings.capabilities),
             stream,

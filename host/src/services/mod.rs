@@ -129,6 +129,12 @@ pub struct Deployment {
     /// Port name → the configuration key the automator takes it under.
     #[serde(default)]
     pub port_keys: BTreeMap<String, String>,
+    /// The service's base configuration, under the operator's.
+    #[serde(default)]
+    pub base_config: Value,
+    /// Where the automator takes the process's connections, if it does.
+    #[serde(default)]
+    pub connections_key: Option<String>,
 }
 
 impl Deployment {
@@ -137,14 +143,23 @@ impl Deployment {
         format!("{}@{}", self.service, self.version)
     }
 
-    /// What the automator is handed: the operator's configuration with each port under its key.
-    pub fn effective_config(&self) -> Value {
-        let mut config = self.config.clone();
+    /// What the automator is handed: the service's base configuration with the operator's
+    /// merged over it, each port under its key and, when the service takes them, the process's
+    /// `connections` (interface → peers).
+    pub fn effective_config(&self, connections: &Value) -> Value {
+        let mut config = match &self.base_config {
+            Value::Object(_) => self.base_config.clone(),
+            _ => Value::Object(Default::default()),
+        };
+        crate::app::merge_patch(&mut config, self.config.clone());
         if let Value::Object(map) = &mut config {
             for (port, key) in &self.port_keys {
                 if let Some(number) = self.ports.get(port) {
                     map.insert(key.clone(), Value::from(*number));
                 }
+            }
+            if let Some(key) = &self.connections_key {
+                map.insert(key.clone(), connections.clone());
             }
         }
         config
@@ -167,6 +182,10 @@ pub(crate) struct ProcessDoc {
     /// Who started the current operation; `None`: the host itself.
     pub author: Option<String>,
     pub started_at: Millis,
+    /// When the tasks last changed (an operation, or a connection made or dropped): what is
+    /// not deployed yet has been pending since.
+    #[serde(default)]
+    pub changed_at: Millis,
 }
 
 /// Why a process request is refused.
@@ -196,6 +215,18 @@ pub enum ServicesError {
     NodeUnsuitable { node: String, message: String },
     #[error("port {port} on node `{node}` is taken by process `{process}`")]
     PortInUse { node: String, port: u16, process: String },
+    #[error("{0}")]
+    UnknownPeer(String),
+    #[error("{0}")]
+    UnknownInterface(String),
+    #[error("{0}")]
+    IncompatibleInterfaces(String),
+    #[error("{0}")]
+    CardinalityExceeded(String),
+    #[error("connection `{0}` does not exist")]
+    UnknownConnection(String),
+    #[error("{0}")]
+    ConnectionExists(String),
     #[error(transparent)]
     Cluster(ClusterError),
 }
@@ -256,8 +287,21 @@ mod tests {
             config: serde_json::json!({"maxmemory": "10mb"}),
             ports: [("kv".to_string(), 6380)].into(),
             port_keys: [("kv".to_string(), "port".to_string())].into(),
+            base_config: serde_json::json!({"maxmemory": "1mb", "bind": "127.0.0.1"}),
+            connections_key: None,
         };
-        assert_eq!(d.effective_config(), serde_json::json!({"maxmemory": "10mb", "port": 6380}));
+        let none = serde_json::json!({});
+        assert_eq!(
+            d.effective_config(&none),
+            serde_json::json!({"maxmemory": "10mb", "bind": "127.0.0.1", "port": 6380})
+        );
+        let peers = serde_json::json!({"kv": [{"peer": "cache"}]});
+        let with = Deployment {
+            connections_key: Some("connections".into()),
+            ..d.clone()
+        };
+        assert_eq!(with.effective_config(&peers)["connections"], peers);
+        assert!(d.effective_config(&peers).get("connections").is_none());
         assert_eq!(d.reference(), "redis@1.0.0");
     }
 }

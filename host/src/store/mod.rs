@@ -85,7 +85,7 @@ pub use ids::*;
 pub use kv::DbKv;
 pub use model::*;
 pub use nodes::{NodeDeletion, NodePatched};
-pub use processes::ProcessRecord;
+pub use processes::{ConnectionRecord, ProcessRecord};
 pub use tokens::hash_token;
 pub use users::UserChange;
 
@@ -362,7 +362,7 @@ const SQLITE_MIGRATIONS: Embedded = &[
     (4, "clusters", include_str!("../../migrations/sqlite/0004_clusters.sql")),
     (5, "jobs", include_str!("../../migrations/sqlite/0005_jobs.sql")),
     (6, "users", include_str!("../../migrations/sqlite/0006_users.sql")),
-    (7, "processes", include_str!("../../migrations/sqlite/0007_processes.sql")),
+    (7, "services", include_str!("../../migrations/sqlite/0007_services.sql")),
 ];
 const POSTGRES_MIGRATIONS: Embedded = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -371,7 +371,7 @@ const POSTGRES_MIGRATIONS: Embedded = &[
     (4, "clusters", include_str!("../../migrations/postgres/0004_clusters.sql")),
     (5, "jobs", include_str!("../../migrations/postgres/0005_jobs.sql")),
     (6, "users", include_str!("../../migrations/postgres/0006_users.sql")),
-    (7, "processes", include_str!("../../migrations/postgres/0007_processes.sql")),
+    (7, "services", include_str!("../../migrations/postgres/0007_services.sql")),
 ];
 
 fn migrator(embedded: Embedded) -> Migrator {

@@ -1,11 +1,52 @@
-//! Processes: one row per process of an environment, holding the process manager's JSON
-//! document (which the store never reads), its state name, and a revision counting its changes —
-//! the process's ETag: an update or delete naming another revision is refused (`Conflict`), so
-//! two writers cannot both change what one of them read.
+//! Processes and connections. A process is one row per process of an environment, holding the
+//! process manager's JSON document (which the store never reads), its state name, and a revision
+//! counting its changes — the process's ETag: an update or delete naming another revision is
+//! refused (`Conflict`), so two writers cannot both change what one of them read. A connection
+//! is immutable once made: one row per link between two processes' interfaces.
 
 use super::environments::environment_not_found;
 use super::error::backend_with;
 use super::{EnvironmentId, Millis, Result, Store, StoreError, now_ms};
+
+/// A connection between two processes' interfaces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionRecord {
+    /// A UUID.
+    pub id: String,
+    pub from_process: String,
+    pub from_interface: String,
+    pub to_process: String,
+    pub to_interface: String,
+    /// The interface version both sides agreed on (the provider's label).
+    pub version: String,
+    /// `sha256:` of that version's message schema.
+    pub interface_id: String,
+    pub created_by: Option<String>,
+    pub created_at: Millis,
+}
+
+type ConnectionRow = (String, String, String, String, String, String, String, Option<String>, i64);
+
+macro_rules! connection_columns {
+    () => {
+        "id, from_process, from_interface, to_process, to_interface, version, interface_id, created_by, created_at"
+    };
+}
+
+fn connection(row: ConnectionRow) -> ConnectionRecord {
+    let (id, from_process, from_interface, to_process, to_interface, version, interface_id, created_by, created_at) = row;
+    ConnectionRecord {
+        id,
+        from_process,
+        from_interface,
+        to_process,
+        to_interface,
+        version,
+        interface_id,
+        created_by,
+        created_at,
+    }
+}
 
 /// A process as the process manager stores it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,5 +208,69 @@ impl Store {
             };
         }
         Ok(())
+    }
+}
+
+impl Store {
+    /// Stores a connection. Conflict when the same interfaces of the same processes are
+    /// connected already; NotFound when the environment does not exist.
+    pub async fn insert_connection(&self, env: &EnvironmentId, c: &ConnectionRecord) -> Result<()> {
+        let inserted = on_pool!(self, pool => {
+            sqlx::query(concat!(
+                "INSERT INTO connections (environment_id, ", connection_columns!(), ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+            ))
+            .bind(env.to_string())
+            .bind(&c.id)
+            .bind(&c.from_process)
+            .bind(&c.from_interface)
+            .bind(&c.to_process)
+            .bind(&c.to_interface)
+            .bind(&c.version)
+            .bind(&c.interface_id)
+            .bind(&c.created_by)
+            .bind(c.created_at)
+            .execute(pool)
+            .await
+            .map(drop)
+        });
+        match inserted {
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(StoreError::Conflict {
+                what: format!(
+                    "`{}.{}` is connected to `{}.{}` already",
+                    c.from_process, c.from_interface, c.to_process, c.to_interface
+                ),
+            }),
+            Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => Err(environment_not_found(env)),
+            Err(e) => Err(backend_with(|| format!("storing a connection in environment {env}"))(e)),
+            Ok(()) => Ok(()),
+        }
+    }
+
+    /// Every connection of the environment, oldest first.
+    pub async fn list_connections(&self, env: &EnvironmentId) -> Result<Vec<ConnectionRecord>> {
+        let rows: Vec<ConnectionRow> = on_pool!(self, pool => {
+            sqlx::query_as(concat!("SELECT ", connection_columns!(), " FROM connections WHERE environment_id = $1 ORDER BY created_at, id"))
+                .bind(env.to_string())
+                .fetch_all(pool)
+                .await
+                .map_err(backend_with(|| format!("listing the connections of environment {env}")))?
+        });
+        Ok(rows.into_iter().map(connection).collect())
+    }
+
+    /// Deletes connection `id`; `None` when there is none.
+    pub async fn delete_connection(&self, env: &EnvironmentId, id: &str) -> Result<Option<ConnectionRecord>> {
+        if id.contains('\0') {
+            return Ok(None);
+        }
+        let row: Option<ConnectionRow> = on_pool!(self, pool => {
+            sqlx::query_as(concat!("DELETE FROM connections WHERE environment_id = $1 AND id = $2 RETURNING ", connection_columns!()))
+                .bind(env.to_string())
+                .bind(id)
+                .fetch_optional(pool)
+                .await
+                .map_err(backend_with(|| format!("deleting connection {id} in environment {env}")))?
+        });
+        Ok(row.map(connection))
     }
 }

@@ -92,6 +92,10 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("GET", "/environments/{env}/processes/{name}", "viewer"),
     ("PATCH", "/environments/{env}/processes/{name}", "operator"),
     ("DELETE", "/environments/{env}/processes/{name}", "operator"),
+    ("GET", "/environments/{env}/connections", "viewer"),
+    ("POST", "/environments/{env}/connections", "operator"),
+    ("DELETE", "/environments/{env}/connections/{id}", "operator"),
+    ("GET", "/environments/{env}/pending", "viewer"),
 ];
 
 /// The callers tried on every route.

@@ -260,3 +260,201 @@ async fn a_redis_process_is_created_updated_rolled_back_and_terminated() {
     assert_eq!(ping(p2).await, None);
     host.stop().await;
 }
+
+/// The message schema of the `kv` interface, version 1.0.0.
+fn kv_schema() -> Value {
+    json!({"type": "object", "required": ["command"], "properties": {"command": {"enum": ["GET", "SET"]}}})
+}
+
+/// A consumer of a `kv` peer, run by the `shell` automator: on start it writes `$KEY=$VALUE` to
+/// the peer it is connected to (its address and port from its connections, under `peers`) with
+/// `redis-cli`, reads it back and leaves what it read in `$OUT` — or `no kv peer`.
+fn kv_client(version: &str, schema: Value) -> Value {
+    let start = r#"addr=$(printf '%s' "$PEERS" | sed -n 's/.*"address":"\([^"]*\)".*/\1/p')
+port=$(printf '%s' "$PEERS" | sed -n 's/.*"port":\([0-9][0-9]*\).*/\1/p')
+if [ -z "$port" ]; then echo "no kv peer" > "$OUT"; exit 0; fi
+redis-cli -h "$addr" -p "$port" SET "$KEY" "$VALUE" > /dev/null
+redis-cli -h "$addr" -p "$port" GET "$KEY" > "$OUT""#;
+    json!({
+        "name": "kv-client", "version": version,
+        "automator": orc_plugin_artifacts::by_name("shell").unwrap().digest,
+        "config": {"scripts": {"start": start, "stop": "rm -f \"$OUT\""}},
+        "config_schema": {"type": "object", "required": ["key", "value", "out"], "properties": {
+            "key": {"type": "string"}, "value": {"type": "string"}, "out": {"type": "string"}}},
+        "connections_key": "peers",
+        "interfaces": [{"name": "store", "role": "requires", "versions": [{"version": "1.0.0", "schema": schema}]}]
+    })
+}
+
+async fn wait_file(path: &std::path::Path, content: &str) {
+    let deadline = std::time::Instant::now() + OP_TIMEOUT;
+    loop {
+        let now = std::fs::read_to_string(path).unwrap_or_default();
+        if now.trim() == content {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} holds {now:?}, never {content:?}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pending() {
+    let host = start_host(1).await;
+    let mut sshd = nodes(&host, 2).await;
+    let mut redis = redis_service();
+    redis["interfaces"][0]["allow_multiple"] = json!(false);
+    redis["interfaces"][0]["versions"][0]["schema"] = kv_schema();
+    publish_service(&host, &redis).await;
+    publish_service(&host, &kv_client("1.0.0", kv_schema())).await;
+    publish_service(&host, &kv_client("0.9.0", json!({"type": "object", "required": ["op"]}))).await;
+    let processes = format!("/environments/{ENV}/processes");
+    let connections = format!("/environments/{ENV}/connections");
+    let work = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let (status, p) = host
+        .post(
+            &processes,
+            &json!({"name": "cache", "service": "redis@1.0.0", "node": "n1", "ports": {"kv": port}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+    let client = |name: &str, version: &str| {
+        json!({"name": name, "service": format!("kv-client@{version}"), "node": "n2",
+            "config": {"key": "greeting", "value": format!("hello from {name}"), "out": work.path().join(name)}})
+    };
+    for (name, version) in [("app", "1.0.0"), ("app2", "1.0.0"), ("legacy", "0.9.0")] {
+        let (status, p) = host.post(&processes, &client(name, version)).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+    }
+    for name in ["cache", "app", "app2", "legacy"] {
+        wait_state(&host, name, "running").await;
+    }
+    wait_file(&work.path().join("app"), "no kv peer").await;
+
+    // Connected: the consumer finds its peer in its configuration and data flows.
+    let body = json!({"from": {"process": "app", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}});
+    let (status, connection) = host.post(&connections, &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{connection}");
+    assert_eq!(connection["version"], "1.0.0");
+    assert_eq!(
+        connection["interface_id"],
+        orc_manifest::canonical::digest(&kv_schema()).to_string()
+    );
+    wait_file(&work.path().join("app"), "hello from app").await;
+    let (_, app) = host.get(&format!("{processes}/app")).await;
+    assert_eq!(app["connections"][0]["id"], connection["id"], "{app}");
+
+    // Refusals, each with its reason and its culprit.
+    let refusals = [
+        (
+            json!({"from": {"process": "app", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}}),
+            StatusCode::CONFLICT,
+            "connection_exists",
+            "already",
+        ),
+        (
+            json!({"from": {"process": "app2", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "cardinality_exceeded",
+            "`cache.kv` takes at most 1 connection; it has 1",
+        ),
+        (
+            json!({"from": {"process": "legacy", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "incompatible_interfaces",
+            "no version's message schema is shared",
+        ),
+        (
+            json!({"from": {"process": "app2", "interface": "store"}, "to": {"process": "legacy", "interface": "store"}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "incompatible_interfaces",
+            "both require",
+        ),
+        (
+            json!({"from": {"process": "ghost", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_process",
+            "from.process: `ghost`",
+        ),
+        (
+            json!({"from": {"process": "app2", "interface": "db"}, "to": {"process": "cache", "interface": "kv"}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_interface",
+            "from.interface: `db`",
+        ),
+    ];
+    for (body, status, code, words) in refusals {
+        let (got, answer) = host.post(&connections, &body).await;
+        assert_eq!((got, answer["code"].as_str()), (status, Some(code)), "{body}: {answer}");
+        assert!(answer["message"].as_str().unwrap().contains(words), "{body}: {answer}");
+    }
+    assert!(
+        host.post(
+            &connections,
+            &json!({"from": {"process": "legacy", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}})
+        )
+        .await
+        .1["message"]
+            .as_str()
+            .unwrap()
+            .contains("`legacy.store` (requires 1.0.0) and `cache.kv` (provides 1.0.0)"),
+        "the refusal says what each side offers: the same label, another schema"
+    );
+    let (_, listed) = host.get(&connections).await;
+    assert_eq!(listed["items"].as_array().unwrap().len(), 1, "{listed}");
+
+    // The consumer's node is cut: the change (the connection dropped) stays pending, attempted
+    // again and again, until the node is back and the consumer has taken it.
+    sshd[1].stop();
+    let (status, _) = host.delete(&format!("{connections}/{}", connection["id"].as_str().unwrap())).await;
+    assert_eq!(status, StatusCode::OK);
+    let pending = host
+        .wait_for(&format!("/environments/{ENV}/pending"), "a pending change", OP_TIMEOUT, |_, p| {
+            p["items"].as_array().unwrap().iter().any(|i| {
+                i["process"] == "app"
+                    && i["changes"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|c| c["attempts"].as_i64().unwrap_or(0) >= 1)
+            })
+        })
+        .await;
+    let change = &pending["items"].as_array().unwrap().iter().find(|i| i["process"] == "app").unwrap()["changes"][0];
+    assert!(
+        change["last_error"].is_string() && change["since"].as_i64().unwrap() > 0,
+        "{pending}"
+    );
+    assert_eq!(std::fs::read_to_string(work.path().join("app")).unwrap().trim(), "hello from app");
+    sshd[1].start_again();
+    wait_file(&work.path().join("app"), "no kv peer").await;
+    host.wait_for(&format!("/environments/{ENV}/pending"), "nothing pending", OP_TIMEOUT, |_, p| {
+        p["items"].as_array().unwrap().is_empty()
+    })
+    .await;
+
+    // Terminating a connected process drops its connections first.
+    let (status, c2) = host
+        .post(
+            &connections,
+            &json!({"from": {"process": "app2", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{c2}");
+    wait_file(&work.path().join("app2"), "hello from app2").await;
+    let (status, _) = host.delete(&format!("{processes}/cache")).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let (_, listed) = host.get(&connections).await;
+    assert_eq!(listed["items"], json!([]));
+    wait_file(&work.path().join("app2"), "no kv peer").await;
+    host.wait_for(&format!("{processes}/cache"), "terminated", OP_TIMEOUT, |code, _| {
+        code == StatusCode::NOT_FOUND
+    })
+    .await;
+    host.stop().await;
+}

@@ -34,6 +34,14 @@ pub struct ServiceDocument {
     /// A JSON Schema of one process's configuration; any object when absent.
     #[serde(default = "any_object")]
     pub config_schema: Value,
+    /// The configuration every process starts from (a JSON object); a process's own is merged
+    /// over it (JSON merge patch). The schema checks the process's own part.
+    #[serde(default = "empty_object", skip_serializing_if = "is_empty_object")]
+    pub config: Value,
+    /// The configuration key the automator takes a process's connections under (interface →
+    /// list of peers); a service without one is not told of its connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections_key: Option<String>,
     /// The ports a process listens on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<Port>,
@@ -148,6 +156,14 @@ fn any_object() -> Value {
     serde_json::json!({"type": "object"})
 }
 
+fn empty_object() -> Value {
+    Value::Object(Default::default())
+}
+
+fn is_empty_object(v: &Value) -> bool {
+    v.as_object().is_some_and(|o| o.is_empty())
+}
+
 fn check_name(path: String, kind: &str, name: &str) -> Result<(), ServiceError> {
     orc_manifest::names::SERVICE.check(name).map_err(|e| {
         err(
@@ -180,6 +196,14 @@ impl ServiceDocument {
         orc_manifest::validate_version(&self.version).map_err(|e| err("version", e.to_string()))?;
         if !self.config_schema.is_object() {
             return Err(err("config_schema", "must be a JSON Schema object"));
+        }
+        if !self.config.is_object() {
+            return Err(err("config", "must be a JSON object"));
+        }
+        if let Some(key) = &self.connections_key
+            && (key.is_empty() || key.len() > 64)
+        {
+            return Err(err("connections_key", "a configuration key has 1 to 64 characters"));
         }
         let mut ports = BTreeSet::new();
         for (i, p) in self.ports.iter().enumerate() {

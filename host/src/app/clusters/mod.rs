@@ -755,6 +755,21 @@ impl App {
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<T, StoreError>>,
     {
+        self.release_sets(env, &[(set, tasks)], author, commit).await
+    }
+
+    /// [`App::release_set`] for several sets in one version.
+    pub(crate) async fn release_sets<T, F, Fut>(
+        &self,
+        env: &Environment,
+        sets: &[(&str, &[ResourceSpec])],
+        author: Option<&str>,
+        commit: F,
+    ) -> Result<T, EnvError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>>,
+    {
         let running = self.running(env).await?;
         let _turn = running.releases.lock().await;
         running.check_scheduler()?;
@@ -763,15 +778,17 @@ impl App {
                 .intent
                 .resources
                 .iter()
-                .filter(|r| !planner::is_task_of(&r.id, set))
+                .filter(|r| !sets.iter().any(|(set, _)| planner::is_task_of(&r.id, set)))
                 .cloned()
                 .collect(),
             None => Vec::new(),
         };
-        resources.extend(tasks.iter().cloned());
+        for (_, tasks) in sets {
+            resources.extend(tasks.iter().cloned());
+        }
         let intent = Intent::validate(IntentDocument { resources })?;
         let info = self.submit_and_release(env, &running, intent, author).await?;
-        tracing::debug!(environment = %env.name, set, version = info.version, "tasks released");
+        tracing::debug!(environment = %env.name, sets = sets.len(), version = info.version, "tasks released");
         Ok(commit().await?)
     }
 

@@ -8,7 +8,10 @@
 //! never both pass, and an operator's intent, which carries every process's tasks from the rows,
 //! never loses one.
 
+mod connections;
 mod watch;
+
+pub use connections::{ConnectRequest, ConnectionView, Endpoint, PendingChange, PendingList};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -65,7 +68,7 @@ pub struct UpdateProcess {
     pub ports: Option<BTreeMap<String, u16>>,
 }
 
-fn empty_object() -> Value {
+pub(crate) fn empty_object() -> Value {
     Value::Object(Default::default())
 }
 
@@ -90,6 +93,10 @@ pub struct ProcessView {
     /// Tasks by state: `done`, `pending`, and the resource statuses.
     pub progress: BTreeMap<String, usize>,
     pub tasks: Vec<TaskView>,
+    /// Its connections, from either side.
+    pub connections: Vec<ConnectionView>,
+    /// What it has not taken yet: its tasks whose desired state is not deployed.
+    pub pending: Vec<PendingChange>,
     /// Who started the current operation; `null`: the host itself.
     pub operation_author: Option<String>,
     pub created_at: Millis,
@@ -114,6 +121,8 @@ impl App {
     ) -> Result<ProcessView, ServicesError> {
         let env = self.get(key).await?;
         crate::clusters::validate_name("process", &req.name)?;
+        let running = self.running(&env).await?;
+        let _services = running.services.lock().await;
         if req.max_attempts == Some(0) {
             return Err(ServicesError::Invalid("max_attempts: at least 1".into()));
         }
@@ -125,7 +134,8 @@ impl App {
             .deployment(&env, &req.name, doc, req.node.as_deref(), req.config, &req.ports)
             .await?;
         let set = set_of(&req.name);
-        let tasks = plan(&set, Some(&target), &[])?;
+        let tasks = plan(&set, Some(&target), &[], &empty_object())?;
+        let now = now_ms();
         let process = ProcessDoc {
             target,
             active: None,
@@ -134,7 +144,8 @@ impl App {
             max_attempts: req.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
             failure: None,
             author: author.map(str::to_string),
-            started_at: now_ms(),
+            started_at: now,
+            changed_at: now,
         };
         let record = match self
             .store
@@ -182,6 +193,8 @@ impl App {
         author: Option<&str>,
     ) -> Result<ProcessView, ServicesError> {
         let env = self.get(key).await?;
+        let running = self.running(&env).await?;
+        let _services = running.services.lock().await;
         let record = self.process_record(&env, name).await?;
         check_if_match(name, &record, if_match)?;
         let mut doc = decode(&record)?;
@@ -205,8 +218,9 @@ impl App {
         let ports = req.ports.unwrap_or_else(|| doc.target.ports.clone());
         let node = doc.target.node.clone();
         doc.target = self.deployment(&env, name, service_doc, Some(&node), config, &ports).await?;
+        let connections = self.delivered_connections(&env, name).await?;
         let previous = std::mem::take(&mut doc.tasks);
-        doc.tasks = plan(&set_of(name), Some(&doc.target), &previous)?;
+        doc.tasks = plan(&set_of(name), Some(&doc.target), &previous, &connections)?;
         self.begin_process(&env, &record, doc, ProcessState::Updating, author).await
     }
 
@@ -220,12 +234,17 @@ impl App {
         author: Option<&str>,
     ) -> Result<ProcessView, ServicesError> {
         let env = self.get(key).await?;
+        let running = self.running(&env).await?;
+        let _services = running.services.lock().await;
         let record = self.process_record(&env, name).await?;
         check_if_match(name, &record, if_match)?;
         ensure_allows(name, state_of(&record), Operation::Terminate)?;
+        // Its connections go first: its peers are told (their configuration changes).
+        self.drop_connections_of(&env, name, author).await?;
+        let record = self.process_record(&env, name).await?;
         let mut doc = decode(&record)?;
         let previous = std::mem::take(&mut doc.tasks);
-        doc.tasks = plan(&set_of(name), None, &previous)?;
+        doc.tasks = plan(&set_of(name), None, &previous, &empty_object())?;
         self.begin_process(&env, &record, doc, ProcessState::Terminating, author).await
     }
 
@@ -242,6 +261,7 @@ impl App {
         doc.generation += 1;
         doc.author = author.map(str::to_string);
         doc.started_at = now_ms();
+        doc.changed_at = doc.started_at;
         if state != ProcessState::RollingBack {
             doc.failure = None;
         }
@@ -262,7 +282,7 @@ impl App {
     }
 
     /// Writes `doc` in `state` over `record`, refused when the row is no longer at its revision.
-    async fn write_process(
+    pub(crate) async fn write_process(
         &self,
         env: &Environment,
         record: &ProcessRecord,
@@ -387,6 +407,8 @@ impl App {
             config,
             ports: effective,
             port_keys: keys,
+            base_config: doc.config.clone(),
+            connections_key: doc.connections_key.clone(),
         })
     }
 
@@ -434,6 +456,15 @@ impl App {
         for t in &tasks {
             *progress.entry(t.status.clone()).or_insert(0) += 1;
         }
+        let pending = connections::pending_of(&tasks, doc.changed_at);
+        let connections = self
+            .store
+            .list_connections(&env.id)
+            .await?
+            .into_iter()
+            .filter(|c| c.from_process == record.name || c.to_process == record.name)
+            .map(ConnectionView::from)
+            .collect();
         let schema = self
             .service(&doc.target.service, &doc.target.version)
             .await
@@ -454,6 +485,8 @@ impl App {
             failure: doc.failure.clone(),
             progress,
             tasks,
+            connections,
+            pending,
             operation_author: doc.author.clone(),
             created_at: record.created_at,
             updated_at: record.updated_at,
@@ -467,14 +500,19 @@ fn single_service(service: &str, automator: orc_manifest::Digest, needs: &Needs)
     Template::from_json(value).expect("a one-service template is valid")
 }
 
-/// The tasks of a process's resource set `set` for `target` (`None`: every task undone),
-/// keeping `previous` tasks the new plan no longer has as removals.
-pub(crate) fn plan(set: &str, target: Option<&Deployment>, previous: &[ResourceSpec]) -> Result<Vec<ResourceSpec>, ServicesError> {
+/// The tasks of a process's resource set `set` for `target` with its `connections` as delivered
+/// (`None`: every task undone), keeping `previous` tasks the new plan no longer has as removals.
+pub(crate) fn plan(
+    set: &str,
+    target: Option<&Deployment>,
+    previous: &[ResourceSpec],
+    connections: &Value,
+) -> Result<Vec<ResourceSpec>, ServicesError> {
     let (template, layout, config) = match target {
         Some(t) => (
             single_service(&t.service, t.automator, &Needs::default()),
             [(t.node.clone(), [t.service.clone()])].into_iter().collect::<Layout>(),
-            [(t.service.clone(), t.effective_config())].into_iter().collect(),
+            [(t.service.clone(), t.effective_config(connections))].into_iter().collect(),
         ),
         None => {
             let service = previous

@@ -112,9 +112,10 @@ impl App {
                 let previous = std::mem::take(&mut doc.tasks);
                 if let Some(active) = doc.active.clone() {
                     doc.target = active;
-                    doc.tasks = plan(&set, Some(&doc.target), &previous)?;
+                    let connections = self.delivered_connections(env, name).await?;
+                    doc.tasks = plan(&set, Some(&doc.target), &previous, &connections)?;
                 } else {
-                    doc.tasks = plan(&set, None, &previous)?;
+                    doc.tasks = plan(&set, None, &previous, &super::empty_object())?;
                 }
                 self.begin_process(env, &record, doc, ProcessState::RollingBack, None).await?;
                 Ok(Next::Done)
@@ -141,7 +142,8 @@ impl App {
         doc.tasks = match (&doc.active, state) {
             (Some(active), ProcessState::Running) => {
                 doc.target = active.clone();
-                plan(&set, Some(active), &[])?
+                let connections = self.delivered_connections(env, &record.name).await?;
+                plan(&set, Some(active), &[], &connections)?
             }
             _ => Vec::new(),
         };

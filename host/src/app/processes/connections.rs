@@ -1,0 +1,407 @@
+//! Connections between processes' interfaces, made only here (dEF-Pi: the orchestrator is the
+//! only one that connects services): refused when a process or interface is unknown, when the
+//! interfaces do not provide/require each other in a shared version (the highest shared one is
+//! chosen), or when either side's cardinality would be exceeded. A connection is delivered to
+//! both processes as configuration (under their service's `connections_key`): their tasks are
+//! planned again and released, so a process whose node cannot be reached keeps the change
+//! **pending** — the scheduler re-applies it until the process has taken it — and `pending` lists
+//! what each process has not taken yet.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use orc_cluster::service::{Mismatch, Role, negotiate};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::{decode, plan, state_of};
+use crate::app::App;
+use crate::app::clusters::TaskView;
+use crate::services::{ProcessDoc, ProcessState, ServicesError, set_of};
+use crate::store::{ConnectionRecord, Environment, Millis, ProcessRecord, StoreError, now_ms};
+
+/// One side of a connection.
+#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoint {
+    pub process: String,
+    pub interface: String,
+}
+
+/// `POST …/connections`.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectRequest {
+    pub from: Endpoint,
+    pub to: Endpoint,
+}
+
+/// A connection as the API shows it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ConnectionView {
+    pub id: String,
+    pub from: Endpoint,
+    pub to: Endpoint,
+    /// The interface version both sides agreed on.
+    pub version: String,
+    /// `sha256:` of that version's message schema.
+    pub interface_id: String,
+    pub created_by: Option<String>,
+    pub created_at: Millis,
+}
+
+impl From<ConnectionRecord> for ConnectionView {
+    fn from(c: ConnectionRecord) -> ConnectionView {
+        ConnectionView {
+            id: c.id,
+            from: Endpoint {
+                process: c.from_process,
+                interface: c.from_interface,
+            },
+            to: Endpoint {
+                process: c.to_process,
+                interface: c.to_interface,
+            },
+            version: c.version,
+            interface_id: c.interface_id,
+            created_by: c.created_by,
+            created_at: c.created_at,
+        }
+    }
+}
+
+/// A change a process has not taken yet: one of its tasks whose desired state is not deployed.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct PendingChange {
+    pub task: String,
+    pub step: String,
+    /// `pending` (not started), `deploying`, `failed`, `unavailable` (its node cannot be
+    /// reached), `skipped`, …
+    pub status: String,
+    pub attempts: i64,
+    pub last_error: Option<String>,
+    /// When the process's tasks last changed.
+    pub since: Millis,
+}
+
+/// `GET …/pending`: each process with changes it has not taken.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct PendingList {
+    pub items: Vec<PendingProcess>,
+}
+
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct PendingProcess {
+    pub process: String,
+    pub state: ProcessState,
+    pub changes: Vec<PendingChange>,
+}
+
+/// The tasks of `tasks` not done, as pending changes since `since`.
+pub(crate) fn pending_of(tasks: &[TaskView], since: Millis) -> Vec<PendingChange> {
+    tasks
+        .iter()
+        .filter(|t| t.status != "done")
+        .map(|t| PendingChange {
+            task: t.id.clone(),
+            step: t.step.clone(),
+            status: t.status.clone(),
+            attempts: t.attempts,
+            last_error: t.last_error.clone(),
+            since,
+        })
+        .collect()
+}
+
+fn clip(text: &str) -> String {
+    text.chars().filter(|c| !c.is_control()).take(100).collect()
+}
+
+impl App {
+    /// Connects two processes' interfaces and delivers the connection to both.
+    pub async fn connect(self: &Arc<Self>, key: &str, req: ConnectRequest, author: Option<&str>) -> Result<ConnectionView, ServicesError> {
+        let env = self.get(key).await?;
+        let running = self.running(&env).await?;
+        let _services = running.services.lock().await;
+        if req.from.process == req.to.process {
+            return Err(ServicesError::Invalid(format!(
+                "from, to: a process is not connected to itself (`{}`)",
+                clip(&req.from.process)
+            )));
+        }
+        let mut sides = Vec::new();
+        for (field, end) in [("from", &req.from), ("to", &req.to)] {
+            let record = self.store.find_process(&env.id, &end.process).await?.ok_or_else(|| {
+                ServicesError::UnknownPeer(format!(
+                    "{field}.process: `{}` is no process of environment `{}`",
+                    clip(&end.process),
+                    env.name
+                ))
+            })?;
+            let state = state_of(&record);
+            if matches!(state, ProcessState::Terminating | ProcessState::Failed) {
+                return Err(ServicesError::InvalidTransition {
+                    name: record.name.clone(),
+                    state: state.as_str(),
+                    operation: "be connected",
+                });
+            }
+            let doc = decode(&record)?;
+            let (_, service) = self.service(&doc.target.service, &doc.target.version).await?;
+            let interface = service.interface(&end.interface).cloned().ok_or_else(|| {
+                ServicesError::UnknownInterface(format!(
+                    "{field}.interface: `{}` is no interface of `{}` (process `{}`); it has {:?}",
+                    clip(&end.interface),
+                    service.reference(),
+                    record.name,
+                    service.interfaces.iter().map(|i| i.name.as_str()).collect::<Vec<_>>()
+                ))
+            })?;
+            sides.push((field, end, interface));
+        }
+        let (from, to) = (&sides[0], &sides[1]);
+        let agreed = negotiate(&from.2, &to.2).map_err(|m| {
+            let offers = |i: &orc_cluster::Interface| {
+                format!(
+                    "{} {}",
+                    i.role.as_str(),
+                    i.versions.iter().map(|v| v.version.as_str()).collect::<Vec<_>>().join(", ")
+                )
+            };
+            ServicesError::IncompatibleInterfaces(format!(
+                "`{}.{}` ({}) and `{}.{}` ({}) are incompatible: {}",
+                from.1.process,
+                from.1.interface,
+                offers(&from.2),
+                to.1.process,
+                to.1.interface,
+                offers(&to.2),
+                match m {
+                    Mismatch::SameRole(role) => format!("both {role}; one must provide and the other require"),
+                    Mismatch::NoSharedVersion { .. } => "no version's message schema is shared".into(),
+                }
+            ))
+        })?;
+        let existing = self.store.list_connections(&env.id).await?;
+        if let Some(same) = existing.iter().find(|c| {
+            c.from_process == req.from.process
+                && c.from_interface == req.from.interface
+                && c.to_process == req.to.process
+                && c.to_interface == req.to.interface
+        }) {
+            return Err(ServicesError::ConnectionExists(format!(
+                "`{}.{}` is connected to `{}.{}` already (connection {})",
+                same.from_process, same.from_interface, same.to_process, same.to_interface, same.id
+            )));
+        }
+        for (_, end, interface) in [from, to] {
+            let Some(limit) = interface.limit() else { continue };
+            let theirs: Vec<&ConnectionRecord> = existing
+                .iter()
+                .filter(|c| {
+                    (c.from_process == end.process && c.from_interface == end.interface)
+                        || (c.to_process == end.process && c.to_interface == end.interface)
+                })
+                .collect();
+            if theirs.len() as u64 >= u64::from(limit) {
+                return Err(ServicesError::CardinalityExceeded(format!(
+                    "`{}.{}` takes at most {limit} connection{}; it has {}: {}",
+                    end.process,
+                    end.interface,
+                    if limit == 1 { "" } else { "s" },
+                    theirs.len(),
+                    theirs.iter().map(|c| c.id.as_str()).collect::<Vec<_>>().join(", ")
+                )));
+            }
+        }
+        let record = ConnectionRecord {
+            id: uuid::Uuid::new_v4().to_string(),
+            from_process: req.from.process.clone(),
+            from_interface: req.from.interface.clone(),
+            to_process: req.to.process.clone(),
+            to_interface: req.to.interface.clone(),
+            version: agreed.version,
+            interface_id: agreed.id.to_string(),
+            created_by: author.map(str::to_string),
+            created_at: now_ms(),
+        };
+        match self.store.insert_connection(&env.id, &record).await {
+            Err(StoreError::Conflict { what }) => return Err(ServicesError::ConnectionExists(what)),
+            other => other?,
+        }
+        if let Err(e) = self
+            .redeliver(&env, &[req.from.process.clone(), req.to.process.clone()], author)
+            .await
+        {
+            let _ = self.store.delete_connection(&env.id, &record.id).await;
+            return Err(e);
+        }
+        tracing::info!(environment = %env.name, connection = %record.id, from = %format!("{}.{}", record.from_process, record.from_interface),
+            to = %format!("{}.{}", record.to_process, record.to_interface), version = %record.version, "connected");
+        Ok(record.into())
+    }
+
+    pub async fn connections(&self, key: &str) -> Result<Vec<ConnectionView>, ServicesError> {
+        let env = self.get(key).await?;
+        Ok(self.store.list_connections(&env.id).await?.into_iter().map(Into::into).collect())
+    }
+
+    /// Deletes a connection and tells both processes.
+    pub async fn disconnect(self: &Arc<Self>, key: &str, id: &str, author: Option<&str>) -> Result<ConnectionView, ServicesError> {
+        let env = self.get(key).await?;
+        let running = self.running(&env).await?;
+        let _services = running.services.lock().await;
+        let record = self
+            .store
+            .delete_connection(&env.id, id)
+            .await?
+            .ok_or_else(|| ServicesError::UnknownConnection(clip(id)))?;
+        self.redeliver(&env, &[record.from_process.clone(), record.to_process.clone()], author)
+            .await?;
+        tracing::info!(environment = %env.name, connection = %record.id, "disconnected");
+        Ok(record.into())
+    }
+
+    /// Drops every connection of `process` and tells its peers. The caller holds the services
+    /// lock.
+    pub(crate) async fn drop_connections_of(&self, env: &Environment, process: &str, author: Option<&str>) -> Result<(), ServicesError> {
+        let mut peers = Vec::new();
+        for c in self.store.list_connections(&env.id).await? {
+            if c.from_process == process || c.to_process == process {
+                self.store.delete_connection(&env.id, &c.id).await?;
+                peers.push(if c.from_process == process { c.to_process } else { c.from_process });
+            }
+        }
+        peers.sort();
+        peers.dedup();
+        self.redeliver(env, &peers, author).await
+    }
+
+    /// What each process has not taken yet.
+    pub async fn pending(&self, key: &str) -> Result<PendingList, ServicesError> {
+        let env = self.get(key).await?;
+        let mut items = Vec::new();
+        for record in self.store.list_processes(&env.id).await? {
+            let doc = decode(&record)?;
+            let progress = self
+                .task_progress(&env, &set_of(&record.name), &doc.tasks, doc.max_attempts)
+                .await?;
+            let changes = pending_of(&progress.tasks, doc.changed_at);
+            if !changes.is_empty() {
+                items.push(PendingProcess {
+                    process: record.name.clone(),
+                    state: state_of(&record),
+                    changes,
+                });
+            }
+        }
+        Ok(PendingList { items })
+    }
+
+    /// `process`'s connections as its automator gets them: own interface → peers (connection
+    /// id, peer process and interface, the peer's node and its address, the port a provider
+    /// listens on, the agreed version).
+    pub(crate) async fn delivered_connections(&self, env: &Environment, process: &str) -> Result<Value, ServicesError> {
+        let connections: Vec<ConnectionRecord> = self
+            .store
+            .list_connections(&env.id)
+            .await?
+            .into_iter()
+            .filter(|c| c.from_process == process || c.to_process == process)
+            .collect();
+        if connections.is_empty() {
+            return Ok(json!({}));
+        }
+        let addresses: BTreeMap<String, String> = self
+            .nodes
+            .list()
+            .await
+            .map_err(|e| ServicesError::Invalid(format!("cannot list nodes: {e}")))?
+            .into_iter()
+            .map(|n| (n.name, n.address))
+            .collect();
+        let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        for c in connections {
+            let (own, peer, peer_interface) = if c.from_process == process {
+                (c.from_interface.clone(), c.to_process.clone(), c.to_interface.clone())
+            } else {
+                (c.to_interface.clone(), c.from_process.clone(), c.from_interface.clone())
+            };
+            let Some(peer_record) = self.store.find_process(&env.id, &peer).await? else {
+                continue;
+            };
+            let peer_doc = decode(&peer_record)?;
+            let (_, service) = self.service(&peer_doc.target.service, &peer_doc.target.version).await?;
+            let port = service
+                .interface(&peer_interface)
+                .filter(|i| i.role == Role::Provides)
+                .and_then(|i| i.port.as_ref())
+                .and_then(|p| peer_doc.target.ports.get(p));
+            out.entry(own).or_default().push(json!({
+                "id": c.id,
+                "peer": peer,
+                "peer_interface": peer_interface,
+                "node": peer_doc.target.node,
+                "address": addresses.get(&peer_doc.target.node),
+                "port": port,
+                "version": c.version,
+            }));
+        }
+        Ok(serde_json::to_value(out).expect("connections serialise"))
+    }
+
+    /// Plans `processes`' tasks again with their connections as they are now and releases them in
+    /// one version (rows first, revision-checked; put back if the release fails). A process
+    /// terminating or failed is left alone: it runs no configuration.
+    async fn redeliver(&self, env: &Environment, processes: &[String], author: Option<&str>) -> Result<(), ServicesError> {
+        let mut changed: Vec<(ProcessRecord, ProcessRecord, ProcessDoc)> = Vec::new();
+        for name in processes {
+            let Some(record) = self.store.find_process(&env.id, name).await? else {
+                continue;
+            };
+            if matches!(state_of(&record), ProcessState::Terminating | ProcessState::Failed) {
+                continue;
+            }
+            let mut doc = decode(&record)?;
+            let connections = self.delivered_connections(env, name).await?;
+            let tasks = plan(&set_of(name), Some(&doc.target), &doc.tasks, &connections)?;
+            if tasks == doc.tasks {
+                continue;
+            }
+            doc.tasks = tasks;
+            doc.changed_at = now_ms();
+            let stored = match self.write_process(env, &record, state_of(&record), &doc).await {
+                Ok(stored) => stored,
+                Err(e) => {
+                    self.put_back(env, &changed).await;
+                    return Err(e);
+                }
+            };
+            changed.push((record, stored, doc));
+        }
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let sets: Vec<(String, &[crate::intent::ResourceSpec])> =
+            changed.iter().map(|(r, _, d)| (set_of(&r.name), d.tasks.as_slice())).collect();
+        let sets: Vec<(&str, &[crate::intent::ResourceSpec])> = sets.iter().map(|(s, t)| (s.as_str(), *t)).collect();
+        if let Err(e) = self.release_sets(env, &sets, author, || async { Ok(()) }).await {
+            self.put_back(env, &changed).await;
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Best effort: the rows `changed` as they were before.
+    async fn put_back(&self, env: &Environment, changed: &[(ProcessRecord, ProcessRecord, ProcessDoc)]) {
+        for (before, stored, _) in changed {
+            if let Err(e) = self
+                .store
+                .update_process(&env.id, &before.name, stored.revision, &before.state, &before.document)
+                .await
+            {
+                tracing::warn!(process = %before.name, error = %orc_manifest::error_chain(&e), "cannot put a process back");
+            }
+        }
+    }
+}
