@@ -99,6 +99,7 @@ pub const RULES: &[(&str, &str, Rule)] = &[
     ("GET", "/environments/{env}/processes/{name}", VIEWER),
     ("PATCH", "/environments/{env}/processes/{name}", OPERATOR),
     ("DELETE", "/environments/{env}/processes/{name}", OPERATOR),
+    ("POST", "/environments/{env}/processes/{name}/move", OPERATOR),
     ("GET", "/environments/{env}/connections", VIEWER),
     ("POST", "/environments/{env}/connections", OPERATOR),
     ("DELETE", "/environments/{env}/connections/{id}", OPERATOR),

@@ -25,6 +25,39 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(connect, list_connections))
         .routes(routes!(disconnect))
         .routes(routes!(pending))
+        .routes(routes!(move_process))
+}
+
+/// `POST …/processes/{name}/move`.
+#[derive(Debug, serde::Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MoveRequest {
+    /// The node to move to; the solver picks another node than its own when absent.
+    #[serde(default)]
+    node: Option<String>,
+}
+
+/// Moves the process to another node (202): started there, then stopped and removed on the old
+/// one; its peers are told its new address once it runs there. A failure rolls it back.
+#[utoipa::path(post, path = "/environments/{env}/processes/{name}/move", tag = "services", request_body = MoveRequest,
+    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Process name"),
+        ("If-Match" = Option<String>, Header, description = "The revision (ETag) the change is based on")),
+    responses(
+        (status = 202, body = ProcessView),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "Stale If-Match, or the process is not running", body = ErrorBody),
+        (status = 422, body = ErrorBody)))]
+async fn move_process(
+    State(app): State<AppState>,
+    Caller(caller): Caller,
+    Path((env, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    Json(req): Json<MoveRequest>,
+) -> Result<Response> {
+    let view = app
+        .move_process(&env, &name, req.node, if_match(&headers), Some(&caller.user))
+        .await?;
+    Ok(answer(StatusCode::ACCEPTED, view))
 }
 
 #[derive(Debug, Serialize, ToSchema)]

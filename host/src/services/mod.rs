@@ -19,15 +19,19 @@
 //!
 //! ```text
 //!   create ─▶ creating ──done──▶ running ◀──done── updating ◀── update (running, failed)
-//!                │                  ▲                 │
-//!             failed             done (failure kept)  failed
-//!                ▼                  │                 ▼
-//!          rolling_back ──(none ran)──▶ failed    rolling_back (to the last that ran)
+//!                │                 ▲  ▲                │
+//!             failed   done (failure  └──done── moving ◀── move (running)
+//!                │           kept)  │             │ failed
+//!                ▼                  │             ▼
+//!          rolling_back ────────────┘ (something ran; else ──▶ failed)
 //!   terminate (any but terminating) ─▶ terminating ──done──▶ gone
 //! ```
 //!
 //! Inmanta's candidate/active sets: `target` is what the process is driven to; `active` what last
-//! ran. A failed update puts `target` back to `active` (and its tasks), keeping the failure.
+//! ran. A failed update or move puts `target` back to `active` (and its tasks), keeping the
+//! failure. A move plans the new node's tasks and purges the old node's, the old `stop` waiting
+//! for the new `start`; peers are told the new address once the move is done (they are always
+//! given a peer's `active` node).
 
 use std::collections::BTreeMap;
 
@@ -56,7 +60,9 @@ pub enum ProcessState {
     Creating,
     Running,
     Updating,
-    /// A failed create or update is being undone.
+    /// Started on its new node; stopped and removed on the old one once it runs there.
+    Moving,
+    /// A failed create, update or move is being undone.
     RollingBack,
     Terminating,
     /// Its create failed and was undone; `failure` says why.
@@ -67,6 +73,7 @@ pub enum ProcessState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {
     Update,
+    Move,
     Terminate,
 }
 
@@ -74,6 +81,7 @@ impl Operation {
     pub fn as_str(self) -> &'static str {
         match self {
             Operation::Update => "update",
+            Operation::Move => "move",
             Operation::Terminate => "terminate",
         }
     }
@@ -85,6 +93,7 @@ impl ProcessState {
             ProcessState::Creating => "creating",
             ProcessState::Running => "running",
             ProcessState::Updating => "updating",
+            ProcessState::Moving => "moving",
             ProcessState::RollingBack => "rolling_back",
             ProcessState::Terminating => "terminating",
             ProcessState::Failed => "failed",
@@ -96,6 +105,7 @@ impl ProcessState {
             ProcessState::Creating,
             ProcessState::Running,
             ProcessState::Updating,
+            ProcessState::Moving,
             ProcessState::RollingBack,
             ProcessState::Terminating,
             ProcessState::Failed,
@@ -108,6 +118,7 @@ impl ProcessState {
     pub fn allows(self, operation: Operation) -> bool {
         match operation {
             Operation::Update => matches!(self, ProcessState::Running | ProcessState::Failed),
+            Operation::Move => self == ProcessState::Running,
             Operation::Terminate => self != ProcessState::Terminating,
         }
     }
@@ -262,15 +273,17 @@ mod tests {
     #[test]
     fn each_state_allows_only_its_operations() {
         use ProcessState::*;
-        for (state, update, terminate) in [
-            (Creating, false, true),
-            (Running, true, true),
-            (Updating, false, true),
-            (RollingBack, false, true),
-            (Terminating, false, false),
-            (Failed, true, true),
+        for (state, update, moves, terminate) in [
+            (Creating, false, false, true),
+            (Running, true, true, true),
+            (Updating, false, false, true),
+            (Moving, false, false, true),
+            (RollingBack, false, false, true),
+            (Terminating, false, false, false),
+            (Failed, true, false, true),
         ] {
             assert_eq!(state.allows(Operation::Update), update, "{state:?}");
+            assert_eq!(state.allows(Operation::Move), moves, "{state:?}");
             assert_eq!(state.allows(Operation::Terminate), terminate, "{state:?}");
             assert_eq!(ProcessState::parse(state.as_str()), Some(state));
         }

@@ -92,6 +92,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("GET", "/environments/{env}/processes/{name}", "viewer"),
     ("PATCH", "/environments/{env}/processes/{name}", "operator"),
     ("DELETE", "/environments/{env}/processes/{name}", "operator"),
+    ("POST", "/environments/{env}/processes/{name}/move", "operator"),
     ("GET", "/environments/{env}/connections", "viewer"),
     ("POST", "/environments/{env}/connections", "operator"),
     ("DELETE", "/environments/{env}/connections/{id}", "operator"),

@@ -458,3 +458,125 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
     .await;
     host.stop().await;
 }
+
+/// A `shell` service that logs what it does on which node to `$LOG`; `role` makes it provide or
+/// require the `echo` interface. A requirer writes the node of its peer (from its connections,
+/// under `peers`) to `$OUT` on start.
+fn echo_service(name: &str, role: &str) -> Value {
+    let log = |what: &str| format!("echo \"$ORC_NODE {what}\" >> \"$LOG\"");
+    let start = if role == "provides" {
+        log("start")
+    } else {
+        format!(
+            "printf '%s' \"$PEERS\" | sed -n 's/.*\"node\":\"\\([^\"]*\\)\".*/\\1/p' > \"$OUT\"; {}",
+            log("start")
+        )
+    };
+    let mut interface = json!({"name": "echo", "role": role, "allow_multiple": true,
+        "versions": [{"version": "1.0.0", "schema": {"type": "object", "title": "echo"}}]});
+    if role == "provides" {
+        interface["port"] = json!("echo");
+    }
+    json!({
+        "name": name, "version": "1.0.0",
+        "automator": orc_plugin_artifacts::by_name("shell").unwrap().digest,
+        "config": {"scripts": {"start": start, "stop": log("stop"), "remove": log("remove")}},
+        "config_schema": {"type": "object"},
+        "ports": [{"name": "echo", "port": 7}],
+        "connections_key": "peers",
+        "interfaces": [interface]
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_provider_starts_before_it_stops_and_its_peer_follows() {
+    let host = start_host(1).await;
+    let _sshd = nodes(&host, 3).await;
+    publish_service(&host, &echo_service("echo-server", "provides")).await;
+    publish_service(&host, &echo_service("echo-client", "requires")).await;
+    let work = tempfile::tempdir().unwrap();
+    let log = work.path().join("log");
+    let out = work.path().join("peer-node");
+    let processes = format!("/environments/{ENV}/processes");
+    let config = json!({"log": log, "out": out});
+    for (name, service, node) in [("server", "echo-server@1.0.0", "n1"), ("client", "echo-client@1.0.0", "n3")] {
+        let (status, p) = host
+            .post(
+                &processes,
+                &json!({"name": name, "service": service, "node": node, "config": config}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+        wait_state(&host, name, "running").await;
+    }
+    let body = json!({"from": {"process": "client", "interface": "echo"}, "to": {"process": "server", "interface": "echo"}});
+    let (status, c) = host.post(&format!("/environments/{ENV}/connections"), &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{c}");
+    wait_file(&out, "n1").await;
+
+    // Moving to its own node, or from a state that runs nothing, is refused.
+    let path = format!("{processes}/server");
+    let (status, answer) = host.post(&format!("{path}/move"), &json!({"node": "n1"})).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_process_request")),
+        "{answer}"
+    );
+    let (_, _, etag) = call(&host, Method::GET, &path, None, None).await;
+    let (status, answer, _) = call(
+        &host,
+        Method::POST,
+        &format!("{path}/move"),
+        Some(&json!({"node": "n2"})),
+        Some("\"0\""),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::CONFLICT, Some("version_conflict")),
+        "{answer}"
+    );
+    let (status, moving, _) = call(
+        &host,
+        Method::POST,
+        &format!("{path}/move"),
+        Some(&json!({"node": "n2"})),
+        etag.as_deref(),
+    )
+    .await;
+    assert_eq!(
+        (status, moving["state"].as_str()),
+        (StatusCode::ACCEPTED, Some("moving")),
+        "{moving}"
+    );
+    let (status, answer) = host.post(&format!("{path}/move"), &json!({})).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::CONFLICT, Some("invalid_transition")),
+        "{answer}"
+    );
+    let moved = wait_state(&host, "server", "running").await;
+    assert_eq!(moved["node"], "n2");
+    // The peer follows, told once the move is done.
+    wait_file(&out, "n2").await;
+    let events: Vec<String> = std::fs::read_to_string(&log).unwrap().lines().map(str::to_string).collect();
+    let at = |line: &str| {
+        events
+            .iter()
+            .position(|e| e == line)
+            .unwrap_or_else(|| panic!("no `{line}` in {events:#?}"))
+    };
+    assert!(
+        at("n2 start") < at("n1 stop"),
+        "started on the new node before stopped on the old: {events:#?}"
+    );
+    assert!(at("n1 stop") < at("n1 remove"), "{events:#?}");
+
+    // Without a node the solver picks one other than its own.
+    let (status, moving) = host.post(&format!("{path}/move"), &json!({})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{moving}");
+    assert_ne!(moving["node"], "n2", "{moving}");
+    let moved = wait_state(&host, "server", "running").await;
+    wait_file(&out, moved["node"].as_str().unwrap()).await;
+    host.stop().await;
+}

@@ -277,6 +277,28 @@ impl App {
         self.redeliver(env, &peers, author).await
     }
 
+    /// The processes connected to `process`.
+    pub(crate) async fn peers_of(&self, env: &Environment, process: &str) -> Result<Vec<String>, ServicesError> {
+        let mut peers: Vec<String> = self
+            .store
+            .list_connections(&env.id)
+            .await?
+            .into_iter()
+            .filter_map(|c| {
+                if c.from_process == process {
+                    Some(c.to_process)
+                } else if c.to_process == process {
+                    Some(c.from_process)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        peers.sort();
+        peers.dedup();
+        Ok(peers)
+    }
+
     /// What each process has not taken yet.
     pub async fn pending(&self, key: &str) -> Result<PendingList, ServicesError> {
         let env = self.get(key).await?;
@@ -331,18 +353,20 @@ impl App {
                 continue;
             };
             let peer_doc = decode(&peer_record)?;
-            let (_, service) = self.service(&peer_doc.target.service, &peer_doc.target.version).await?;
+            // Where the peer runs: what last ran (a moving peer is told to its peers once moved).
+            let at = peer_doc.active.as_ref().unwrap_or(&peer_doc.target);
+            let (_, service) = self.service(&at.service, &at.version).await?;
             let port = service
                 .interface(&peer_interface)
                 .filter(|i| i.role == Role::Provides)
                 .and_then(|i| i.port.as_ref())
-                .and_then(|p| peer_doc.target.ports.get(p));
+                .and_then(|p| at.ports.get(p));
             out.entry(own).or_default().push(json!({
                 "id": c.id,
                 "peer": peer,
                 "peer_interface": peer_interface,
-                "node": peer_doc.target.node,
-                "address": addresses.get(&peer_doc.target.node),
+                "node": at.node,
+                "address": addresses.get(&at.node),
                 "port": port,
                 "version": c.version,
             }));
@@ -353,7 +377,7 @@ impl App {
     /// Plans `processes`' tasks again with their connections as they are now and releases them in
     /// one version (rows first, revision-checked; put back if the release fails). A process
     /// terminating or failed is left alone: it runs no configuration.
-    async fn redeliver(&self, env: &Environment, processes: &[String], author: Option<&str>) -> Result<(), ServicesError> {
+    pub(crate) async fn redeliver(&self, env: &Environment, processes: &[String], author: Option<&str>) -> Result<(), ServicesError> {
         let mut changed: Vec<(ProcessRecord, ProcessRecord, ProcessDoc)> = Vec::new();
         for name in processes {
             let Some(record) = self.store.find_process(&env.id, name).await? else {

@@ -224,6 +224,44 @@ impl App {
         self.begin_process(&env, &record, doc, ProcessState::Updating, author).await
     }
 
+    /// Moves the process to `node` (or where the solver puts it, another node than its own):
+    /// started there first, then stopped and removed on the old node; its peers are told the new
+    /// address once it runs there. A failure rolls it back to the old node.
+    pub async fn move_process(
+        self: &Arc<Self>,
+        key: &str,
+        name: &str,
+        node: Option<String>,
+        if_match: Option<&str>,
+        author: Option<&str>,
+    ) -> Result<ProcessView, ServicesError> {
+        let env = self.get(key).await?;
+        let running = self.running(&env).await?;
+        let _services = running.services.lock().await;
+        let record = self.process_record(&env, name).await?;
+        check_if_match(name, &record, if_match)?;
+        ensure_allows(name, state_of(&record), Operation::Move)?;
+        let mut doc = decode(&record)?;
+        let from = doc.target.node.clone();
+        if node.as_deref() == Some(from.as_str()) {
+            return Err(ServicesError::Invalid(format!("node: process `{name}` runs on `{from}` already")));
+        }
+        let catalog = self.catalog_document(&doc.target.reference()).await?;
+        let (config, ports) = (doc.target.config.clone(), doc.target.ports.clone());
+        let target = match node {
+            Some(node) => self.deployment(&env, name, catalog, Some(&node), config, &ports).await?,
+            None => {
+                let elsewhere = self.place_elsewhere(&env, &catalog.1, &from).await?;
+                self.deployment(&env, name, catalog, Some(&elsewhere), config, &ports).await?
+            }
+        };
+        doc.target = target;
+        let connections = self.delivered_connections(&env, name).await?;
+        let previous = std::mem::take(&mut doc.tasks);
+        doc.tasks = plan_move(&set_of(name), &doc.target, &from, &previous, &connections)?;
+        self.begin_process(&env, &record, doc, ProcessState::Moving, author).await
+    }
+
     /// Stops and removes the process (its tasks purged: stop, then remove); it disappears when
     /// that is done.
     pub async fn terminate_process(
@@ -450,6 +488,34 @@ impl App {
             .ok_or_else(|| ServicesError::Invalid("the solver placed the process nowhere".into()))
     }
 
+    /// Where the solver puts one process of `doc` among the nodes `env` may use but `from`.
+    async fn place_elsewhere(&self, env: &Environment, doc: &ServiceDocument, from: &str) -> Result<String, ServicesError> {
+        let others: Vec<String> = self
+            .cluster_nodes(env, &[])
+            .await?
+            .into_iter()
+            .map(|n| n.name)
+            .filter(|n| n != from)
+            .collect();
+        if others.is_empty() {
+            return Err(ServicesError::Invalid(format!(
+                "node: no verified node this environment may use besides `{from}`"
+            )));
+        }
+        let grants = env.settings.capabilities.grants();
+        let solver = self
+            .pin_plugin(&doc.name, crate::app::clusters::DEFAULT_SOLVER, PluginKind::Solver, &grants)
+            .await?;
+        let mut template = single_service(&doc.name, doc.automator, &doc.needs);
+        template.solver = Some(solver.to_string());
+        let layout = self.solve(env, &template, 1, &others, &Layout::default()).await?;
+        layout
+            .nodes_of(&doc.name)
+            .next()
+            .map(str::to_string)
+            .ok_or_else(|| ServicesError::Invalid("the solver placed the process nowhere".into()))
+    }
+
     async fn process_view(&self, env: &Environment, record: &ProcessRecord, doc: &ProcessDoc) -> Result<ProcessView, ServicesError> {
         let Progress { tasks, .. } = self.task_progress(env, &set_of(&record.name), &doc.tasks, doc.max_attempts).await?;
         let mut progress = BTreeMap::new();
@@ -543,6 +609,25 @@ pub(crate) fn plan(
         keep_removals: true,
     })
     .map_err(|e| ServicesError::Invalid(e.to_string()))
+}
+
+/// A move's tasks: `target`'s on its new node, the old node's (`from`) purged, the old `stop`
+/// (its purged `start`) waiting for the new `start`, so the process runs somewhere throughout.
+fn plan_move(
+    set: &str,
+    target: &Deployment,
+    from: &str,
+    previous: &[ResourceSpec],
+    connections: &Value,
+) -> Result<Vec<ResourceSpec>, ServicesError> {
+    let mut tasks = plan(set, Some(target), previous, connections)?;
+    let started = planner::task_id(set, &target.node, &target.service, planner::Step::Start);
+    for t in &mut tasks {
+        if t.purged && t.id.node == from && planner::parse_task_key(&t.id.key).is_some_and(|(_, _, step)| step == planner::Step::Start) {
+            t.requires.push(started.clone());
+        }
+    }
+    Ok(tasks)
 }
 
 /// Refuses a configuration its service's schema does not accept, naming the first culprit by

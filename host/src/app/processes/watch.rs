@@ -96,6 +96,18 @@ impl App {
                 tracing::info!(environment = %env.name, process = %name, "process running");
                 Ok(Next::Done)
             }
+            ProcessState::Moving if progress.done => {
+                // It runs on its new node and no more on the old one: its peers are told, under
+                // the services lock so that no connection changes meanwhile.
+                let running = self.running(env).await?;
+                let _services = running.services.lock().await;
+                doc.active = Some(doc.target.clone());
+                self.settle_process(env, &record, doc, ProcessState::Running).await?;
+                let peers = self.peers_of(env, name).await?;
+                self.redeliver(env, &peers, None).await?;
+                tracing::info!(environment = %env.name, process = %name, "process moved");
+                Ok(Next::Done)
+            }
             ProcessState::RollingBack if progress.done => {
                 let state = if doc.active.is_some() {
                     ProcessState::Running
@@ -106,7 +118,7 @@ impl App {
                 tracing::warn!(environment = %env.name, process = %name, state = state.as_str(), "process rolled back");
                 Ok(Next::Done)
             }
-            ProcessState::Creating | ProcessState::Updating if progress.failed.is_some() => {
+            ProcessState::Creating | ProcessState::Updating | ProcessState::Moving if progress.failed.is_some() => {
                 tracing::warn!(environment = %env.name, process = %name, failure = ?progress.failed, "process operation failed; rolling back");
                 doc.failure = progress.failed;
                 let previous = std::mem::take(&mut doc.tasks);
