@@ -38,6 +38,7 @@ pub const RULES: &[(&str, &str, Rule)] = &[
     ("GET", "/environments/{env}/intents/{version}/diff/{other}", VIEWER),
     ("POST", "/environments/{env}/intents/{version}/release", OWNER),
     ("POST", "/environments/{env}/intents/{version}/rollback", OWNER),
+    ("PUT", "/environments/{env}/resource-sets/{name}", OWNER),
     // Resources, the action log and events.
     ("GET", "/environments/{env}/resources", VIEWER),
     ("GET", "/environments/{env}/resources/{id}", VIEWER),

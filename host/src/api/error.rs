@@ -113,7 +113,10 @@ impl From<IntentError> for ApiError {
             IntentError::DuplicateId(_) => "duplicate_resource",
             IntentError::UnknownRequirement { .. } | IntentError::SelfRequirement(_) => "unknown_requirement",
             IntentError::Cycle(_) | IntentError::PurgeOrderCycle(_) => "dependency_cycle",
-            IntentError::InvalidId { .. } | IntentError::InvalidPluginRef(_) | IntentError::AttributesNotObject { .. } => "invalid_intent",
+            IntentError::InvalidId { .. }
+            | IntentError::InvalidPluginRef(_)
+            | IntentError::AttributesNotObject { .. }
+            | IntentError::InvalidSet { .. } => "invalid_intent",
         };
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())
     }
@@ -148,6 +151,8 @@ impl From<EnvError> for ApiError {
             EnvError::CapabilityInUse { .. } => ApiError::new(StatusCode::CONFLICT, "capability_in_use", e.to_string()),
             EnvError::ReservedType(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "reserved_resource_type", e.to_string()),
             EnvError::NoVersion(_) => ApiError::new(StatusCode::CONFLICT, "no_version", e.to_string()),
+            EnvError::InvalidResourceSet(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_resource_set", e.to_string()),
+            EnvError::SetConflict { .. } => ApiError::new(StatusCode::CONFLICT, "resource_set_conflict", e.to_string()),
             EnvError::TooManyResources { .. } => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_many_resources", e.to_string()),
             EnvError::RateLimited { retry_after_s, .. } => ApiError::rate_limited(retry_after_s, e.to_string()),
             EnvError::SchedulerUnavailable { .. } => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "scheduler_unavailable", e.to_string()),

@@ -25,6 +25,36 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(diff_intents))
         .routes(routes!(release_intent))
         .routes(routes!(rollback_intent))
+        .routes(routes!(put_resource_set))
+}
+
+/// Replaces one resource set (Inmanta's partial compile): a new version with the latest
+/// version's other sets, main intent, clusters and processes unchanged and this body's resources
+/// as set `{name}` (`[]` removes it). A resource another set has is refused naming both.
+#[utoipa::path(put, path = "/environments/{env}/resource-sets/{name}", tag = "intents", request_body = IntentDocument,
+    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Resource set name")),
+    responses(
+        (status = 201, body = Submitted),
+        (status = 400, description = "Malformed JSON", body = ErrorBody),
+        (status = 404, description = "Unknown environment", body = ErrorBody),
+        (status = 409, description = "A resource of the body belongs to another set (`resource_set_conflict`)", body = ErrorBody),
+        (status = 413, description = "Larger than `max_body_bytes`", body = ErrorBody),
+        (status = 422, description = "Invalid set name or intent", body = ErrorBody),
+    ))]
+async fn put_resource_set(
+    State(envs): State<AppState>,
+    Caller(caller): Caller,
+    Path((env, name)): Path<(String, String)>,
+    JsonBytes(body): JsonBytes,
+) -> Result<impl IntoResponse> {
+    let (info, released) = envs.put_resource_set(&env, &name, &body, Some(&caller.user)).await?;
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(Submitted {
+            version: info.version,
+            released,
+        }),
+    ))
 }
 
 #[derive(Serialize, ToSchema)]

@@ -52,6 +52,10 @@ pub enum EnvError {
     ReservedType(ResourceId),
     #[error("environment `{0}` has no intent version yet")]
     NoVersion(String),
+    #[error("{0}")]
+    InvalidResourceSet(String),
+    #[error("resource `{resource}` is claimed by set `{set}` and by {other}")]
+    SetConflict { resource: String, set: String, other: String },
     #[error("the intent has {count} resources; environment `{environment}` takes at most {limit} (`limits.max_resources_per_intent`)")]
     TooManyResources { environment: String, count: usize, limit: u64 },
     /// Past one of the environment's rate limits: nothing was done; try again after `retry_after_s`.

@@ -2,13 +2,14 @@
 //! rollback and diff; every version released carries the clusters' current tasks and names only
 //! nodes the environment may use.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::running::Running;
 use super::{App, EnvError};
-use crate::intent::Intent;
 use crate::intent::diff::IntentDiff;
 use crate::intent::pinning::{self, LOCAL_NODE};
+use crate::intent::{Intent, ResourceId, ResourceSpec};
 use crate::nodes::Refusal;
 use crate::scheduler::Version;
 use crate::store::{Environment, VersionInfo};
@@ -20,26 +21,82 @@ impl App {
     pub async fn submit(&self, key: &str, intent_json: &[u8], author: Option<&str>) -> Result<(VersionInfo, bool), EnvError> {
         let env = self.get(key).await?;
         let submitted = Intent::parse(intent_json)?;
-        let limit = env.settings.limits.max_resources_per_intent;
-        if submitted.resources.len() as u64 > limit {
-            return Err(EnvError::TooManyResources {
-                environment: env.name,
-                count: submitted.resources.len(),
-                limit,
-            });
-        }
-        if let Some(task) = submitted
-            .resources
-            .iter()
-            .find(|r| r.id.resource_type == crate::clusters::planner::TASK_TYPE)
-        {
-            return Err(EnvError::ReservedType(task.id.clone()));
-        }
+        check_submitted(&env, &submitted.resources)?;
         let running = self.running(&env).await?;
         let _turn = running.releases.lock().await;
         running.check_scheduler()?;
         self.check_version_rate(&env).await?;
         let intent = self.with_cluster_tasks(&env, submitted.resources).await?;
+        self.store_version(&env, &running, intent, env.settings.auto_deploy, author).await
+    }
+
+    /// Replaces resource set `set` (Inmanta's partial compile): a new version holding the latest
+    /// version's resources of every other set and of the main intent, and `intent_json`'s
+    /// resources as set `set`. A resource another set (or the main intent) has is refused, naming
+    /// both; an empty list removes the set.
+    pub async fn put_resource_set(
+        &self,
+        key: &str,
+        set: &str,
+        intent_json: &[u8],
+        author: Option<&str>,
+    ) -> Result<(VersionInfo, bool), EnvError> {
+        let env = self.get(key).await?;
+        orc_manifest::names::SERVICE.check(set).map_err(|e| {
+            EnvError::InvalidResourceSet(format!(
+                "resource set `{}`: {e} ({})",
+                set.chars().filter(|c| !c.is_control()).take(100).collect::<String>(),
+                orc_manifest::names::SERVICE.describe()
+            ))
+        })?;
+        let submitted = Intent::parse(intent_json)?;
+        check_submitted(&env, &submitted.resources)?;
+        if let Some(other) = submitted.resources.iter().find(|r| r.set.as_deref().is_some_and(|s| s != set)) {
+            return Err(EnvError::InvalidResourceSet(format!(
+                "resource `{}` names set `{}` in a body for set `{set}`",
+                other.id,
+                other.set.as_deref().unwrap_or_default()
+            )));
+        }
+        let running = self.running(&env).await?;
+        let _turn = running.releases.lock().await;
+        running.check_scheduler()?;
+        self.check_version_rate(&env).await?;
+        let env = self.get(key).await?;
+        let mut kept: Vec<ResourceSpec> = if env.latest_version > 0 {
+            Intent::parse(self.store.get_version(&env.id, env.latest_version).await?.document.as_bytes())?
+                .resources
+                .into_iter()
+                .filter(|r| r.set.as_deref() != Some(set))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let others: HashMap<&ResourceId, Option<&str>> = kept
+            .iter()
+            .filter(|r| r.id.resource_type != crate::clusters::planner::TASK_TYPE)
+            .map(|r| (&r.id, r.set.as_deref()))
+            .collect();
+        if let Some((r, other)) = submitted.resources.iter().find_map(|r| others.get(&r.id).map(|o| (r, *o))) {
+            return Err(EnvError::SetConflict {
+                resource: r.id.to_string(),
+                set: set.to_string(),
+                other: other.map_or_else(|| "the main intent".to_string(), |o| format!("set `{o}`")),
+            });
+        }
+        let total = kept.len() + submitted.resources.len();
+        if total as u64 > env.settings.limits.max_resources_per_intent {
+            return Err(EnvError::TooManyResources {
+                environment: env.name,
+                count: total,
+                limit: env.settings.limits.max_resources_per_intent,
+            });
+        }
+        kept.extend(submitted.resources.into_iter().map(|mut r| {
+            r.set = Some(set.into());
+            r
+        }));
+        let intent = self.with_cluster_tasks(&env, kept).await?;
         self.store_version(&env, &running, intent, env.settings.auto_deploy, author).await
     }
 
@@ -191,4 +248,21 @@ impl App {
         }
         Ok(())
     }
+}
+
+/// What every operator's submission must keep to: at most `limits.max_resources_per_intent`
+/// resources, none of the reserved type `task`.
+fn check_submitted(env: &Environment, resources: &[ResourceSpec]) -> Result<(), EnvError> {
+    let limit = env.settings.limits.max_resources_per_intent;
+    if resources.len() as u64 > limit {
+        return Err(EnvError::TooManyResources {
+            environment: env.name.clone(),
+            count: resources.len(),
+            limit,
+        });
+    }
+    if let Some(task) = resources.iter().find(|r| r.id.resource_type == crate::clusters::planner::TASK_TYPE) {
+        return Err(EnvError::ReservedType(task.id.clone()));
+    }
+    Ok(())
 }

@@ -161,6 +161,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Vec<ResourceSpec>, PlanError> {
                     attributes: Attributes::new(&attributes),
                     requires,
                     purged: step == Step::Start && input.stopped.contains(&service),
+                    set: None,
                 });
             }
         }

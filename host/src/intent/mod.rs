@@ -145,6 +145,11 @@ pub struct ResourceSpec {
     /// Marked for removal: the adaptor deletes it.
     #[serde(default)]
     pub purged: bool,
+    /// The resource set it belongs to (`PUT …/resource-sets/{name}` replaces one set and keeps the
+    /// others); none: the environment's main intent. Not part of the desired state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub set: Option<Box<str>>,
 }
 
 /// A resource's desired attributes, kept as canonical JSON text (object keys sorted, no
@@ -233,6 +238,8 @@ pub enum IntentError {
     PurgeOrderCycle(Vec<String>),
     #[error("resource `{resource}`: attributes must be a JSON object")]
     AttributesNotObject { resource: String },
+    #[error("resource `{resource}`: set `{set}` is refused: {reason}")]
+    InvalidSet { resource: String, set: String, reason: String },
 }
 
 /// An intent that passed validation: resources plus the dependency graph by index.
@@ -256,6 +263,13 @@ impl Intent {
                 return Err(IntentError::AttributesNotObject {
                     resource: r.id.to_string(),
                 });
+            }
+            if let Some(set) = &r.set {
+                orc_manifest::names::SERVICE.check(set).map_err(|e| IntentError::InvalidSet {
+                    resource: r.id.to_string(),
+                    set: set.chars().take(100).collect(),
+                    reason: format!("{e} ({})", orc_manifest::names::SERVICE.describe()),
+                })?;
             }
             if index.insert(&r.id, i).is_some() {
                 return Err(IntentError::DuplicateId(r.id.to_string()));

@@ -35,6 +35,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("GET", "/environments/{env}/intents/{version}/diff/{other}", "viewer"),
     ("POST", "/environments/{env}/intents/{version}/release", "owner"),
     ("POST", "/environments/{env}/intents/{version}/rollback", "owner"),
+    ("PUT", "/environments/{env}/resource-sets/{name}", "owner"),
     ("GET", "/environments/{env}/resources", "viewer"),
     ("GET", "/environments/{env}/resources/{id}", "viewer"),
     ("GET", "/environments/{env}/resources/{id}/actions", "viewer"),

@@ -29,6 +29,7 @@ mod paths;
 mod pg;
 mod plugin_text;
 mod promises;
+mod resource_sets;
 mod sandbox;
 mod services;
 
@@ -43,6 +44,7 @@ use kv_quota::*;
 use lifecycle::*;
 use plugin_text::*;
 use promises::*;
+use resource_sets::*;
 use sandbox::*;
 use services::*;
 
@@ -111,6 +113,7 @@ on_both_backends!(
     limits_answer_413_and_429_and_lose_nothing_accepted,
     nul_in_names_is_unknown_and_still_audited,
     the_catalog_lists_published_service_versions,
+    a_resource_set_is_replaced_without_touching_another,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");

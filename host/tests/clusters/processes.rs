@@ -578,5 +578,35 @@ async fn a_moved_provider_starts_before_it_stops_and_its_peer_follows() {
     assert_ne!(moving["node"], "n2", "{moving}");
     let moved = wait_state(&host, "server", "running").await;
     wait_file(&out, moved["node"].as_str().unwrap()).await;
+
+    // Processes are resource sets of their own: an operator's intent and resource set keep them.
+    let intent = json!({"resources": [{"id": "file[local,/motd]", "adaptor": "file@0.1.0", "attributes": {"content": "hi"}}]});
+    let (status, v) = host.post(&format!("/environments/{ENV}/intents"), &intent).await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let (status, v, _) = host
+        .send(
+            Method::PUT,
+            &format!("/environments/{ENV}/resource-sets/extra"),
+            Some(&json!({"resources": []})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    let (_, latest) = host.get(&format!("/environments/{ENV}/intents/{}", v["version"])).await;
+    let ids: Vec<&str> = latest["intent"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    for process in ["server", "client"] {
+        assert_eq!(
+            ids.iter().filter(|id| id.contains(&format!(",process.{process}/"))).count(),
+            5,
+            "{ids:?}"
+        );
+    }
+    let (_, server) = host.get(&path).await;
+    assert_eq!(server["state"], "running");
+    assert!(server["pending"].as_array().unwrap().is_empty(), "{server}");
     host.stop().await;
 }
