@@ -11,6 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Caller;
+use super::etag::{etag, if_match};
 use super::extract::{Json, Path, Query};
 use super::{ApiError, AppState, ErrorBody, Result};
 use crate::app::clusters::{AmendRequest, ClusterView, CreateRequest, Outcome, PlanPreview, ReconfigureRequest, ServiceAction};
@@ -124,9 +125,11 @@ async fn list_templates(State(envs): State<AppState>, Path(env): Path<String>) -
 /// digests, stored as the next version of `name`.
 #[utoipa::path(post, path = "/environments/{env}/templates/{name}", tag = "clusters",
     request_body(content = Object, description = "The template: `services`, `constraints`, `defaults`, `solver`"),
-    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Template name")),
+    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Template name"),
+        ("If-Match" = Option<String>, Header, description = "The latest version (ETag) the new one is based on; `\"0\"`: none yet")),
     responses(
         (status = 201, body = TemplateView),
+        (status = 409, description = "`If-Match` names a version that is not the latest (`version_conflict`)", body = ErrorBody),
         (status = 400, description = "Malformed JSON", body = ErrorBody),
         (status = 404, body = ErrorBody),
         (status = 422, description = "`invalid_template` (the message starts with the culprit's path), `unknown_plugin`, `plugin_rejected`", body = ErrorBody),
@@ -134,10 +137,11 @@ async fn list_templates(State(envs): State<AppState>, Path(env): Path<String>) -
 async fn submit_template(
     State(envs): State<AppState>,
     Path((env, name)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
     Json(body): Json<serde_json::Value>,
 ) -> Result<impl IntoResponse> {
-    let record = envs.submit_template(&env, &name, body).await?;
-    Ok((StatusCode::CREATED, axum::Json(TemplateView::from(record))))
+    let record = envs.submit_template(&env, &name, body, if_match(&headers)).await?;
+    Ok((StatusCode::CREATED, etag(record.version), axum::Json(TemplateView::from(record))))
 }
 
 #[utoipa::path(get, path = "/environments/{env}/templates/{name}", tag = "clusters",
@@ -147,16 +151,23 @@ async fn get_template(
     State(envs): State<AppState>,
     Path((env, name)): Path<(String, String)>,
     Query(q): Query<VersionQuery>,
-) -> Result<axum::Json<TemplateView>> {
-    Ok(axum::Json(envs.template(&env, &name, q.version).await?.into()))
+) -> Result<impl IntoResponse> {
+    let record = envs.template(&env, &name, q.version).await?;
+    Ok((etag(record.version), axum::Json(TemplateView::from(record))))
 }
 
 /// Deletes every version of a template; refused while a cluster uses it.
 #[utoipa::path(delete, path = "/environments/{env}/templates/{name}", tag = "clusters",
-    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Template name")),
-    responses((status = 204), (status = 404, body = ErrorBody), (status = 409, description = "`template_in_use`", body = ErrorBody)))]
-async fn delete_template(State(envs): State<AppState>, Path((env, name)): Path<(String, String)>) -> Result<StatusCode> {
-    envs.delete_template(&env, &name).await?;
+    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Template name"),
+        ("If-Match" = Option<String>, Header, description = "The latest version (ETag) the delete is based on")),
+    responses((status = 204), (status = 404, body = ErrorBody),
+        (status = 409, description = "`template_in_use`, or `If-Match` names a version that is not the latest (`version_conflict`)", body = ErrorBody)))]
+async fn delete_template(
+    State(envs): State<AppState>,
+    Path((env, name)): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
+) -> Result<StatusCode> {
+    envs.delete_template(&env, &name, if_match(&headers)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -11,6 +11,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Caller;
+use super::etag::{etag, if_match};
 use super::extract::{Json, Path};
 use super::views::Environment;
 use super::{AppState, ErrorBody, Result};
@@ -95,8 +96,9 @@ async fn list_environments(State(envs): State<AppState>, Caller(caller): Caller)
 #[utoipa::path(get, path = "/environments/{env}", tag = "environments",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 200, body = EnvironmentView), (status = 404, body = ErrorBody)))]
-async fn get_environment(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<EnvironmentView>> {
+async fn get_environment(State(envs): State<AppState>, Path(env): Path<String>) -> Result<impl IntoResponse> {
     let environment = envs.get(&env).await?;
+    let tag = crate::app::settings_tag(&environment.settings);
     let counts = envs.status_counts(&environment).await?;
     let resources = counts.into_iter().map(|(s, n)| (s.as_str().to_string(), n)).collect();
     let reason = envs.scheduler_failure(&environment).await;
@@ -104,28 +106,35 @@ async fn get_environment(State(envs): State<AppState>, Path(env): Path<String>) 
         status: if reason.is_some() { "failed" } else { "running" },
         reason,
     };
-    Ok(axum::Json(EnvironmentView {
-        environment: environment.into(),
-        resources,
-        scheduler,
-    }))
+    Ok((
+        etag(tag),
+        axum::Json(EnvironmentView {
+            environment: environment.into(),
+            resources,
+            scheduler,
+        }),
+    ))
 }
 
 /// Changes settings; the scheduler applies them to what it starts or schedules next.
 #[utoipa::path(patch, path = "/environments/{env}", tag = "environments", request_body = EnvironmentPatch,
-    params(("env" = String, Path, description = "Environment name or id")),
+    params(("env" = String, Path, description = "Environment name or id"),
+        ("If-Match" = Option<String>, Header, description = "The settings' ETag the change is based on")),
     responses(
         (status = 200, body = Environment),
         (status = 400, body = ErrorBody),
         (status = 404, body = ErrorBody),
+        (status = 409, description = "`If-Match` names settings that are no longer current (`version_conflict`)", body = ErrorBody),
         (status = 422, description = "An unknown or invalid setting, named", body = ErrorBody),
     ))]
 async fn update_environment(
     State(envs): State<AppState>,
     Path(env): Path<String>,
+    headers: axum::http::HeaderMap,
     Json(patch): Json<EnvironmentPatch>,
-) -> Result<axum::Json<Environment>> {
-    Ok(axum::Json(envs.update_settings(&env, patch.settings).await?.into()))
+) -> Result<impl IntoResponse> {
+    let env = envs.update_settings(&env, patch.settings, if_match(&headers)).await?;
+    Ok((etag(crate::app::settings_tag(&env.settings)), axum::Json(Environment::from(env))))
 }
 
 /// Stops the scheduler (actions in flight finish) and deletes everything of the environment. A

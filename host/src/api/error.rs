@@ -151,6 +151,7 @@ impl From<EnvError> for ApiError {
             EnvError::CapabilityInUse { .. } => ApiError::new(StatusCode::CONFLICT, "capability_in_use", e.to_string()),
             EnvError::ReservedType(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "reserved_resource_type", e.to_string()),
             EnvError::NoVersion(_) => ApiError::new(StatusCode::CONFLICT, "no_version", e.to_string()),
+            EnvError::VersionConflict(_) => ApiError::new(StatusCode::CONFLICT, "version_conflict", e.to_string()),
             EnvError::InvalidResourceSet(_) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_resource_set", e.to_string()),
             EnvError::SetConflict { .. } => ApiError::new(StatusCode::CONFLICT, "resource_set_conflict", e.to_string()),
             EnvError::TooManyResources { .. } => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_many_resources", e.to_string()),

@@ -13,6 +13,7 @@ mod clusters;
 mod doc;
 mod environments;
 mod error;
+mod etag;
 mod events;
 mod extract;
 mod intents;

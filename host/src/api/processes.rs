@@ -6,7 +6,7 @@
 //! each process has not taken yet (`pending`).
 
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -14,6 +14,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Caller;
+use super::etag::{etag, if_match};
 use super::extract::{Json, Path};
 use super::{AppState, ErrorBody, Result};
 use crate::app::processes::{ConnectRequest, ConnectionView, CreateProcess, PendingList, ProcessView, UpdateProcess};
@@ -121,12 +122,7 @@ pub(super) struct ProcessList {
 
 /// The answer for one process: `status`, its view, its revision as the `ETag`.
 fn answer(status: StatusCode, view: ProcessView) -> Response {
-    let etag = HeaderValue::from_str(&format!("\"{}\"", view.revision)).expect("a number is a header value");
-    (status, [(header::ETAG, etag)], axum::Json(view)).into_response()
-}
-
-fn if_match(headers: &HeaderMap) -> Option<&str> {
-    headers.get(header::IF_MATCH).map(|v| v.to_str().unwrap_or("\u{fffd}"))
+    (status, etag(view.revision), axum::Json(view)).into_response()
 }
 
 /// Creates a process of a catalog service version (202: `creating` until its tasks are done).

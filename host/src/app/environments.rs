@@ -81,19 +81,30 @@ impl App {
     /// what it starts or schedules next (a new HTTP policy or call timeout to the actions that
     /// start after the change); turning `auto_deploy` on does not release anything already
     /// submitted.
-    pub async fn update_settings(&self, key: &str, patch: serde_json::Value) -> Result<Environment, EnvError> {
+    pub async fn update_settings(&self, key: &str, patch: serde_json::Value, if_match: Option<&str>) -> Result<Environment, EnvError> {
         let env = self.get(key).await?;
         if !patch.is_object() {
             return Err(EnvError::InvalidSettings("the settings must be a JSON object".into()));
+        }
+        let running = self.running(&env).await?;
+        // Held until the settings are stored: no version using a capability being revoked is
+        // released in between, and no other change of the settings is lost to this one (the
+        // patch merges into the settings as stored now).
+        let _turn = running.releases.lock().await;
+        let env = self.get(key).await?;
+        if let Some(tag) = if_match
+            && !tag_matches(tag, &settings_tag(&env.settings))
+        {
+            return Err(EnvError::VersionConflict(format!(
+                "the settings of environment `{}` are at {}",
+                env.name,
+                settings_tag(&env.settings)
+            )));
         }
         let mut merged = serde_json::to_value(&env.settings).expect("settings serialise");
         merge_patch(&mut merged, patch);
         let settings: EnvironmentSettings = serde_json::from_value(merged).map_err(|e| EnvError::InvalidSettings(e.to_string()))?;
         self.check_settings(&settings)?;
-        let running = self.running(&env).await?;
-        // Held until the settings are stored: no version using a capability being revoked is
-        // released in between.
-        let _turn = running.releases.lock().await;
         running.check_scheduler()?;
         running.check_revocation(&settings.capabilities)?;
         let ctx = outbound::call_context(&running.ctx(), &settings, &self.secrets).map_err(EnvError::InvalidSettings)?;
@@ -130,6 +141,31 @@ impl App {
 
 /// JSON merge patch (RFC 7396): objects merge field by field, `null` removes a field (so that it
 /// takes its default), anything else replaces.
+/// The ETag of an environment's settings: a digest of their canonical JSON, so equal settings
+/// have equal tags whatever changed them.
+pub fn settings_tag(settings: &EnvironmentSettings) -> String {
+    let value = serde_json::to_value(settings).expect("settings serialise");
+    format!("s-{}", &orc_manifest::canonical::digest(&value).hex()[..16])
+}
+
+/// Whether an `If-Match` value (`"tag"`, `W/"tag"`, `tag` or `*`) names `current`.
+pub fn tag_matches(if_match: &str, current: &str) -> bool {
+    if_match.split(',').any(|t| {
+        let t = t.trim();
+        t == "*" || t.trim_start_matches("W/").trim_matches('"') == current
+    })
+}
+
+/// The revision an `If-Match` names, for objects whose ETag is a number: `None` without one (or
+/// `*`); a value that is no number names a revision nothing has (-1).
+pub fn expected_revision(if_match: Option<&str>) -> Option<i64> {
+    let tag = if_match?.trim();
+    if tag == "*" {
+        return None;
+    }
+    Some(tag.trim_start_matches("W/").trim_matches('"').parse().unwrap_or(-1))
+}
+
 pub fn merge_patch(target: &mut serde_json::Value, patch: serde_json::Value) {
     let serde_json::Value::Object(fields) = patch else {
         *target = patch;

@@ -54,6 +54,9 @@ pub enum EnvError {
     NoVersion(String),
     #[error("{0}")]
     InvalidResourceSet(String),
+    /// An `If-Match` names what is no longer current; the message says what is.
+    #[error("{0} (If-Match): read it again")]
+    VersionConflict(String),
     #[error("resource `{resource}` is claimed by set `{set}` and by {other}")]
     SetConflict { resource: String, set: String, other: String },
     #[error("the intent has {count} resources; environment `{environment}` takes at most {limit} (`limits.max_resources_per_intent`)")]

@@ -24,7 +24,7 @@ mod services;
 mod versions;
 
 pub use access::{NewUser, ScopeRequest, TokenView, UserPatch};
-pub use environments::merge_patch;
+pub use environments::{expected_revision, merge_patch, settings_tag, tag_matches};
 pub use error::{AccessError, EnvError, StartError};
 use running::Running;
 pub use running::{node_root, node_spares, scheduler_settings};

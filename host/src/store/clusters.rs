@@ -130,6 +130,54 @@ impl Store {
         })
     }
 
+    /// Stores `document` as version `expected + 1` of template `name` only if its latest version
+    /// is `expected` (0: none yet) — an `If-Match` on the template. Conflict naming the latest
+    /// version when another was stored meanwhile (a racing insert loses on the primary key).
+    pub async fn insert_template_after(&self, env: &EnvironmentId, name: &str, document: &str, expected: i64) -> Result<TemplateRecord> {
+        let now = now_ms();
+        let result: Result<Option<i64>, sqlx::Error> = on_pool!(self, pool => {
+            async {
+                let mut tx = pool.begin_write().await?;
+                let latest: Option<i64> =
+                    sqlx::query_scalar("SELECT MAX(version) FROM cluster_templates WHERE environment_id = $1 AND name = $2")
+                        .bind(env.to_string())
+                        .bind(name)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                let latest = latest.unwrap_or(0);
+                if latest != expected {
+                    return Ok(Some(latest));
+                }
+                sqlx::query("INSERT INTO cluster_templates (environment_id, name, version, document, created_at) VALUES ($1, $2, $3, $4, $5)")
+                    .bind(env.to_string())
+                    .bind(name)
+                    .bind(expected + 1)
+                    .bind(document)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(None)
+            }
+            .await
+        });
+        let stale = |latest: String| StoreError::Conflict {
+            what: format!("template `{name}` is at version {latest}, not {expected}"),
+        };
+        match result {
+            Ok(Some(latest)) => Err(stale(latest.to_string())),
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(stale("a newer one".into())),
+            Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => Err(environment_not_found(env)),
+            Err(e) => Err(backend_with(|| format!("storing template `{name}` in environment {env}"))(e)),
+            Ok(None) => Ok(TemplateRecord {
+                name: name.to_string(),
+                version: expected + 1,
+                document: document.to_string(),
+                created_at: now,
+            }),
+        }
+    }
+
     /// Version `version` of template `name`, or its latest version when `version` is `None`.
     pub async fn get_template(&self, env: &EnvironmentId, name: &str, version: Option<i64>) -> Result<TemplateRecord> {
         let context = || format!("reading template `{name}` in environment {env}");

@@ -114,6 +114,7 @@ on_both_backends!(
     nul_in_names_is_unknown_and_still_audited,
     the_catalog_lists_published_service_versions,
     a_resource_set_is_replaced_without_touching_another,
+    a_stale_if_match_is_refused_for_settings_and_templates,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");

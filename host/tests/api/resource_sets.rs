@@ -1,6 +1,7 @@
 //! Resource sets (Inmanta's partial compile): `PUT …/resource-sets/{name}` replaces one set in a
 //! new version and keeps the main intent and every other set; a resource another set has is
-//! refused naming both; a set is removed by an empty list.
+//! refused naming both; a set is removed by an empty list. And `If-Match` on settings and
+//! templates: a stale one is refused and changes nothing.
 
 use std::collections::BTreeMap;
 
@@ -114,5 +115,86 @@ pub async fn a_resource_set_is_replaced_without_touching_another(backend: Backen
     assert_eq!(now.keys().cloned().collect::<Vec<_>>(), ["file[local,/db]", "file[local,/main]"]);
     host.wait_for_resources("sets", "status=deployed", |items| items.len() == 2).await;
     assert_eq!(std::fs::read_to_string(host.node_root("sets").join("db")).unwrap(), "d1");
+    host.stop().await;
+}
+
+/// A request with an `If-Match`: its status, body and `ETag`.
+async fn with_if_match(host: &Host, method: Method, path: &str, body: Option<Value>, tag: &str) -> (StatusCode, Value, Option<String>) {
+    let mut req = host
+        .client
+        .request(method, format!("{}{path}", host.base))
+        .bearer_auth(&host.token)
+        .header("if-match", tag);
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status();
+    let etag = resp.headers().get("etag").map(|v| v.to_str().unwrap().to_string());
+    (status, resp.json().await.unwrap_or(Value::Null), etag)
+}
+
+/// Settings and templates carry an `ETag`; a change naming a stale one is refused (409
+/// `version_conflict`, naming what is current) and changes nothing.
+pub async fn a_stale_if_match_is_refused_for_settings_and_templates(backend: Backend) {
+    let host = Host::start(backend, 1 << 20).await;
+    host.create_environment("sets").await;
+    let resp = host
+        .client
+        .get(format!("{}/environments/sets", host.base))
+        .bearer_auth(&host.token)
+        .send()
+        .await
+        .unwrap();
+    let tag = resp.headers()["etag"].to_str().unwrap().to_string();
+    let grant = json!({"settings": {"capabilities": {"node_commands": true}}});
+    let (status, answer, _) = with_if_match(
+        &host,
+        Method::PATCH,
+        "/environments/sets",
+        Some(grant.clone()),
+        "\"s-0000000000000000\"",
+    )
+    .await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::CONFLICT, Some("version_conflict")),
+        "{answer}"
+    );
+    assert!(answer["message"].as_str().unwrap().contains(tag.trim_matches('"')), "{answer}");
+    let (_, env) = host.get("/environments/sets").await;
+    assert_eq!(env["settings"]["capabilities"]["node_commands"], false, "nothing changed");
+    let (status, env, new_tag) = with_if_match(&host, Method::PATCH, "/environments/sets", Some(grant.clone()), &tag).await;
+    assert_eq!(status, StatusCode::OK, "{env}");
+    assert_ne!(new_tag.as_deref(), Some(tag.as_str()));
+    // The old tag is stale now.
+    let (status, _, _) = with_if_match(&host, Method::PATCH, "/environments/sets", Some(grant), &tag).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+
+    let template = json!({"services": {"s": {"automator": "shell@0.1.0"}}, "defaults": {"size": 1}});
+    let path = "/environments/sets/templates/t";
+    let (status, v1, tag) = with_if_match(&host, Method::POST, path, Some(template.clone()), "\"0\"").await;
+    assert_eq!(
+        (status, v1["version"].as_i64(), tag.as_deref()),
+        (StatusCode::CREATED, Some(1), Some("\"1\"")),
+        "{v1}"
+    );
+    let (status, answer, _) = with_if_match(&host, Method::POST, path, Some(template.clone()), "\"0\"").await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::CONFLICT, Some("version_conflict")),
+        "{answer}"
+    );
+    assert!(answer["message"].as_str().unwrap().contains("at version 1, not 0"), "{answer}");
+    let (status, v2, _) = with_if_match(&host, Method::POST, path, Some(template), "\"1\"").await;
+    assert_eq!((status, v2["version"].as_i64()), (StatusCode::CREATED, Some(2)), "{v2}");
+    let (status, answer, _) = with_if_match(&host, Method::DELETE, path, None, "\"1\"").await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::CONFLICT, Some("version_conflict")),
+        "{answer}"
+    );
+    let (status, _, _) = with_if_match(&host, Method::DELETE, path, None, "W/\"2\"").await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
     host.stop().await;
 }

@@ -208,7 +208,13 @@ impl App {
 
     /// Validates `body` as a template, pins its solver and automators (each must be a plugin of
     /// that kind in the registry) and stores it as the next version of `name`.
-    pub async fn submit_template(&self, key: &str, name: &str, body: Value) -> Result<TemplateRecord, ClusterError> {
+    pub async fn submit_template(
+        &self,
+        key: &str,
+        name: &str,
+        body: Value,
+        if_match: Option<&str>,
+    ) -> Result<TemplateRecord, ClusterError> {
         let env = self.get(key).await?;
         validate_name("template", name)?;
         let mut template = Template::from_json(body)?;
@@ -222,7 +228,13 @@ impl App {
                 .to_string();
         }
         let document = serde_json::to_string(&template).expect("a template serialises");
-        Ok(self.store.insert_template(&env.id, name, &document).await?)
+        match crate::app::expected_revision(if_match) {
+            None => Ok(self.store.insert_template(&env.id, name, &document).await?),
+            Some(expected) => match self.store.insert_template_after(&env.id, name, &document, expected).await {
+                Err(StoreError::Conflict { what }) => Err(ClusterError::Env(EnvError::VersionConflict(what))),
+                other => Ok(other?),
+            },
+        }
     }
 
     /// Resolves and loads a template's plugin under the environment's `grants`: one that requests
@@ -293,8 +305,16 @@ impl App {
         }
     }
 
-    pub async fn delete_template(&self, key: &str, name: &str) -> Result<(), ClusterError> {
+    pub async fn delete_template(&self, key: &str, name: &str, if_match: Option<&str>) -> Result<(), ClusterError> {
         let env = self.get(key).await?;
+        if let Some(expected) = crate::app::expected_revision(if_match) {
+            let latest = self.template_of(&env, name, None).await?.version;
+            if latest != expected {
+                return Err(ClusterError::Env(EnvError::VersionConflict(format!(
+                    "template `{name}` is at version {latest}, not {expected}"
+                ))));
+            }
+        }
         match self.store.delete_template(&env.id, name).await {
             Err(StoreError::NotFound { .. }) => Err(ClusterError::UnknownTemplate(name.to_string())),
             Err(StoreError::Conflict { what }) => Err(ClusterError::TemplateInUse(what)),

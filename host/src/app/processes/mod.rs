@@ -671,14 +671,13 @@ fn redacted(schema: &Value, config: &Value) -> Value {
 }
 
 fn check_if_match(name: &str, record: &ProcessRecord, if_match: Option<&str>) -> Result<(), ServicesError> {
-    match if_match.map(|v| v.trim().trim_start_matches("W/").trim_matches('"')) {
-        None | Some("*") => Ok(()),
-        Some(tag) if tag == record.revision.to_string() => Ok(()),
-        Some(tag) => Err(ServicesError::VersionConflict {
+    match if_match {
+        Some(tag) if !crate::app::tag_matches(tag, &record.revision.to_string()) => Err(ServicesError::VersionConflict {
             name: name.to_string(),
-            expected: tag.chars().take(40).collect(),
+            expected: tag.chars().filter(|c| !c.is_control()).take(40).collect(),
             current: record.revision,
         }),
+        _ => Ok(()),
     }
 }
 
