@@ -148,6 +148,13 @@ async fn a_redis_process_is_created_updated_rolled_back_and_terminated() {
     assert_eq!((created["state"].as_str(), etag.as_deref()), (Some("creating"), Some("\"1\"")));
     let running = wait_state(&host, "cache", "running").await;
     assert_eq!(running["active"]["service"], "redis@1.0.0");
+    let recent = running["recent_actions"].as_array().unwrap();
+    assert!(
+        recent
+            .iter()
+            .any(|a| a["resource"] == "task[n1,process.cache/redis/start]" && a["outcome"] == "changed"),
+        "{running:#}"
+    );
     assert_eq!(ping(p1).await.as_deref(), Some("+PONG"));
     // The same name, and the same port on the same node, are refused.
     let (status, answer) = host.post(&processes, &body).await;

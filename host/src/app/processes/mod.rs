@@ -97,11 +97,30 @@ pub struct ProcessView {
     pub connections: Vec<ConnectionView>,
     /// What it has not taken yet: its tasks whose desired state is not deployed.
     pub pending: Vec<PendingChange>,
+    /// Its tasks' latest actions, newest first (on `GET …/processes/{name}` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recent_actions: Option<Vec<RecentAction>>,
     /// Who started the current operation; `null`: the host itself.
     pub operation_author: Option<String>,
     pub created_at: Millis,
     pub updated_at: Millis,
 }
+
+/// One action of a process's tasks, from the action log.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct RecentAction {
+    pub resource: String,
+    /// What started it (`deploy`, `repair`, `dryrun`, …).
+    pub kind: String,
+    pub outcome: String,
+    pub started_at: Millis,
+    pub finished_at: Millis,
+    /// `code: message` of its error.
+    pub error: Option<String>,
+}
+
+/// How many actions a process's view shows.
+const RECENT_ACTIONS: usize = 10;
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct ActiveView {
@@ -179,7 +198,30 @@ impl App {
         let env = self.get(key).await?;
         let record = self.process_record(&env, name).await?;
         let doc = decode(&record)?;
-        self.process_view(&env, &record, &doc).await
+        let mut view = self.process_view(&env, &record, &doc).await?;
+        let mut recent = Vec::new();
+        for t in &doc.tasks {
+            let filter = crate::store::ActionFilter {
+                resource_id: Some(t.id.to_string()),
+                limit: RECENT_ACTIONS as u32,
+                ..Default::default()
+            };
+            for a in self.store.list_actions(&env.id, &filter).await?.items {
+                let a = a.action;
+                recent.push(RecentAction {
+                    resource: a.resource_id,
+                    kind: a.kind.as_str().to_string(),
+                    outcome: a.outcome,
+                    started_at: a.started_at,
+                    finished_at: a.finished_at,
+                    error: a.error.map(|e| format!("{}: {}", e.code, e.message)),
+                });
+            }
+        }
+        recent.sort_by(|a, b| b.started_at.cmp(&a.started_at).then_with(|| b.resource.cmp(&a.resource)));
+        recent.truncate(RECENT_ACTIONS);
+        view.recent_actions = Some(recent);
+        Ok(view)
     }
 
     /// Moves the process to another version of its service and/or another configuration; on
@@ -553,6 +595,7 @@ impl App {
             tasks,
             connections,
             pending,
+            recent_actions: None,
             operation_author: doc.author.clone(),
             created_at: record.created_at,
             updated_at: record.updated_at,
