@@ -251,6 +251,24 @@ impl Host {
         Ok(body)
     }
 
+    /// Publishes a service document to the server's registry's catalog.
+    pub async fn publish_service(&self, doc: &Value) -> Result<Value> {
+        let request = self.http.post(format!("{}/registry/v1/services", self.base)).json(doc);
+        let (status, body) = self.send_as(&self.admin, request).await?;
+        ensure!(status.is_success(), "publishing a service: {status} {body}");
+        Ok(body)
+    }
+
+    pub async fn patch(&self, path: &str, body: Vec<u8>) -> Result<(StatusCode, Value)> {
+        self.send(
+            self.http
+                .patch(format!("{}{path}", self.base))
+                .header("content-type", "application/json")
+                .body(body),
+        )
+        .await
+    }
+
     /// Creates an environment with `settings` (as `POST /api/v1/environments` takes them).
     pub async fn create_environment(&self, name: &str, settings: Value) -> Result<()> {
         let request = self

@@ -151,6 +151,7 @@ impl App {
         state: ProcessState,
     ) -> Result<(), ServicesError> {
         let set = set_of(&record.name);
+        let before = doc.tasks.clone();
         doc.tasks = match (&doc.active, state) {
             (Some(active), ProcessState::Running) => {
                 doc.target = active.clone();
@@ -161,6 +162,11 @@ impl App {
         };
         let document = super::encode(&doc);
         let (store, name, revision) = (&self.store, record.name.as_str(), record.revision);
+        if doc.tasks == before {
+            // Nothing to drop: the released version already holds these tasks.
+            store.update_process(&env.id, name, revision, state.as_str(), &document).await?;
+            return Ok(());
+        }
         self.release_set(env, &set, &doc.tasks, None, || async move {
             store
                 .update_process(&env.id, name, revision, state.as_str(), &document)

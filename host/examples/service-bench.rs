@@ -1,0 +1,236 @@
+//! Services benchmark: PROCESSES processes of two trivial `shell` services (half servers
+//! providing `echo`, half clients requiring it, each client connected to two servers: as many
+//! connections as processes) across NODES real OpenSSH `sshd` nodes on loopback (default 200 and
+//! 4), through the REST API of a real `orc-host serve` process (the release build beside this
+//! example, SQLite in a temporary data directory).
+//!
+//! Phases, each from its first request until every process is `running` and nothing is pending:
+//! **create** (every process, then every connection), **update** (every process's configuration),
+//! **move** (every process to the next node: started there, then stopped and removed on the old
+//! one; clients told their servers' new nodes). Each step of a process is one shell line over
+//! SSH. Figures per phase: wall time, and the host's CPU time per process (what the host spends
+//! besides waiting on SSH: requests, planning, pinning, versions, scheduling, the SSH client). The
+//! clients' files are checked after each phase: each names its servers' current nodes.
+//!
+//! ```text
+//! cargo build --release -p orc-host --bins --examples
+//! target/release/examples/service-bench [PROCESSES] [NODES]
+//! ```
+
+#[path = "support/serve.rs"]
+mod serve;
+#[path = "../ssh/tests/support/sshd.rs"]
+mod sshd;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail, ensure};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use serve::Host;
+use sshd::{Sshd, TEST_USER};
+
+const ENV: &str = "bench";
+
+/// A `shell` service: every step appends to `$ROOT/$ORC_CLUSTER`; a client's start writes its
+/// peers' nodes, sorted, to `$ROOT/$ORC_CLUSTER.peers`.
+fn service(name: &str, role: &str, root: &Path) -> Value {
+    let step = "printf '%s\\n' \"$ORC_ACTION\" >> \"$ROOT/$ORC_CLUSTER\"";
+    let start = if role == "requires" {
+        format!("{step} && printf '%s' \"$PEERS\" | grep -o '\"node\":\"[^\"]*\"' | sort | tr '\\n' ' ' > \"$ROOT/$ORC_CLUSTER.peers\"")
+    } else {
+        step.to_string()
+    };
+    let mut interface = json!({"name": "echo", "role": role, "allow_multiple": true,
+        "versions": [{"version": "1.0.0", "schema": {"type": "object", "title": "echo"}}]});
+    if role == "provides" {
+        interface["port"] = json!("echo");
+    } else {
+        interface["max_connections"] = json!(2);
+    }
+    json!({
+        "name": name, "version": "1.0.0",
+        "automator": orc_plugin_artifacts::by_name("shell").map(|a| a.digest).unwrap_or_default(),
+        "config": {"root": root, "scripts": {
+            "bootstrap": step, "install": step, "configure": step, "initialize": step, "start": start,
+            "stop": step, "remove": "rm -f \"$ROOT/$ORC_CLUSTER\" \"$ROOT/$ORC_CLUSTER.peers\""}},
+        "config_schema": {"type": "object"},
+        "ports": [{"name": "echo", "port": 7}],
+        "connections_key": "peers",
+        "interfaces": [interface]
+    })
+}
+
+async fn register(host: &Host, name: &str, sshd: &Sshd) -> Result<()> {
+    let body = json!({
+        "name": name, "address": "127.0.0.1", "port": sshd.port, "user": TEST_USER,
+        "credential": { "private_key": sshd.client_key }, "host_key_fingerprint": sshd.host_fingerprint,
+    });
+    let (status, node) = host.post("/api/v1/nodes", serde_json::to_vec(&body)?).await?;
+    ensure!(status == StatusCode::CREATED, "registering {name}: {status} {node}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, node) = host.get(&format!("/api/v1/nodes/{name}")).await?;
+        match node.get("status").and_then(Value::as_str) {
+            Some("public") => return Ok(()),
+            Some("unidentified") => {}
+            other => bail!("node {name} is {other:?}: {node}"),
+        }
+        ensure!(Instant::now() < deadline, "node {name} not verified after 60 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Polls until every resource is deployed and every process is `running` with nothing
+/// pending; the processes.
+async fn settled(host: &Host, started: Instant) -> Result<Vec<Value>> {
+    let deadline = started + Duration::from_secs(1200);
+    loop {
+        let counts = host.counts(ENV).await?;
+        let busy: u64 = counts.iter().filter(|(k, _)| k.as_str() != "deployed").map(|(_, v)| v).sum();
+        ensure!(counts.get("failed").copied().unwrap_or(0) == 0, "tasks failed: {counts:?}");
+        if busy == 0 {
+            let (status, list) = host.get(&format!("/api/v1/environments/{ENV}/processes")).await?;
+            ensure!(status == StatusCode::OK, "{status} {list}");
+            let items = list["items"].as_array().cloned().unwrap_or_default();
+            if items
+                .iter()
+                .all(|p| p["state"] == "running" && p["pending"].as_array().is_some_and(Vec::is_empty))
+            {
+                return Ok(items);
+            }
+        }
+        ensure!(Instant::now() < deadline, "not settled after 1200 s: {counts:?}");
+        tokio::time::sleep(serve::poll_interval().max(Duration::from_millis(100))).await;
+    }
+}
+
+/// Every client's file names its two servers' current nodes.
+fn check_clients(root: &Path, processes: &[Value], clients: usize) -> Result<()> {
+    let node_of = |name: &str| -> Result<String> {
+        processes
+            .iter()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["node"].as_str().map(str::to_string))
+            .ok_or_else(|| anyhow::anyhow!("no process {name}"))
+    };
+    for c in 0..clients {
+        let mut want = vec![
+            format!("\"node\":\"{}\"", node_of(&format!("s{c:04}"))?),
+            format!("\"node\":\"{}\"", node_of(&format!("s{:04}", (c + 1) % clients))?),
+        ];
+        want.sort();
+        let got = std::fs::read_to_string(root.join(format!("process.c{c:04}.peers")))?;
+        let mut got: Vec<String> = got.split_whitespace().map(str::to_string).collect();
+        got.sort();
+        ensure!(got == want, "client c{c:04} knows {got:?}, its servers are on {want:?}");
+    }
+    Ok(())
+}
+
+/// Runs one phase: `requests` sent in turn, then waits until settled; prints and returns.
+async fn phase(host: &Host, name: &str, count: usize, requests: impl AsyncFnOnce() -> Result<()>) -> Result<Vec<Value>> {
+    let cpu = host.cpu()?;
+    let started = Instant::now();
+    requests().await?;
+    let answered = started.elapsed();
+    let processes = settled(host, started).await?;
+    let took = started.elapsed();
+    let host_cpu = host.cpu()? - cpu;
+    println!(
+        "  {name:<7} {:>7.3} s wall ({:.3} s answering the requests), host CPU {:>6.2} ms per process",
+        took.as_secs_f64(),
+        answered.as_secs_f64(),
+        host_cpu.as_secs_f64() * 1e3 / count as f64,
+    );
+    Ok(processes)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let count: usize = std::env::args().nth(1).map(|a| a.parse()).transpose()?.unwrap_or(200);
+    let nodes: usize = std::env::args().nth(2).map(|a| a.parse()).transpose()?.unwrap_or(4);
+    ensure!(count >= 4 && count % 2 == 0, "an even number of processes, at least 4");
+    ensure!(nodes >= 2, "at least 2 nodes (processes move to the next one)");
+    let clients = count / 2;
+    let data = tempfile::tempdir()?;
+    let host = Host::spawn(&serve::host_binary()?, data.path(), None).await?;
+    let sshds: Vec<Sshd> = (0..nodes).map(|_| Sshd::start()).collect();
+    let root = sshds[0].scratch_dir("service-bench");
+    for (i, sshd) in sshds.iter().enumerate() {
+        register(&host, &format!("n{}", i + 1), sshd).await?;
+    }
+    host.create_environment(
+        ENV,
+        json!({"repair_interval_s": 0, "retry_interval_s": 60, "per_node_concurrency": 8, "auto_deploy": true,
+               "capabilities": {"node_commands": true}, "limits": {"versions_per_hour": 100000}}),
+    )
+    .await?;
+    host.publish_service(&service("echo-server", "provides", &root)).await?;
+    host.publish_service(&service("echo-client", "requires", &root)).await?;
+    println!(
+        "service-bench: {count} processes ({clients} servers, {clients} clients) of two `shell` services, {count} connections, {nodes} sshd nodes on loopback"
+    );
+    let node_of = |i: usize, shift: usize| format!("n{}", (i + shift) % nodes + 1);
+    let processes_path = format!("/api/v1/environments/{ENV}/processes");
+
+    let processes = phase(&host, "create", count, async || {
+        for i in 0..clients {
+            for (name, service) in [(format!("s{i:04}"), "echo-server@1.0.0"), (format!("c{i:04}"), "echo-client@1.0.0")] {
+                let shift = usize::from(name.starts_with('c'));
+                // Each its own port: two processes never listen on one port of a node.
+                let port = 10_000 + 2 * i + shift;
+                let body = json!({"name": name, "service": service, "node": node_of(i, shift), "ports": {"echo": port},
+                    "config": {"generation": 1}});
+                let (status, p) = host.post(&processes_path, serde_json::to_vec(&body)?).await?;
+                ensure!(status == StatusCode::ACCEPTED, "create {name}: {status} {p}");
+            }
+        }
+        for c in 0..clients {
+            for s in [c, (c + 1) % clients] {
+                let body = json!({"from": {"process": format!("c{c:04}"), "interface": "echo"},
+                    "to": {"process": format!("s{s:04}"), "interface": "echo"}});
+                let (status, answer) = host
+                    .post(&format!("/api/v1/environments/{ENV}/connections"), serde_json::to_vec(&body)?)
+                    .await?;
+                ensure!(status == StatusCode::CREATED, "connect c{c:04} → s{s:04}: {status} {answer}");
+            }
+        }
+        Ok(())
+    })
+    .await?;
+    check_clients(&root, &processes, clients)?;
+
+    let processes = phase(&host, "update", count, async || {
+        for p in &processes {
+            let name = p["name"].as_str().unwrap_or_default();
+            let body = json!({"config": {"generation": 2}});
+            let (status, answer) = host.patch(&format!("{processes_path}/{name}"), serde_json::to_vec(&body)?).await?;
+            ensure!(status == StatusCode::ACCEPTED, "update {name}: {status} {answer}");
+        }
+        Ok(())
+    })
+    .await?;
+    check_clients(&root, &processes, clients)?;
+
+    let processes = phase(&host, "move", count, async || {
+        for (i, p) in processes.iter().enumerate() {
+            let name = p["name"].as_str().unwrap_or_default();
+            let from = p["node"].as_str().unwrap_or_default();
+            let to = format!("n{}", from.trim_start_matches('n').parse::<usize>().unwrap_or(i) % nodes + 1);
+            let body = json!({"node": to});
+            let (status, answer) = host
+                .post(&format!("{processes_path}/{name}/move"), serde_json::to_vec(&body)?)
+                .await?;
+            ensure!(status == StatusCode::ACCEPTED, "move {name}: {status} {answer}");
+        }
+        Ok(())
+    })
+    .await?;
+    check_clients(&root, &processes, clients)?;
+    host.stop().await?;
+    drop(sshds);
+    Ok(())
+}
