@@ -152,7 +152,7 @@ async fn main() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let count: usize = std::env::args().nth(1).map(|a| a.parse()).transpose()?.unwrap_or(200);
     let nodes: usize = std::env::args().nth(2).map(|a| a.parse()).transpose()?.unwrap_or(4);
-    ensure!(count >= 4 && count % 2 == 0, "an even number of processes, at least 4");
+    ensure!(count >= 4 && count.is_multiple_of(2), "an even number of processes, at least 4");
     ensure!(nodes >= 2, "at least 2 nodes (processes move to the next one)");
     let clients = count / 2;
     let data = tempfile::tempdir()?;
