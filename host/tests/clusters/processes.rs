@@ -309,6 +309,8 @@ async fn wait_file(path: &std::path::Path, content: &str) {
     }
 }
 
+// Named apart from the other tests' processes: every sshd node here is this machine, and a
+// redis process's files are named after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pending() {
     let host = start_host(1).await;
@@ -326,7 +328,7 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
     let (status, p) = host
         .post(
             &processes,
-            &json!({"name": "cache", "service": "redis@1.0.0", "node": "n1", "ports": {"kv": port}}),
+            &json!({"name": "kvstore", "service": "redis@1.0.0", "node": "n1", "ports": {"kv": port}}),
         )
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{p}");
@@ -338,13 +340,13 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
         let (status, p) = host.post(&processes, &client(name, version)).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{p}");
     }
-    for name in ["cache", "app", "app2", "legacy"] {
+    for name in ["kvstore", "app", "app2", "legacy"] {
         wait_state(&host, name, "running").await;
     }
     wait_file(&work.path().join("app"), "no kv peer").await;
 
     // Connected: the consumer finds its peer in its configuration and data flows.
-    let body = json!({"from": {"process": "app", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}});
+    let body = json!({"from": {"process": "app", "interface": "store"}, "to": {"process": "kvstore", "interface": "kv"}});
     let (status, connection) = host.post(&connections, &body).await;
     assert_eq!(status, StatusCode::CREATED, "{connection}");
     assert_eq!(connection["version"], "1.0.0");
@@ -359,19 +361,19 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
     // Refusals, each with its reason and its culprit.
     let refusals = [
         (
-            json!({"from": {"process": "app", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}}),
+            json!({"from": {"process": "app", "interface": "store"}, "to": {"process": "kvstore", "interface": "kv"}}),
             StatusCode::CONFLICT,
             "connection_exists",
             "already",
         ),
         (
-            json!({"from": {"process": "app2", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}}),
+            json!({"from": {"process": "app2", "interface": "store"}, "to": {"process": "kvstore", "interface": "kv"}}),
             StatusCode::UNPROCESSABLE_ENTITY,
             "cardinality_exceeded",
-            "`cache.kv` takes at most 1 connection; it has 1",
+            "`kvstore.kv` takes at most 1 connection; it has 1",
         ),
         (
-            json!({"from": {"process": "legacy", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}}),
+            json!({"from": {"process": "legacy", "interface": "store"}, "to": {"process": "kvstore", "interface": "kv"}}),
             StatusCode::UNPROCESSABLE_ENTITY,
             "incompatible_interfaces",
             "no version's message schema is shared",
@@ -383,13 +385,13 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
             "both require",
         ),
         (
-            json!({"from": {"process": "ghost", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}}),
+            json!({"from": {"process": "ghost", "interface": "store"}, "to": {"process": "kvstore", "interface": "kv"}}),
             StatusCode::UNPROCESSABLE_ENTITY,
             "unknown_process",
             "from.process: `ghost`",
         ),
         (
-            json!({"from": {"process": "app2", "interface": "db"}, "to": {"process": "cache", "interface": "kv"}}),
+            json!({"from": {"process": "app2", "interface": "db"}, "to": {"process": "kvstore", "interface": "kv"}}),
             StatusCode::UNPROCESSABLE_ENTITY,
             "unknown_interface",
             "from.interface: `db`",
@@ -403,13 +405,13 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
     assert!(
         host.post(
             &connections,
-            &json!({"from": {"process": "legacy", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}})
+            &json!({"from": {"process": "legacy", "interface": "store"}, "to": {"process": "kvstore", "interface": "kv"}})
         )
         .await
         .1["message"]
             .as_str()
             .unwrap()
-            .contains("`legacy.store` (requires 1.0.0) and `cache.kv` (provides 1.0.0)"),
+            .contains("`legacy.store` (requires 1.0.0) and `kvstore.kv` (provides 1.0.0)"),
         "the refusal says what each side offers: the same label, another schema"
     );
     let (_, listed) = host.get(&connections).await;
@@ -428,7 +430,8 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
                         .as_array()
                         .unwrap()
                         .iter()
-                        .any(|c| c["attempts"].as_i64().unwrap_or(0) >= 1)
+                        // Attempted, and attempted again by the scheduler's own retry.
+                        .any(|c| c["attempts"].as_i64().unwrap_or(0) >= 2)
             })
         })
         .await;
@@ -439,6 +442,9 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
     );
     assert_eq!(std::fs::read_to_string(work.path().join("app")).unwrap().trim(), "hello from app");
     sshd[1].start_again();
+    // The retry backs off (doubling); an operator's deploy retries now rather than after it.
+    let (status, _) = host.post(&format!("/environments/{ENV}/deploy"), &json!({})).await;
+    assert_eq!(status, StatusCode::ACCEPTED);
     wait_file(&work.path().join("app"), "no kv peer").await;
     host.wait_for(&format!("/environments/{ENV}/pending"), "nothing pending", OP_TIMEOUT, |_, p| {
         p["items"].as_array().unwrap().is_empty()
@@ -449,17 +455,17 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
     let (status, c2) = host
         .post(
             &connections,
-            &json!({"from": {"process": "app2", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}}),
+            &json!({"from": {"process": "app2", "interface": "store"}, "to": {"process": "kvstore", "interface": "kv"}}),
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{c2}");
     wait_file(&work.path().join("app2"), "hello from app2").await;
-    let (status, _) = host.delete(&format!("{processes}/cache")).await;
+    let (status, _) = host.delete(&format!("{processes}/kvstore")).await;
     assert_eq!(status, StatusCode::ACCEPTED);
     let (_, listed) = host.get(&connections).await;
     assert_eq!(listed["items"], json!([]));
     wait_file(&work.path().join("app2"), "no kv peer").await;
-    host.wait_for(&format!("{processes}/cache"), "terminated", OP_TIMEOUT, |code, _| {
+    host.wait_for(&format!("{processes}/kvstore"), "terminated", OP_TIMEOUT, |code, _| {
         code == StatusCode::NOT_FOUND
     })
     .await;

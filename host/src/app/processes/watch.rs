@@ -34,6 +34,8 @@ impl App {
 
     async fn watch_process(self: Arc<Self>, env_id: EnvironmentId, name: String, generation: u64) {
         let mut stopping = self.stopping.subscribe();
+        // Its tasks' ids hold `,process.<name>/`: a batch without one is not this process's news.
+        let needle = format!(",{}/", set_of(&name));
         loop {
             if *stopping.borrow() {
                 return;
@@ -61,15 +63,19 @@ impl App {
                 Err(e) => tracing::warn!(error = %error_chain(&e), "process step failed; trying again"),
             }
             tokio::select! {
-                _ = events.recv() => tokio::time::sleep(Duration::from_millis(50)).await,
+                _ = concerning(&mut events, &needle) => tokio::time::sleep(Duration::from_millis(50)).await,
                 _ = tokio::time::sleep(TICK) => {}
                 _ = stopping.changed() => return,
             }
         }
     }
 
-    /// Looks at the process once and moves it on.
+    /// Looks at the process once and moves it on, under the environment's services lock: what it
+    /// reads is what it writes over (an operator's change or a connection waits for it, and it
+    /// for them).
     async fn process_step(self: &Arc<Self>, env: &Environment, name: &str, generation: u64) -> Result<Next, ServicesError> {
+        let running = self.running(env).await?;
+        let _services = running.services.lock().await;
         let Some(record) = self.store.find_process(&env.id, name).await? else {
             return Ok(Next::Done);
         };
@@ -83,10 +89,10 @@ impl App {
         match state {
             ProcessState::Running | ProcessState::Failed => Ok(Next::Done),
             ProcessState::Terminating if progress.done => {
-                self.release_set(env, &set, &[], None, || async {
-                    self.store.delete_process(&env.id, name, record.revision).await
-                })
-                .await?;
+                // The row first (revision-checked), then the version without its tasks: a row
+                // that moved on meanwhile is looked at again rather than left without tasks.
+                self.store.delete_process(&env.id, name, record.revision).await?;
+                self.release_set(env, &set, &[], None, || async { Ok(()) }).await?;
                 tracing::info!(environment = %env.name, process = %name, "process terminated");
                 Ok(Next::Done)
             }
@@ -97,10 +103,7 @@ impl App {
                 Ok(Next::Done)
             }
             ProcessState::Moving if progress.done => {
-                // It runs on its new node and no more on the old one: its peers are told, under
-                // the services lock so that no connection changes meanwhile.
-                let running = self.running(env).await?;
-                let _services = running.services.lock().await;
+                // It runs on its new node and no more on the old one: its peers are told.
                 doc.active = Some(doc.target.clone());
                 self.settle_process(env, &record, doc, ProcessState::Running).await?;
                 let peers = self.peers_of(env, name).await?;
@@ -160,20 +163,23 @@ impl App {
             }
             _ => Vec::new(),
         };
-        let document = super::encode(&doc);
-        let (store, name, revision) = (&self.store, record.name.as_str(), record.revision);
+        // The row first (revision-checked), then the version: a row that moved on meanwhile is
+        // looked at again, and no version drops tasks a row still has.
+        let stored = self
+            .store
+            .update_process(&env.id, &record.name, record.revision, state.as_str(), &super::encode(&doc))
+            .await?;
         if doc.tasks == before {
             // Nothing to drop: the released version already holds these tasks.
-            store.update_process(&env.id, name, revision, state.as_str(), &document).await?;
             return Ok(());
         }
-        self.release_set(env, &set, &doc.tasks, None, || async move {
-            store
-                .update_process(&env.id, name, revision, state.as_str(), &document)
-                .await
-                .map(drop)
-        })
-        .await?;
+        if let Err(e) = self.release_set(env, &set, &doc.tasks, None, || async { Ok(()) }).await {
+            let _ = self
+                .store
+                .update_process(&env.id, &record.name, stored.revision, &record.state, &record.document)
+                .await;
+            return Err(e.into());
+        }
         Ok(())
     }
 
@@ -196,6 +202,21 @@ impl App {
                 }
                 Err(e) => tracing::error!(environment = %env.name, error = %error_chain(&e), "cannot list processes"),
             }
+        }
+    }
+}
+
+/// Waits for a batch of events that mentions `needle` (or that some were missed); with hundreds
+/// of processes changing at once, a watcher wakes for its own tasks, not for everyone's.
+async fn concerning(events: &mut tokio::sync::broadcast::Receiver<crate::scheduler::events::Batch>, needle: &str) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match events.recv().await {
+            Ok(batch) if batch.iter().any(|e| e.data.contains(needle)) => return,
+            Ok(_) => {}
+            Err(RecvError::Lagged(_)) => return,
+            // The stream ended (the environment stopped): the tick looks again.
+            Err(RecvError::Closed) => std::future::pending::<()>().await,
         }
     }
 }
