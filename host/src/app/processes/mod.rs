@@ -293,7 +293,7 @@ impl App {
         let target = match node {
             Some(node) => self.deployment(&env, name, catalog, Some(&node), config, &ports).await?,
             None => {
-                let elsewhere = self.place_elsewhere(&env, &catalog.1, &from).await?;
+                let elsewhere = self.place(&env, &catalog.1, Some(&from)).await?;
                 self.deployment(&env, name, catalog, Some(&elsewhere), config, &ports).await?
             }
         };
@@ -459,7 +459,7 @@ impl App {
                 self.check_node(env, node, &doc.needs).await?;
                 node.to_string()
             }
-            None => self.place(env, doc).await?,
+            None => self.place(env, doc, None).await?,
         };
         // No two processes of the environment listen on one port of a node.
         for record in self.store.list_processes(&env.id).await? {
@@ -514,43 +514,34 @@ impl App {
         Ok(())
     }
 
-    /// Where the first-party solver puts one process of `doc` among the nodes `env` may use.
-    async fn place(&self, env: &Environment, doc: &ServiceDocument) -> Result<String, ServicesError> {
+    /// Where the first-party solver puts one process of `doc` among the verified nodes `env` may
+    /// use, but `except` (a moving process's own node).
+    async fn place(&self, env: &Environment, doc: &ServiceDocument, except: Option<&str>) -> Result<String, ServicesError> {
+        let allowed: Vec<String> = match except {
+            None => Vec::new(),
+            Some(from) => {
+                let others: Vec<String> = self
+                    .cluster_nodes(env, &[])
+                    .await?
+                    .into_iter()
+                    .map(|n| n.name)
+                    .filter(|n| n != from)
+                    .collect();
+                if others.is_empty() {
+                    return Err(ServicesError::Invalid(format!(
+                        "node: no verified node this environment may use besides `{from}`"
+                    )));
+                }
+                others
+            }
+        };
         let grants = env.settings.capabilities.grants();
         let solver = self
             .pin_plugin(&doc.name, crate::app::clusters::DEFAULT_SOLVER, PluginKind::Solver, &grants)
             .await?;
         let mut template = single_service(&doc.name, doc.automator, &doc.needs);
         template.solver = Some(solver.to_string());
-        let layout = self.solve(env, &template, 1, &[], &Layout::default()).await?;
-        layout
-            .nodes_of(&doc.name)
-            .next()
-            .map(str::to_string)
-            .ok_or_else(|| ServicesError::Invalid("the solver placed the process nowhere".into()))
-    }
-
-    /// Where the solver puts one process of `doc` among the nodes `env` may use but `from`.
-    async fn place_elsewhere(&self, env: &Environment, doc: &ServiceDocument, from: &str) -> Result<String, ServicesError> {
-        let others: Vec<String> = self
-            .cluster_nodes(env, &[])
-            .await?
-            .into_iter()
-            .map(|n| n.name)
-            .filter(|n| n != from)
-            .collect();
-        if others.is_empty() {
-            return Err(ServicesError::Invalid(format!(
-                "node: no verified node this environment may use besides `{from}`"
-            )));
-        }
-        let grants = env.settings.capabilities.grants();
-        let solver = self
-            .pin_plugin(&doc.name, crate::app::clusters::DEFAULT_SOLVER, PluginKind::Solver, &grants)
-            .await?;
-        let mut template = single_service(&doc.name, doc.automator, &doc.needs);
-        template.solver = Some(solver.to_string());
-        let layout = self.solve(env, &template, 1, &others, &Layout::default()).await?;
+        let layout = self.solve(env, &template, 1, &allowed, &Layout::default()).await?;
         layout
             .nodes_of(&doc.name)
             .next()
