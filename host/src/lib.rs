@@ -20,6 +20,7 @@ pub mod clusters;
 pub mod embedded;
 pub mod executor;
 pub mod intent;
+pub mod json;
 pub mod metrics;
 mod named;
 pub mod nodes;

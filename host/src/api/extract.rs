@@ -65,6 +65,19 @@ fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     ))
 }
 
+/// Every body this API decodes as a whole is an object (or `null` where optional), never an
+/// array: serde would take a struct from an array of its fields, which the document does not
+/// allow.
+fn refuse_array(bytes: &[u8]) -> Result<(), ApiError> {
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        return Err(ApiError::bad_request(
+            "invalid_json",
+            "the body must be a JSON object, not an array",
+        ));
+    }
+    Ok(())
+}
+
 fn invalid_json(e: &serde_json::Error) -> ApiError {
     ApiError::bad_request("invalid_json", format!("the body is not valid JSON for this request: {e}"))
 }
@@ -77,6 +90,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
 
     async fn from_request(req: Request, state: &S) -> Result<Json<T>, ApiError> {
         let JsonBytes(bytes) = JsonBytes::from_request(req, state).await?;
+        refuse_array(&bytes)?;
         serde_json::from_slice(&bytes).map(Json).map_err(|e| invalid_json(&e))
     }
 }
@@ -110,6 +124,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for OptionalJson<T> {
             return Ok(OptionalJson(None));
         }
         require_json(&headers)?;
+        refuse_array(&bytes)?;
         serde_json::from_slice::<Option<T>>(&bytes)
             .map(OptionalJson)
             .map_err(|e| invalid_json(&e))

@@ -35,6 +35,7 @@ pub(super) struct TokenRequest {
     /// What it is for, shown in listings (at most 200 characters).
     #[serde(default)]
     pub description: String,
+    #[serde(default, deserialize_with = "crate::json::object_or_null")]
     pub scope: Option<ScopeBody>,
 }
 

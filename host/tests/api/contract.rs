@@ -175,6 +175,32 @@ pub async fn bodies_must_be_json_and_an_optional_one_may_be_null(backend: Backen
         "EOF",
     );
 
+    // A struct only from a JSON object: serde would also take an array of its fields (a
+    // schemathesis seed found `{"scope": []}` accepted as an empty scope).
+    for (method, path, body, words) in [
+        (
+            Method::POST,
+            "/tokens",
+            r#"{"scope": []}"#,
+            "expected a JSON object or null, found an array",
+        ),
+        (Method::POST, "/tokens", "[]", "not an array"),
+        (Method::POST, "/environments/dev/dryrun", "[]", "not an array"),
+        (
+            Method::POST,
+            "/environments/dev/connections",
+            r#"{"from": ["a", "b"], "to": ["c", "d"]}"#,
+            "expected a JSON object",
+        ),
+    ] {
+        assert_error(
+            host.with_content_type(method, path, Some("application/json"), body).await,
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            words,
+        );
+    }
+
     // The dryrun's body is optional: none, empty JSON, `null` and `{}` all mean the latest
     // version (here: none submitted yet, 409), never a 400.
     for (content_type, body) in [

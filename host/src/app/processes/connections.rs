@@ -32,7 +32,9 @@ pub struct Endpoint {
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConnectRequest {
+    #[serde(deserialize_with = "crate::json::object")]
     pub from: Endpoint,
+    #[serde(deserialize_with = "crate::json::object")]
     pub to: Endpoint,
 }
 

@@ -1,0 +1,70 @@
+//! JSON shapes request bodies must have. serde's derived `Deserialize` takes a struct from a
+//! JSON object and also from an array of its fields in order; the OpenAPI document allows only
+//! the object, so a body or a field holding a struct is decoded through these.
+
+use serde::Deserialize;
+use serde::de::{DeserializeOwned, Deserializer, Error};
+use serde_json::Value;
+
+/// What a JSON value is, for messages.
+pub fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A struct from a JSON object only.
+pub fn object<'de, D: Deserializer<'de>, T: DeserializeOwned>(d: D) -> Result<T, D::Error> {
+    let v = Value::deserialize(d)?;
+    if !v.is_object() {
+        return Err(D::Error::custom(format!("expected a JSON object, found {}", kind(&v))));
+    }
+    serde_json::from_value(v).map_err(D::Error::custom)
+}
+
+/// An optional struct from a JSON object or `null` only.
+pub fn object_or_null<'de, D: Deserializer<'de>, T: DeserializeOwned>(d: D) -> Result<Option<T>, D::Error> {
+    match Value::deserialize(d)? {
+        Value::Null => Ok(None),
+        v @ Value::Object(_) => serde_json::from_value(v).map(Some).map_err(D::Error::custom),
+        v => Err(D::Error::custom(format!("expected a JSON object or null, found {}", kind(&v)))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    struct Inner {
+        #[serde(default)]
+        a: u32,
+    }
+
+    #[derive(Debug, Deserialize)]
+    struct Outer {
+        #[serde(default, deserialize_with = "object_or_null")]
+        scope: Option<Inner>,
+        #[serde(default, deserialize_with = "object")]
+        #[allow(dead_code)]
+        inner: Option<Inner>,
+    }
+
+    #[test]
+    fn structs_come_from_objects_only() {
+        let ok: Outer = serde_json::from_str(r#"{"scope": {"a": 1}}"#).unwrap();
+        assert_eq!(ok.scope, Some(Inner { a: 1 }));
+        assert!(serde_json::from_str::<Outer>(r#"{"scope": null}"#).unwrap().scope.is_none());
+        assert!(serde_json::from_str::<Outer>(r#"{}"#).unwrap().scope.is_none());
+        let e = serde_json::from_str::<Outer>(r#"{"scope": []}"#).unwrap_err();
+        assert!(e.to_string().contains("expected a JSON object or null, found an array"), "{e}");
+        assert!(serde_json::from_str::<Outer>(r#"{"inner": [1]}"#).is_err());
+        // serde alone takes the array.
+        assert_eq!(serde_json::from_str::<Inner>("[]").unwrap(), Inner { a: 0 });
+    }
+}
