@@ -231,6 +231,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 async fn serve(config: HostConfig) -> anyhow::Result<ExitCode> {
     let server = Server::start(&config).await.context("starting the server")?;
+    // Before the address is printed: whoever reads it may signal at once.
+    let shutdown = shutdown_signal();
     let addr = server.local_addr()?;
     println!("listening on http://{addr}");
     if let Some(token) = server.initial_token() {
@@ -238,31 +240,47 @@ async fn serve(config: HostConfig) -> anyhow::Result<ExitCode> {
     }
     use std::io::Write as _;
     std::io::stdout().flush()?;
-    server.run(shutdown_signal()).await.context("serving")?;
+    server.run(shutdown).await.context("serving")?;
     Ok(ExitCode::SUCCESS)
 }
 
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let interrupt = tokio::signal::ctrl_c();
+/// Completes on SIGINT or SIGTERM. The handlers are installed when this is called, not when the
+/// future is first polled: a signal that arrives once the address is printed (and before the
+/// server polls this) still stops the server gracefully.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                let _ = interrupt.await;
-                return;
+        use tokio::signal::unix::{SignalKind, signal};
+        let interrupt = signal(SignalKind::interrupt());
+        let term = signal(SignalKind::terminate());
+        async move {
+            match (interrupt, term) {
+                (Ok(mut interrupt), Ok(mut term)) => {
+                    tokio::select! {
+                        _ = interrupt.recv() => {}
+                        _ = term.recv() => {}
+                    }
+                }
+                (interrupt, term) => {
+                    if let Err(e) = interrupt.as_ref().and(term.as_ref()) {
+                        tracing::error!(error = %e, "cannot listen for SIGINT and SIGTERM");
+                    }
+                    match (interrupt, term) {
+                        (Ok(mut one), _) | (_, Ok(mut one)) => {
+                            one.recv().await;
+                        }
+                        _ => std::future::pending::<()>().await,
+                    }
+                }
             }
-        };
-        tokio::select! {
-            _ = interrupt => {}
-            _ = term.recv() => {}
+            tracing::info!("shutting down");
         }
     }
     #[cfg(not(unix))]
-    let _ = interrupt.await;
-    tracing::info!("shutting down");
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down");
+    }
 }
 
 fn print_summary(report: &embedded::DeployReport, mode: Mode) {
