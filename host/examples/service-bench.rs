@@ -129,8 +129,16 @@ fn check_clients(root: &Path, processes: &[Value], clients: usize) -> Result<()>
     Ok(())
 }
 
+/// The environment's latest version number.
+async fn latest_version(host: &Host) -> Result<i64> {
+    let (status, env) = host.get(&format!("/api/v1/environments/{ENV}")).await?;
+    ensure!(status == StatusCode::OK, "{status} {env}");
+    Ok(env["latest_version"].as_i64().unwrap_or(0))
+}
+
 /// Runs one phase: `requests` sent in turn, then waits until settled; prints and returns.
 async fn phase(host: &Host, name: &str, count: usize, requests: impl AsyncFnOnce() -> Result<()>) -> Result<Vec<Value>> {
+    let versions_before = latest_version(host).await?;
     let cpu = host.cpu()?;
     let started = Instant::now();
     requests().await?;
@@ -138,8 +146,9 @@ async fn phase(host: &Host, name: &str, count: usize, requests: impl AsyncFnOnce
     let processes = settled(host, started).await?;
     let took = started.elapsed();
     let host_cpu = host.cpu()? - cpu;
+    let versions = latest_version(host).await? - versions_before;
     println!(
-        "  {name:<7} {:>7.3} s wall ({:.3} s answering the requests), host CPU {:>6.2} ms per process",
+        "  {name:<7} {:>7.3} s wall ({:.3} s answering the requests), host CPU {:>6.2} ms per process, {versions} intent versions",
         took.as_secs_f64(),
         answered.as_secs_f64(),
         host_cpu.as_secs_f64() * 1e3 / count as f64,

@@ -72,6 +72,8 @@ pub struct App {
     stopping: tokio::sync::watch::Sender<bool>,
     /// Principals by token hash, and the generation of users, roles and tokens.
     access: access::AccessCache,
+    /// Process rows decoded, by environment and name.
+    process_docs: processes::DocCache,
 }
 
 impl App {
@@ -125,6 +127,7 @@ impl App {
             metrics: Arc::new(Metrics::new()),
             stopping: tokio::sync::watch::channel(false).0,
             access: access::AccessCache::new(config.token_requests_per_s, config.token_burst),
+            process_docs: processes::DocCache::default(),
         };
         for env in environments.store.list_environments().await? {
             // One environment that cannot resume (say, a plugin gone from the registry) must

@@ -43,6 +43,16 @@ pub(crate) struct Running {
     /// The version last handed to the scheduler (which holds it too): a dryrun of it shares it
     /// instead of loading a second copy (100,000 resources are tens of MiB).
     pub(super) released: std::sync::Mutex<Option<Arc<Version>>>,
+    /// The version last released whose states are recorded: what a process watcher may judge
+    /// its tasks' progress by (before, a task's state may still be the previous version's).
+    pub(super) recorded: std::sync::Mutex<Option<Arc<Version>>>,
+    /// Counts the changes to process rows; the process releaser releases them in one version,
+    /// whatever number came in while it released the last (see `app::processes::release`).
+    pub(crate) process_changes: tokio::sync::watch::Sender<u64>,
+    /// Whether the process releaser runs.
+    pub(crate) process_releaser: std::sync::atomic::AtomicBool,
+    /// Why the process releaser's last attempt failed, while it has not succeeded since.
+    pub(crate) process_release_error: std::sync::Mutex<Option<String>>,
     /// Set by [`App::delete`] before it stops the scheduler: a request that took this
     /// environment before the delete answers that it is gone (404), not that its scheduler
     /// stopped (503).
@@ -84,13 +94,28 @@ impl Running {
         self.released.lock().expect("released version").clone()
     }
 
+    /// The released version whose states are recorded.
+    pub(crate) fn recorded_version(&self) -> Option<Arc<Version>> {
+        self.recorded.lock().expect("recorded version").clone()
+    }
+
     /// Hands `version` to the scheduler and waits until its states are recorded, so that the
     /// environment's counts and resources describe it once this returns.
     pub(crate) async fn release(&self, version: Version) -> Result<(), EnvError> {
         let version = Arc::new(version);
         *self.released.lock().expect("released version") = Some(version.clone());
-        let receipt = self.scheduler.release(version).map_err(|e| self.unavailable(e))?;
-        receipt.recorded().await.map_err(|e| self.unavailable(e))
+        let receipt = self.scheduler.release(version.clone()).map_err(|e| self.unavailable(e))?;
+        receipt.recorded().await.map_err(|e| self.unavailable(e))?;
+        self.set_recorded(version);
+        Ok(())
+    }
+
+    /// `version`'s states are recorded; kept unless a later release is still the released one.
+    fn set_recorded(&self, version: Arc<Version>) {
+        let released = self.released_version();
+        if released.as_ref().is_some_and(|r| Arc::ptr_eq(r, &version)) {
+            *self.recorded.lock().expect("recorded version") = Some(version);
+        }
     }
 
     /// Refuses with [`EnvError::SchedulerUnavailable`] if the scheduler stopped on its own.
@@ -262,6 +287,10 @@ impl App {
             stream,
             counts,
             released: std::sync::Mutex::new(None),
+            recorded: std::sync::Mutex::new(None),
+            process_changes: tokio::sync::watch::Sender::new(0),
+            process_releaser: std::sync::atomic::AtomicBool::new(false),
+            process_release_error: std::sync::Mutex::new(None),
             deleted: std::sync::atomic::AtomicBool::new(false),
             dryruns: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         });
@@ -270,8 +299,16 @@ impl App {
             // states to be rewritten.
             *r.released.lock().expect("released version") = Some(Arc::new(version));
             let version = r.released_version().expect("just set");
-            if let Err(e) = r.scheduler.release(version) {
-                tracing::error!(environment = %env.name, error = %e, "cannot resume the released version");
+            match r.scheduler.release(version.clone()) {
+                Ok(receipt) => {
+                    let resumed = r.clone();
+                    tokio::spawn(async move {
+                        if receipt.recorded().await.is_ok() {
+                            resumed.set_recorded(version);
+                        }
+                    });
+                }
+                Err(e) => tracing::error!(environment = %env.name, error = %e, "cannot resume the released version"),
             }
         }
         running.insert(env.id, r.clone());

@@ -592,6 +592,35 @@ async fn a_moved_provider_starts_before_it_stops_and_its_peer_follows() {
     let moved = wait_state(&host, "server", "running").await;
     wait_file(&out, moved["node"].as_str().unwrap()).await;
 
+    // An update to a new version of its service runs the new version's steps where it runs;
+    // another service, or a version the catalog lacks, is refused.
+    let mut newer = echo_service("echo-server", "provides");
+    newer["version"] = json!("1.1.0");
+    newer["config"]["scripts"]["start"] = json!("echo \"$ORC_NODE start 1.1\" >> \"$LOG\"");
+    publish_service(&host, &newer).await;
+    for (service, code) in [
+        ("echo-client@1.0.0", "invalid_process_request"),
+        ("echo-server@9.9.9", "unknown_service"),
+    ] {
+        let (status, answer, _) = call(&host, Method::PATCH, &path, Some(&json!({"service": service})), None).await;
+        assert_eq!(answer["code"], code, "{service}: {status} {answer}");
+    }
+    let (status, updating, _) = call(&host, Method::PATCH, &path, Some(&json!({"service": "echo-server@1.1.0"})), None).await;
+    assert_eq!(
+        (status, updating["state"].as_str()),
+        (StatusCode::ACCEPTED, Some("updating")),
+        "{updating}"
+    );
+    let updated = wait_state(&host, "server", "running").await;
+    assert_eq!(
+        (updated["service"].as_str(), updated["active"]["service"].as_str()),
+        (Some("echo-server@1.1.0"), Some("echo-server@1.1.0")),
+        "{updated}"
+    );
+    let node = updated["node"].as_str().unwrap();
+    let events = std::fs::read_to_string(&log).unwrap();
+    assert!(events.lines().any(|l| l == format!("{node} start 1.1")), "{events}");
+
     // Processes are resource sets of their own: an operator's intent and resource set keep them.
     let intent = json!({"resources": [{"id": "file[local,/motd]", "adaptor": "file@0.1.0", "attributes": {"content": "hi"}}]});
     let (status, v) = host.post(&format!("/environments/{ENV}/intents"), &intent).await;
@@ -622,4 +651,264 @@ async fn a_moved_provider_starts_before_it_stops_and_its_peer_follows() {
     assert_eq!(server["state"], "running");
     assert!(server["pending"].as_array().unwrap().is_empty(), "{server}");
     host.stop().await;
+}
+
+/// A `shell` service for the randomized test: a client's start writes its connections as
+/// delivered (`$PEERS`, JSON) to `$OUT`.
+fn peers_service(name: &str, role: &str) -> Value {
+    let mut interface = json!({"name": "echo", "role": role, "allow_multiple": true,
+        "versions": [{"version": "1.0.0", "schema": {"type": "object", "title": "echo"}}]});
+    let start = if role == "provides" {
+        interface["port"] = json!("echo");
+        "true"
+    } else {
+        "printf '%s' \"$PEERS\" > \"$OUT\""
+    };
+    json!({
+        "name": name, "version": "1.0.0",
+        "automator": orc_plugin_artifacts::by_name("shell").unwrap().digest,
+        "config": {"scripts": {"start": start, "stop": "true", "remove": "true"}},
+        "config_schema": {"type": "object"},
+        "ports": [{"name": "echo", "port": 7}],
+        "connections_key": "peers",
+        "interfaces": [interface]
+    })
+}
+
+/// One operation of the randomized test.
+#[derive(Debug, Clone)]
+enum Op {
+    Connect {
+        client: usize,
+        server: usize,
+    },
+    /// The n-th connection listed when it runs (modulo their number).
+    Disconnect(usize),
+    Update {
+        process: usize,
+        generation: u32,
+    },
+    Move(usize),
+    Terminate(usize),
+}
+
+fn ops_strategy(processes: usize, servers: usize) -> impl proptest::strategy::Strategy<Value = Vec<Op>> {
+    use proptest::prelude::*;
+    let op = prop_oneof![
+        4 => (0..processes - servers, 0..servers).prop_map(|(client, server)| Op::Connect { client, server }),
+        2 => (0..16usize).prop_map(Op::Disconnect),
+        3 => (0..processes, 2..100u32).prop_map(|(process, generation)| Op::Update { process, generation }),
+        2 => (0..servers).prop_map(Op::Move),
+        1 => (0..processes).prop_map(Op::Terminate),
+    ];
+    proptest::collection::vec(op, 24)
+}
+
+/// Operators racing each other and the watchers, in random order: connections made and dropped,
+/// processes updated, moved and terminated from three clients at once. Whatever interleaving,
+/// every request is answered with success or a refusal the state explains (never a 5xx), every
+/// process ends `running` (or gone, if terminated) with nothing pending, the released version
+/// holds exactly the processes' tasks, and every client has been told exactly its connections,
+/// each with its server's current node. `ORC_TEST_SEED=<n>` replays a run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_operations_converge_to_what_the_rows_say() {
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let seed: u64 = std::env::var("ORC_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    });
+    eprintln!("ORC_TEST_SEED={seed}");
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let mut runner = TestRunner::new_with_rng(Config::default(), TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    const SERVERS: usize = 3;
+    const PROCESSES: usize = 6;
+    let ops = ops_strategy(PROCESSES, SERVERS).new_tree(&mut runner).unwrap().current();
+    eprintln!("operations: {ops:?}");
+
+    let host = start_host(1).await;
+    let _sshd = nodes(&host, 2).await;
+    publish_service(&host, &peers_service("rand-server", "provides")).await;
+    publish_service(&host, &peers_service("rand-client", "requires")).await;
+    let work = tempfile::tempdir().unwrap();
+    let name = |i: usize| {
+        if i < SERVERS {
+            format!("rs{i}")
+        } else {
+            format!("rc{}", i - SERVERS)
+        }
+    };
+    let config = |i: usize, generation: u32| json!({"out": work.path().join(name(i)), "generation": generation});
+    let processes = format!("/environments/{ENV}/processes");
+    let connections = format!("/environments/{ENV}/connections");
+    // Created without waiting: the operations race the creates too.
+    for i in 0..PROCESSES {
+        let service = if i < SERVERS { "rand-server@1.0.0" } else { "rand-client@1.0.0" };
+        let body = json!({"name": name(i), "service": service, "node": format!("n{}", i % 2 + 1),
+            "ports": {"echo": 20_000 + i}, "config": config(i, 1)});
+        let (status, p) = host.post(&processes, &body).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+    }
+    let queue = std::sync::Mutex::new(ops.into_iter());
+    let run = async || {
+        loop {
+            let Some(op) = queue.lock().unwrap().next() else { return };
+            let (status, answer) = match &op {
+                Op::Connect { client, server } => {
+                    let body = json!({"from": {"process": name(SERVERS + client), "interface": "echo"},
+                        "to": {"process": name(*server), "interface": "echo"}});
+                    host.post(&connections, &body).await
+                }
+                Op::Disconnect(n) => {
+                    let (_, list) = host.get(&connections).await;
+                    let items = list["items"].as_array().cloned().unwrap_or_default();
+                    if items.is_empty() {
+                        continue;
+                    }
+                    let id = items[n % items.len()]["id"].as_str().unwrap().to_string();
+                    host.delete(&format!("{connections}/{id}")).await
+                }
+                Op::Update { process, generation } => {
+                    let body = json!({"config": config(*process, *generation)});
+                    let (status, answer, _) = host
+                        .send(Method::PATCH, &format!("{processes}/{}", name(*process)), Some(&body))
+                        .await;
+                    (status, answer)
+                }
+                Op::Move(server) => host.post(&format!("{processes}/{}/move", name(*server)), &json!({})).await,
+                Op::Terminate(process) => host.delete(&format!("{processes}/{}", name(*process))).await,
+            };
+            let refused_for_the_state = matches!(
+                (status, answer["code"].as_str()),
+                (
+                    StatusCode::CONFLICT,
+                    Some("invalid_transition" | "connection_exists" | "version_conflict")
+                ) | (StatusCode::NOT_FOUND, Some("unknown_connection" | "unknown_process"))
+                    | (StatusCode::UNPROCESSABLE_ENTITY, Some("unknown_process"))
+            );
+            assert!(
+                status.is_success() || refused_for_the_state,
+                "{op:?}: {status} {answer} (ORC_TEST_SEED={seed})"
+            );
+        }
+    };
+    tokio::join!(run(), run(), run());
+
+    let settled = converged(&host, work.path(), seed).await;
+
+    // One more change once all is quiet: the releaser is asked for it, not carried by others.
+    let client = settled.iter().find(|p| p["name"].as_str().unwrap().starts_with("rc"));
+    let server = settled.iter().find(|p| p["name"].as_str().unwrap().starts_with("rs"));
+    if let (Some(client), Some(server)) = (client, server) {
+        let body =
+            json!({"from": {"process": client["name"], "interface": "echo"}, "to": {"process": server["name"], "interface": "echo"}});
+        let (status, answer) = host.post(&connections, &body).await;
+        if status == StatusCode::CONFLICT {
+            let (_, list) = host.get(&connections).await;
+            let id = list["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["from"]["process"] == client["name"] && c["to"]["process"] == server["name"])
+                .unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            let (status, answer) = host.delete(&format!("{connections}/{id}")).await;
+            assert_eq!(status, StatusCode::OK, "{answer}");
+        } else {
+            assert_eq!(status, StatusCode::CREATED, "{answer}");
+        }
+        converged(&host, work.path(), seed).await;
+    }
+    host.stop().await;
+}
+
+/// Waits until every process is `running` with nothing pending and every resource deployed;
+/// then checks that the released version holds exactly the processes' tasks and that every
+/// client was told exactly its connections, with its servers' current nodes. The processes.
+async fn converged(host: &Host, work: &std::path::Path, seed: u64) -> Vec<Value> {
+    let processes = format!("/environments/{ENV}/processes");
+    let connections = format!("/environments/{ENV}/connections");
+    let deadline = std::time::Instant::now() + OP_TIMEOUT * 2;
+    let settled = loop {
+        let (_, list) = host.get(&processes).await;
+        let items = list["items"].as_array().cloned().unwrap();
+        let (_, env) = host.get(&format!("/environments/{ENV}")).await;
+        let busy = items
+            .iter()
+            .any(|p| p["state"] != "running" || !p["pending"].as_array().unwrap().is_empty());
+        assert!(
+            items.iter().all(|p| p["state"] != "failed"),
+            "a process failed (ORC_TEST_SEED={seed}): {list:#}"
+        );
+        let counts = env["resources"].as_object().cloned().unwrap_or_default();
+        let undeployed = counts.iter().any(|(k, v)| k != "deployed" && v.as_u64() != Some(0));
+        if !busy && !undeployed {
+            break items;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not settled (ORC_TEST_SEED={seed}): {list:#} {env:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    // The released version holds exactly the processes' tasks.
+    let (_, env) = host.get(&format!("/environments/{ENV}")).await;
+    let (_, version) = host.get(&format!("/environments/{ENV}/intents/{}", env["released_version"])).await;
+    let mut released: Vec<String> = version["intent"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .filter(|id| id.contains(",process."))
+        .collect();
+    let mut rows: Vec<String> = settled
+        .iter()
+        .flat_map(|p| p["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_string()))
+        .collect();
+    released.sort();
+    rows.sort();
+    assert_eq!(released, rows, "ORC_TEST_SEED={seed}");
+
+    // Every client was told exactly its connections, with its servers' current nodes.
+    let node_of = |process: &str| {
+        settled
+            .iter()
+            .find(|p| p["name"] == process)
+            .map(|p| p["node"].as_str().unwrap().to_string())
+    };
+    let (_, list) = host.get(&connections).await;
+    for client in settled.iter().filter(|p| p["name"].as_str().unwrap().starts_with("rc")) {
+        let client = client["name"].as_str().unwrap();
+        let mut want: Vec<(String, String)> = list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["from"]["process"] == client)
+            .map(|c| {
+                let server = c["to"]["process"].as_str().unwrap().to_string();
+                let node = node_of(&server).unwrap_or_else(|| panic!("{server} is connected but gone"));
+                (server, node)
+            })
+            .collect();
+        let told: Value = serde_json::from_str(&std::fs::read_to_string(work.join(client)).unwrap()).unwrap();
+        let mut got: Vec<(String, String)> = told["echo"]
+            .as_array()
+            .map(|peers| {
+                peers
+                    .iter()
+                    .map(|p| (p["peer"].as_str().unwrap().to_string(), p["node"].as_str().unwrap().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "client {client} (ORC_TEST_SEED={seed})");
+    }
+    settled
 }

@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 use super::{decode, plan, state_of};
 use crate::app::App;
 use crate::app::clusters::TaskView;
-use crate::services::{ProcessDoc, ProcessState, ServicesError, set_of};
-use crate::store::{ConnectionRecord, Environment, Millis, ProcessRecord, StoreError, now_ms};
+use crate::services::{ProcessState, ServicesError, set_of};
+use crate::store::{ConnectionRecord, Environment, Millis, StoreError, now_ms};
 
 /// One side of a connection.
 #[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
@@ -148,7 +148,7 @@ impl App {
                     operation: "be connected",
                 });
             }
-            let doc = decode(&record)?;
+            let doc = self.process_doc(&env, &record)?;
             let (_, service) = self.service(&doc.target.service, &doc.target.version).await?;
             let interface = service.interface(&end.interface).cloned().ok_or_else(|| {
                 ServicesError::UnknownInterface(format!(
@@ -231,10 +231,7 @@ impl App {
             Err(StoreError::Conflict { what }) => return Err(ServicesError::ConnectionExists(what)),
             other => other?,
         }
-        if let Err(e) = self
-            .redeliver(&env, &[req.from.process.clone(), req.to.process.clone()], author)
-            .await
-        {
+        if let Err(e) = self.redeliver(&env, &[req.from.process.clone(), req.to.process.clone()]).await {
             let _ = self.store.delete_connection(&env.id, &record.id).await;
             return Err(e);
         }
@@ -258,15 +255,15 @@ impl App {
             .delete_connection(&env.id, id)
             .await?
             .ok_or_else(|| ServicesError::UnknownConnection(clip(id)))?;
-        self.redeliver(&env, &[record.from_process.clone(), record.to_process.clone()], author)
+        self.redeliver(&env, &[record.from_process.clone(), record.to_process.clone()])
             .await?;
-        tracing::info!(environment = %env.name, connection = %record.id, "disconnected");
+        tracing::info!(environment = %env.name, connection = %record.id, author = author.unwrap_or("-"), "disconnected");
         Ok(record.into())
     }
 
     /// Drops every connection of `process` and tells its peers. The caller holds the services
     /// lock.
-    pub(crate) async fn drop_connections_of(&self, env: &Environment, process: &str, author: Option<&str>) -> Result<(), ServicesError> {
+    pub(crate) async fn drop_connections_of(self: &Arc<Self>, env: &Environment, process: &str) -> Result<(), ServicesError> {
         let mut peers = Vec::new();
         for c in self.store.list_connections(&env.id).await? {
             if c.from_process == process || c.to_process == process {
@@ -276,7 +273,7 @@ impl App {
         }
         peers.sort();
         peers.dedup();
-        self.redeliver(env, &peers, author).await
+        self.redeliver(env, &peers).await
     }
 
     /// The processes connected to `process`.
@@ -306,7 +303,7 @@ impl App {
         let env = self.get(key).await?;
         let mut items = Vec::new();
         for record in self.store.list_processes(&env.id).await? {
-            let doc = decode(&record)?;
+            let doc = self.process_doc(&env, &record)?;
             let progress = self
                 .task_progress(&env, &set_of(&record.name), &doc.tasks, doc.max_attempts)
                 .await?;
@@ -354,7 +351,7 @@ impl App {
             let Some(peer_record) = self.store.find_process(&env.id, &peer).await? else {
                 continue;
             };
-            let peer_doc = decode(&peer_record)?;
+            let peer_doc = self.process_doc(env, &peer_record)?;
             // Where the peer runs: what last ran (a moving peer is told to its peers once moved).
             let at = peer_doc.active.as_ref().unwrap_or(&peer_doc.target);
             let (_, service) = self.service(&at.service, &at.version).await?;
@@ -376,11 +373,11 @@ impl App {
         Ok(serde_json::to_value(out).expect("connections serialise"))
     }
 
-    /// Plans `processes`' tasks again with their connections as they are now and releases them in
-    /// one version (rows first, revision-checked; put back if the release fails). A process
-    /// terminating or failed is left alone: it runs no configuration.
-    pub(crate) async fn redeliver(&self, env: &Environment, processes: &[String], author: Option<&str>) -> Result<(), ServicesError> {
-        let mut changed: Vec<(ProcessRecord, ProcessRecord, ProcessDoc)> = Vec::new();
+    /// Plans `processes`' tasks again with their connections as they are now, writes their rows
+    /// (revision-checked) and asks for a release. A process terminating or failed is left as it
+    /// is. The caller holds the services lock.
+    pub(crate) async fn redeliver(self: &Arc<Self>, env: &Environment, processes: &[String]) -> Result<(), ServicesError> {
+        let mut changed = false;
         for name in processes {
             let Some(record) = self.store.find_process(&env.id, name).await? else {
                 continue;
@@ -396,38 +393,13 @@ impl App {
             }
             doc.tasks = tasks;
             doc.changed_at = now_ms();
-            let stored = match self.write_process(env, &record, state_of(&record), &doc).await {
-                Ok(stored) => stored,
-                Err(e) => {
-                    self.put_back(env, &changed).await;
-                    return Err(e);
-                }
-            };
-            changed.push((record, stored, doc));
+            self.write_process(env, &record, state_of(&record), &doc).await?;
+            changed = true;
         }
-        if changed.is_empty() {
-            return Ok(());
-        }
-        let sets: Vec<(String, &[crate::intent::ResourceSpec])> =
-            changed.iter().map(|(r, _, d)| (set_of(&r.name), d.tasks.as_slice())).collect();
-        let sets: Vec<(&str, &[crate::intent::ResourceSpec])> = sets.iter().map(|(s, t)| (s.as_str(), *t)).collect();
-        if let Err(e) = self.release_sets(env, &sets, author, || async { Ok(()) }).await {
-            self.put_back(env, &changed).await;
-            return Err(e.into());
+        if changed {
+            let running = self.running(env).await?;
+            self.request_process_release(&env.id, &running);
         }
         Ok(())
-    }
-
-    /// Best effort: the rows `changed` as they were before.
-    async fn put_back(&self, env: &Environment, changed: &[(ProcessRecord, ProcessRecord, ProcessDoc)]) {
-        for (before, stored, _) in changed {
-            if let Err(e) = self
-                .store
-                .update_process(&env.id, &before.name, stored.revision, &before.state, &before.document)
-                .await
-            {
-                tracing::warn!(process = %before.name, error = %orc_manifest::error_chain(&e), "cannot put a process back");
-            }
-        }
     }
 }

@@ -2,13 +2,14 @@
 //! update (a new version and/or configuration), terminate, list and show; [`watch`] follows each
 //! operation to its end. The model and its lifecycle: [`crate::services`].
 //!
-//! Each operation first writes the process's row (revision-checked: `If-Match`, and any writer
-//! that read an older revision, gets `version_conflict`), then releases the process's tasks in a
-//! new intent version; a release that fails puts the row back. So two operations on one process
-//! never both pass, and an operator's intent, which carries every process's tasks from the rows,
-//! never loses one.
+//! Each operation checks what a release would refuse, writes the process's row
+//! (revision-checked: `If-Match`, and any writer that read an older revision, gets
+//! `version_conflict`) and asks the environment's [`release`]r for a version with the rows' tasks.
+//! So two operations on one process never both pass, an operator's intent, which carries every
+//! process's tasks from the rows, never loses one, and a burst of operations shares versions.
 
 mod connections;
+mod release;
 mod watch;
 
 pub use connections::{ConnectRequest, ConnectionView, Endpoint, PendingChange, PendingList};
@@ -97,6 +98,9 @@ pub struct ProcessView {
     pub connections: Vec<ConnectionView>,
     /// What it has not taken yet: its tasks whose desired state is not deployed.
     pub pending: Vec<PendingChange>,
+    /// Why its latest change is not released yet, while the environment's last attempt to
+    /// release processes failed (it is tried again); `null` otherwise.
+    pub release_error: Option<String>,
     /// Its tasks' latest actions, newest first (on `GET …/processes/{name}` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recent_actions: Option<Vec<RecentAction>>,
@@ -117,6 +121,15 @@ pub struct RecentAction {
     pub finished_at: Millis,
     /// `code: message` of its error.
     pub error: Option<String>,
+}
+
+/// What the views of one environment's processes share.
+struct ViewContext {
+    connections: Vec<crate::store::ConnectionRecord>,
+    /// Each service version's configuration schema, by `name@version`.
+    schemas: BTreeMap<String, Value>,
+    running: Arc<crate::app::running::Running>,
+    release_error: Option<String>,
 }
 
 /// How many actions a process's view shows.
@@ -166,6 +179,7 @@ impl App {
             started_at: now,
             changed_at: now,
         };
+        self.check_tasks(&env, &running, &process.tasks).await?;
         let record = match self
             .store
             .insert_process(&env.id, &req.name, ProcessState::Creating.as_str(), &encode(&process))
@@ -174,11 +188,7 @@ impl App {
             Err(StoreError::Conflict { .. }) => return Err(ServicesError::ProcessExists(req.name)),
             other => other?,
         };
-        if let Err(e) = self.release_set(&env, &set, &process.tasks, author, || async { Ok(()) }).await {
-            // Nothing was released: the process never existed.
-            let _ = self.store.delete_process(&env.id, &req.name, record.revision).await;
-            return Err(e.into());
-        }
+        self.request_process_release(&env.id, &running);
         tracing::info!(environment = %env.name, process = %req.name, service = %process.target.reference(), node = %process.target.node, "process creating");
         self.spawn_process_watcher(env.id, req.name.clone(), process.generation);
         self.process_view(&env, &record, &process).await
@@ -187,9 +197,10 @@ impl App {
     pub async fn processes(&self, key: &str) -> Result<Vec<ProcessView>, ServicesError> {
         let env = self.get(key).await?;
         let mut views = Vec::new();
+        let mut shared = self.view_context(&env).await?;
         for record in self.store.list_processes(&env.id).await? {
-            let doc = decode(&record)?;
-            views.push(self.process_view(&env, &record, &doc).await?);
+            let doc = self.process_doc(&env, &record)?;
+            views.push(self.view_with(&env, &record, &doc, &mut shared).await?);
         }
         Ok(views)
     }
@@ -197,7 +208,7 @@ impl App {
     pub async fn process(&self, key: &str, name: &str) -> Result<ProcessView, ServicesError> {
         let env = self.get(key).await?;
         let record = self.process_record(&env, name).await?;
-        let doc = decode(&record)?;
+        let doc = self.process_doc(&env, &record)?;
         let mut view = self.process_view(&env, &record, &doc).await?;
         let mut recent = Vec::new();
         for t in &doc.tasks {
@@ -319,17 +330,21 @@ impl App {
         let record = self.process_record(&env, name).await?;
         check_if_match(name, &record, if_match)?;
         ensure_allows(name, state_of(&record), Operation::Terminate)?;
-        // Its connections go first: its peers are told (their configuration changes).
-        self.drop_connections_of(&env, name, author).await?;
-        let record = self.process_record(&env, name).await?;
         let mut doc = decode(&record)?;
         let previous = std::mem::take(&mut doc.tasks);
         doc.tasks = plan(&set_of(name), None, &previous, &empty_object())?;
+        self.check_tasks(&env, &running, &doc.tasks).await?;
+        // Its connections go first: its peers' rows are written (their configuration changes)
+        // before its own, so no version stops it before its peers are told. Under the services
+        // lock, with its tasks checked, the row written next cannot be refused.
+        self.drop_connections_of(&env, name).await?;
+        let record = self.process_record(&env, name).await?;
         self.begin_process(&env, &record, doc, ProcessState::Terminating, author).await
     }
 
     /// Stores `doc` in `state` under a new generation (refused if the row moved on since
-    /// `record`), releases its tasks (putting the row back if that fails) and watches it.
+    /// `record`, or if a release would refuse its tasks), asks for its tasks to be released and
+    /// watches it.
     pub(crate) async fn begin_process(
         self: &Arc<Self>,
         env: &Environment,
@@ -345,17 +360,10 @@ impl App {
         if state != ProcessState::RollingBack {
             doc.failure = None;
         }
+        let running = self.running(env).await?;
+        self.check_tasks(env, &running, &doc.tasks).await?;
         let stored = self.write_process(env, record, state, &doc).await?;
-        if let Err(e) = self
-            .release_set(env, &set_of(&record.name), &doc.tasks, author, || async { Ok(()) })
-            .await
-        {
-            let _ = self
-                .store
-                .update_process(&env.id, &record.name, stored.revision, &record.state, &record.document)
-                .await;
-            return Err(e.into());
-        }
+        self.request_process_release(&env.id, &running);
         tracing::info!(environment = %env.name, process = %record.name, state = state.as_str(), tasks = doc.tasks.len(), "process operation");
         self.spawn_process_watcher(env.id, record.name.clone(), doc.generation);
         self.process_view(env, &stored, &doc).await
@@ -390,14 +398,16 @@ impl App {
     /// Every process's current tasks in `env`.
     pub(crate) async fn process_tasks(&self, env: &Environment) -> Result<Vec<ResourceSpec>, crate::app::EnvError> {
         let mut tasks = Vec::new();
-        for record in self.store.list_processes(&env.id).await? {
-            let doc: ProcessDoc = serde_json::from_str(&record.document).map_err(|e| {
+        let records = self.store.list_processes(&env.id).await?;
+        for record in &records {
+            let doc = self.process_doc(env, record).map_err(|e| {
                 crate::app::EnvError::Store(StoreError::Corrupt {
                     what: format!("process `{}`: {e}", record.name),
                 })
             })?;
-            tasks.extend(doc.tasks);
+            tasks.extend(doc.tasks.iter().cloned());
         }
+        self.forget_process_docs(env, &records.iter().map(|r| r.name.as_str()).collect());
         Ok(tasks)
     }
 
@@ -466,7 +476,7 @@ impl App {
             if record.name == name {
                 continue;
             }
-            let other = decode(&record)?;
+            let other = self.process_doc(env, &record)?;
             if other.target.node != node {
                 continue;
             }
@@ -550,32 +560,64 @@ impl App {
     }
 
     async fn process_view(&self, env: &Environment, record: &ProcessRecord, doc: &ProcessDoc) -> Result<ProcessView, ServicesError> {
-        let Progress { tasks, .. } = self.task_progress(env, &set_of(&record.name), &doc.tasks, doc.max_attempts).await?;
+        let mut shared = self.view_context(env).await?;
+        self.view_with(env, record, doc, &mut shared).await
+    }
+
+    /// What the views of an environment's processes share, read once for a list.
+    async fn view_context(&self, env: &Environment) -> Result<ViewContext, ServicesError> {
+        let running = self.running(env).await?;
+        let release_error = running.process_release_error.lock().expect("release error").clone();
+        Ok(ViewContext {
+            connections: self.store.list_connections(&env.id).await?,
+            schemas: BTreeMap::new(),
+            running,
+            release_error,
+        })
+    }
+
+    async fn view_with(
+        &self,
+        env: &Environment,
+        record: &ProcessRecord,
+        doc: &ProcessDoc,
+        shared: &mut ViewContext,
+    ) -> Result<ProcessView, ServicesError> {
+        let set = set_of(&record.name);
+        let Progress { tasks, .. } = self.task_progress(env, &set, &doc.tasks, doc.max_attempts).await?;
         let mut progress = BTreeMap::new();
         for t in &tasks {
             *progress.entry(t.status.clone()).or_insert(0) += 1;
         }
         let pending = connections::pending_of(&tasks, doc.changed_at);
-        let connections = self
-            .store
-            .list_connections(&env.id)
-            .await?
-            .into_iter()
+        let connections = shared
+            .connections
+            .iter()
             .filter(|c| c.from_process == record.name || c.to_process == record.name)
+            .cloned()
             .map(ConnectionView::from)
             .collect();
-        let schema = self
-            .service(&doc.target.service, &doc.target.version)
-            .await
-            .map(|(_, d)| d.config_schema)
-            .unwrap_or(Value::Null);
+        let reference = doc.target.reference();
+        if !shared.schemas.contains_key(&reference) {
+            let schema = self
+                .service(&doc.target.service, &doc.target.version)
+                .await
+                .map(|(_, d)| d.config_schema)
+                .unwrap_or(Value::Null);
+            shared.schemas.insert(reference.clone(), schema);
+        }
+        let schema = &shared.schemas[&reference];
+        let release_error = match &shared.release_error {
+            Some(e) if !App::tasks_recorded(&shared.running, &set, &doc.tasks) => Some(e.clone()),
+            _ => None,
+        };
         Ok(ProcessView {
             name: record.name.clone(),
             state: state_of(record),
             revision: record.revision,
             service: doc.target.reference(),
             node: doc.target.node.clone(),
-            config: redacted(&schema, &doc.target.config),
+            config: redacted(schema, &doc.target.config),
             ports: doc.target.ports.clone(),
             active: doc.active.as_ref().map(|a| ActiveView {
                 service: a.reference(),
@@ -586,6 +628,7 @@ impl App {
             tasks,
             connections,
             pending,
+            release_error,
             recent_actions: None,
             operation_author: doc.author.clone(),
             created_at: record.created_at,
@@ -733,6 +776,43 @@ pub(crate) fn state_of(record: &ProcessRecord) -> ProcessState {
 
 pub(crate) fn encode(doc: &ProcessDoc) -> String {
     serde_json::to_string(doc).expect("a process serialises")
+}
+
+/// Process rows decoded, by environment and name, each with the text it was decoded from: a
+/// row whose text is the same is not parsed again (a list, the releaser and the port check read
+/// every row of an environment; a document holds its tasks' whole configuration).
+#[derive(Default)]
+pub(crate) struct DocCache(std::sync::Mutex<std::collections::HashMap<DocKey, Decoded>>);
+
+/// A process row: its environment and name.
+type DocKey = (crate::store::EnvironmentId, String);
+
+/// A row's text and what it decodes to.
+type Decoded = (Arc<str>, Arc<ProcessDoc>);
+
+impl App {
+    /// `record`'s document, decoded once per text.
+    pub(crate) fn process_doc(&self, env: &Environment, record: &ProcessRecord) -> Result<Arc<ProcessDoc>, ServicesError> {
+        let key = (env.id, record.name.clone());
+        if let Some((text, doc)) = self.process_docs.0.lock().expect("process docs").get(&key)
+            && **text == *record.document
+        {
+            return Ok(doc.clone());
+        }
+        let doc = Arc::new(decode(record)?);
+        let mut cache = self.process_docs.0.lock().expect("process docs");
+        cache.insert(key, (Arc::from(record.document.as_str()), doc.clone()));
+        Ok(doc)
+    }
+
+    /// Forgets the decoded rows of `env` that are not in `names` (rows deleted).
+    pub(crate) fn forget_process_docs(&self, env: &Environment, names: &BTreeSet<&str>) {
+        self.process_docs
+            .0
+            .lock()
+            .expect("process docs")
+            .retain(|(e, name), _| *e != env.id || names.contains(name.as_str()));
+    }
 }
 
 pub(crate) fn decode(record: &ProcessRecord) -> Result<ProcessDoc, ServicesError> {

@@ -84,15 +84,18 @@ impl App {
             return Ok(Next::Done);
         }
         let set = set_of(name);
+        if !App::tasks_recorded(&running, &set, &doc.tasks) {
+            // Its tasks are not released yet (or their states not recorded): nothing to judge.
+            return Ok(Next::Wait);
+        }
         let progress = self.task_progress(env, &set, &doc.tasks, doc.max_attempts).await?;
         let state = state_of(&record);
         match state {
             ProcessState::Running | ProcessState::Failed => Ok(Next::Done),
             ProcessState::Terminating if progress.done => {
-                // The row first (revision-checked), then the version without its tasks: a row
-                // that moved on meanwhile is looked at again rather than left without tasks.
+                // Revision-checked: a row that moved on meanwhile is looked at again.
                 self.store.delete_process(&env.id, name, record.revision).await?;
-                self.release_set(env, &set, &[], None, || async { Ok(()) }).await?;
+                self.request_process_release(&env.id, &running);
                 tracing::info!(environment = %env.name, process = %name, "process terminated");
                 Ok(Next::Done)
             }
@@ -107,7 +110,7 @@ impl App {
                 doc.active = Some(doc.target.clone());
                 self.settle_process(env, &record, doc, ProcessState::Running).await?;
                 let peers = self.peers_of(env, name).await?;
-                self.redeliver(env, &peers, None).await?;
+                self.redeliver(env, &peers).await?;
                 tracing::info!(environment = %env.name, process = %name, "process moved");
                 Ok(Next::Done)
             }
@@ -145,9 +148,9 @@ impl App {
     }
 
     /// Ends an operation in `state`: the removals that are done are dropped from the plan (a
-    /// process that never ran keeps no task), released with the row.
+    /// process that never ran keeps no task), released after the row is written.
     async fn settle_process(
-        &self,
+        self: &Arc<Self>,
         env: &Environment,
         record: &crate::store::ProcessRecord,
         mut doc: crate::services::ProcessDoc,
@@ -163,22 +166,14 @@ impl App {
             }
             _ => Vec::new(),
         };
-        // The row first (revision-checked), then the version: a row that moved on meanwhile is
-        // looked at again, and no version drops tasks a row still has.
-        let stored = self
-            .store
+        // Revision-checked: a row that moved on meanwhile is looked at again.
+        self.store
             .update_process(&env.id, &record.name, record.revision, state.as_str(), &super::encode(&doc))
             .await?;
-        if doc.tasks == before {
-            // Nothing to drop: the released version already holds these tasks.
-            return Ok(());
-        }
-        if let Err(e) = self.release_set(env, &set, &doc.tasks, None, || async { Ok(()) }).await {
-            let _ = self
-                .store
-                .update_process(&env.id, &record.name, stored.revision, &record.state, &record.document)
-                .await;
-            return Err(e.into());
+        if doc.tasks != before {
+            // Removals done are dropped from the released version too.
+            let running = self.running(env).await?;
+            self.request_process_release(&env.id, &running);
         }
         Ok(())
     }
@@ -193,6 +188,15 @@ impl App {
         for env in envs {
             match self.store.list_processes(&env.id).await {
                 Ok(processes) => {
+                    if !processes.is_empty() {
+                        // Rows written before the host stopped may not be released yet.
+                        match self.running(&env).await {
+                            Ok(running) => self.request_process_release(&env.id, &running),
+                            Err(e) => {
+                                tracing::error!(environment = %env.name, error = %error_chain(&e), "cannot start the environment for its processes")
+                            }
+                        }
+                    }
                     for p in processes {
                         let busy = !matches!(state_of(&p), ProcessState::Running | ProcessState::Failed);
                         if let (true, Ok(doc)) = (busy, decode(&p)) {

@@ -1,0 +1,148 @@
+//! The process releaser: one task per environment that releases what the process rows say.
+//!
+//! A process operation, a connection change and a watcher's step write process rows (under the
+//! services lock, revision-checked) and then only *ask* for a release: they count a change in
+//! [`Running::process_changes`] and answer. The releaser, woken by the count, takes the release
+//! turn and releases one version: the released version's resources with every process's tasks
+//! replaced by the rows' tasks. Whatever changes come in while it releases are released together
+//! by its next round, so a burst of operations costs a few versions, not one version each (a
+//! version is the whole intent: at 200 processes, a thousand tasks stored and handed to the
+//! scheduler).
+//!
+//! The rows are the truth: an operator's version carries them too ([`App::cluster_tasks`]), and a
+//! host that stops before releasing releases them when it starts ([`App::resume_processes`]).
+//! What a release would refuse for a process's tasks (an automator not loadable under the
+//! environment's grants, a node the environment may not use) is refused before its row is
+//! written ([`App::check_tasks`]), so a release fails only for reasons of the moment (the
+//! scheduler stopped, the store away): the releaser tries again, backing off, and the error is
+//! shown on the processes waiting for it. A watcher judges its tasks only once the version holding
+//! them has its states recorded ([`App::tasks_recorded`]).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use orc_manifest::error_chain;
+use tracing::Instrument;
+
+use crate::app::running::Running;
+use crate::app::{App, EnvError};
+use crate::clusters::planner;
+use crate::intent::pinning;
+use crate::intent::{Intent, IntentDocument, ResourceSpec};
+use crate::services::{SET_PREFIX, ServicesError};
+use crate::store::{Environment, EnvironmentId, StoreError};
+
+/// The releaser's first wait after a failed release; doubled up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Whether `r` is a task of some process.
+pub(crate) fn is_process_task(r: &ResourceSpec) -> bool {
+    r.id.resource_type == planner::TASK_TYPE && r.id.key.starts_with(SET_PREFIX)
+}
+
+impl App {
+    /// Asks for the environment's process rows to be released; starts its releaser on first use.
+    pub(crate) fn request_process_release(self: &Arc<Self>, env: &EnvironmentId, running: &Arc<Running>) {
+        running.process_changes.send_modify(|n| *n += 1);
+        if !running.process_releaser.swap(true, Ordering::SeqCst) {
+            let this = self.clone();
+            let running = running.clone();
+            let span = tracing::info_span!("process_releaser", environment = %running.name);
+            let env = *env;
+            tokio::spawn(async move { this.process_releaser(env, running).await }.instrument(span));
+        }
+    }
+
+    async fn process_releaser(self: Arc<Self>, env_id: EnvironmentId, running: Arc<Running>) {
+        let mut changes = running.process_changes.subscribe();
+        let mut stopping = self.stopping.subscribe();
+        let mut released = 0;
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            let wanted = *changes.borrow_and_update();
+            if wanted == released {
+                tokio::select! {
+                    changed = changes.changed() => if changed.is_err() { return },
+                    _ = stopping.changed() => return,
+                }
+                continue;
+            }
+            if *stopping.borrow() {
+                return;
+            }
+            let result = match self.store.get_environment(&env_id).await {
+                Ok(env) => self.release_processes(&env, &running).await,
+                Err(StoreError::NotFound { .. }) => return,
+                Err(e) => Err(e.into()),
+            };
+            match result {
+                Ok(()) => {
+                    released = wanted;
+                    backoff = FIRST_BACKOFF;
+                    *running.process_release_error.lock().expect("release error") = None;
+                }
+                Err(EnvError::UnknownEnvironment(_)) => return,
+                Err(e) => {
+                    tracing::warn!(error = %error_chain(&e), retry_in_ms = backoff.as_millis() as u64, "cannot release the processes' tasks; trying again");
+                    *running.process_release_error.lock().expect("release error") = Some(error_chain(&e));
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = stopping.changed() => return,
+                    }
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
+    /// Under the release turn: a new version with every process's tasks as the rows have them,
+    /// unless the released version has exactly those.
+    async fn release_processes(&self, env: &Environment, running: &Running) -> Result<(), EnvError> {
+        let _turn = running.releases.lock().await;
+        running.check_scheduler()?;
+        let tasks = self.process_tasks(env).await?;
+        let released = running.released_version();
+        let current = released.as_ref().map(|v| v.intent.resources.as_slice()).unwrap_or_default();
+        if current.iter().filter(|r| is_process_task(r)).eq(tasks.iter()) {
+            return Ok(());
+        }
+        let mut resources: Vec<ResourceSpec> = current.iter().filter(|r| !is_process_task(r)).cloned().collect();
+        let count = tasks.len();
+        resources.extend(tasks);
+        let intent = Intent::validate(IntentDocument { resources })?;
+        let info = self.submit_and_release(env, running, intent, None).await?;
+        tracing::debug!(version = info.version, tasks = count, "process tasks released");
+        Ok(())
+    }
+
+    /// Refuses `tasks` (one process's) if a release would: they must form a valid intent whose
+    /// adaptors load under the environment's grants, on nodes the environment may use.
+    pub(crate) async fn check_tasks(&self, env: &Environment, running: &Running, tasks: &[ResourceSpec]) -> Result<(), ServicesError> {
+        let intent = Intent::validate(IntentDocument { resources: tasks.to_vec() }).map_err(EnvError::from)?;
+        let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &running.grants())
+            .await
+            .map_err(EnvError::from)?;
+        self.check_nodes(&intent, &pinned.plugins, env)?;
+        Ok(())
+    }
+
+    /// Whether the version last released with its states recorded holds exactly `tasks` as set
+    /// `set`'s: until then, the tasks' states are not theirs to judge.
+    pub(crate) fn tasks_recorded(running: &Running, set: &str, tasks: &[ResourceSpec]) -> bool {
+        let Some(version) = running.recorded_version() else {
+            return tasks.is_empty();
+        };
+        let mut recorded: Vec<&ResourceSpec> = version
+            .intent
+            .resources
+            .iter()
+            .filter(|r| planner::is_task_of(&r.id, set))
+            .collect();
+        let mut wanted: Vec<&ResourceSpec> = tasks.iter().collect();
+        recorded.sort_by(|a, b| a.id.cmp(&b.id));
+        wanted.sort_by(|a, b| a.id.cmp(&b.id));
+        recorded == wanted
+    }
+}
