@@ -3,7 +3,7 @@
 //! progress), amend, reconfigure, stop/start/restart a service, retry, extend the lease, delete.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -106,7 +106,7 @@ pub(super) struct LeaseBody {
 
 fn started(outcome: Outcome) -> Response {
     match outcome {
-        Outcome::Started(view) => (StatusCode::ACCEPTED, axum::Json(view)).into_response(),
+        Outcome::Started(view) => (StatusCode::ACCEPTED, etag(view.revision), axum::Json(view)).into_response(),
         Outcome::Preview(preview) => (StatusCode::OK, axum::Json(preview)).into_response(),
     }
 }
@@ -220,64 +220,72 @@ async fn list_clusters(State(envs): State<AppState>, Path(env): Path<String>) ->
 #[utoipa::path(get, path = "/environments/{env}/clusters/{name}", tag = "clusters",
     params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name")),
     responses((status = 200, body = ClusterView), (status = 404, body = ErrorBody)))]
-async fn get_cluster(State(envs): State<AppState>, Path((env, name)): Path<(String, String)>) -> Result<axum::Json<ClusterView>> {
-    Ok(axum::Json(envs.cluster(&env, &name).await?))
+async fn get_cluster(State(envs): State<AppState>, Path((env, name)): Path<(String, String)>) -> Result<impl IntoResponse> {
+    let view = envs.cluster(&env, &name).await?;
+    Ok((etag(view.revision), axum::Json(view)))
 }
 
 /// Deletes the cluster: services stopped and removed in reverse dependency order (202); the
 /// cluster disappears when that is done.
 #[utoipa::path(delete, path = "/environments/{env}/clusters/{name}", tag = "clusters",
-    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name")),
-    responses((status = 202, body = ClusterView), (status = 404, body = ErrorBody)))]
+    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name"), ("If-Match" = Option<String>, Header, description = "The revision (ETag) the operation is based on")),
+    responses((status = 202, body = ClusterView), (status = 404, body = ErrorBody),
+        (status = 409, description = "`version_conflict`: the cluster is at another revision", body = ErrorBody)))]
 async fn delete_cluster(
     State(envs): State<AppState>,
     Caller(caller): Caller,
     Path((env, name)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> Result<impl IntoResponse> {
-    Ok((
-        StatusCode::ACCEPTED,
-        axum::Json(envs.delete_cluster(&env, &name, Some(&caller.user)).await?),
-    ))
+    let view = envs.delete_cluster(&env, &name, if_match(&headers), Some(&caller.user)).await?;
+    Ok((StatusCode::ACCEPTED, etag(view.revision), axum::Json(view)))
 }
 
 /// Changes the size, adds services or changes the nodes it may use; the solver keeps what it
 /// can of the current layout.
 #[utoipa::path(post, path = "/environments/{env}/clusters/{name}/amend", tag = "clusters", request_body = AmendRequest,
-    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name")),
+    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name"), ("If-Match" = Option<String>, Header, description = "The revision (ETag) the operation is based on")),
     responses(
         (status = 202, body = ClusterView),
         (status = 200, description = "A preview", body = PlanPreview),
         (status = 404, body = ErrorBody),
-        (status = 409, description = "`cluster_busy`", body = ErrorBody),
+        (status = 409, description = "`cluster_busy`, `version_conflict`", body = ErrorBody),
         (status = 422, body = ErrorBody),
     ))]
 async fn amend_cluster(
     State(envs): State<AppState>,
     Caller(caller): Caller,
     Path((env, name)): Path<(String, String)>,
+    headers: HeaderMap,
     Json(req): Json<AmendRequest>,
 ) -> Result<Response> {
-    Ok(started(envs.amend_cluster(&env, &name, req, Some(&caller.user)).await?))
+    Ok(started(
+        envs.amend_cluster(&env, &name, req, if_match(&headers), Some(&caller.user)).await?,
+    ))
 }
 
 /// Changes services' configuration: per service, a JSON merge patch of the cluster's overrides.
 /// The services reconfigure and restart.
 #[utoipa::path(post, path = "/environments/{env}/clusters/{name}/reconfigure", tag = "clusters", request_body = ReconfigureRequest,
-    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name")),
+    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name"), ("If-Match" = Option<String>, Header, description = "The revision (ETag) the operation is based on")),
     responses(
         (status = 202, body = ClusterView),
         (status = 200, description = "A preview", body = PlanPreview),
         (status = 404, body = ErrorBody),
-        (status = 409, body = ErrorBody),
+        (status = 409, description = "`cluster_busy`, `version_conflict`", body = ErrorBody),
         (status = 422, body = ErrorBody),
     ))]
 async fn reconfigure_cluster(
     State(envs): State<AppState>,
     Caller(caller): Caller,
     Path((env, name)): Path<(String, String)>,
+    headers: HeaderMap,
     Json(req): Json<ReconfigureRequest>,
 ) -> Result<Response> {
-    Ok(started(envs.reconfigure_cluster(&env, &name, req, Some(&caller.user)).await?))
+    Ok(started(
+        envs.reconfigure_cluster(&env, &name, req, if_match(&headers), Some(&caller.user))
+            .await?,
+    ))
 }
 
 /// Stops, starts or restarts a service on every node that runs it.
@@ -287,47 +295,53 @@ async fn reconfigure_cluster(
         ("name" = String, Path, description = "Cluster name"),
         ("service" = String, Path, description = "Service name"),
         ("action" = String, Path, description = "`stop`, `start` or `restart`"),
+        ("If-Match" = Option<String>, Header, description = "The revision (ETag) the operation is based on"),
     ),
-    responses((status = 202, body = ClusterView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses((status = 202, body = ClusterView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "`cluster_busy`, `version_conflict`", body = ErrorBody)))]
 async fn service_action(
     State(envs): State<AppState>,
     Caller(caller): Caller,
     Path((env, name, service, action)): Path<(String, String, String, ServiceAction)>,
+    headers: HeaderMap,
 ) -> Result<impl IntoResponse> {
-    Ok((
-        StatusCode::ACCEPTED,
-        axum::Json(envs.service_action(&env, &name, &service, action, Some(&caller.user)).await?),
-    ))
+    let view = envs
+        .service_action(&env, &name, &service, action, if_match(&headers), Some(&caller.user))
+        .await?;
+    Ok((StatusCode::ACCEPTED, etag(view.revision), axum::Json(view)))
 }
 
 /// Runs a failed cluster's operation again: a rolled-back create on the same layout (never more
 /// nodes than asked), other failures retry their failed tasks now.
 #[utoipa::path(post, path = "/environments/{env}/clusters/{name}/retry", tag = "clusters",
-    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name")),
-    responses((status = 202, body = ClusterView), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name"), ("If-Match" = Option<String>, Header, description = "The revision (ETag) the operation is based on")),
+    responses((status = 202, body = ClusterView), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
+        (status = 409, description = "`version_conflict`", body = ErrorBody)))]
 async fn retry_cluster(
     State(envs): State<AppState>,
     Caller(caller): Caller,
     Path((env, name)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> Result<impl IntoResponse> {
-    Ok((
-        StatusCode::ACCEPTED,
-        axum::Json(envs.retry_cluster(&env, &name, Some(&caller.user)).await?),
-    ))
+    let view = envs.retry_cluster(&env, &name, if_match(&headers), Some(&caller.user)).await?;
+    Ok((StatusCode::ACCEPTED, etag(view.revision), axum::Json(view)))
 }
 
 /// Sets the cluster's lease: it is deleted `lease_s` seconds from now unless extended again.
 #[utoipa::path(post, path = "/environments/{env}/clusters/{name}/lease", tag = "clusters", request_body = LeaseBody,
-    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name")),
+    params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name"), ("If-Match" = Option<String>, Header, description = "The revision (ETag) the operation is based on")),
     responses(
         (status = 200, body = ClusterView),
         (status = 404, body = ErrorBody),
+        (status = 409, description = "`version_conflict`", body = ErrorBody),
         (status = 422, description = "`lease_s` out of range", body = ErrorBody),
     ))]
 async fn extend_lease(
     State(envs): State<AppState>,
     Path((env, name)): Path<(String, String)>,
+    headers: HeaderMap,
     Json(body): Json<LeaseBody>,
-) -> Result<axum::Json<ClusterView>> {
-    Ok(axum::Json(envs.extend_lease(&env, &name, body.lease_s).await?))
+) -> Result<impl IntoResponse> {
+    let view = envs.extend_lease(&env, &name, body.lease_s, if_match(&headers)).await?;
+    Ok((etag(view.revision), axum::Json(view)))
 }

@@ -32,6 +32,9 @@ pub struct ClusterRecord {
     pub document: String,
     /// When the cluster's lease ends; `None`: no lease.
     pub lease_expires_at: Option<Millis>,
+    /// Counts the row's changes (1 when inserted): the cluster's ETag. Every update and delete
+    /// names the revision it read and is refused when the row moved on.
+    pub revision: i64,
     pub created_at: Millis,
     pub updated_at: Millis,
 }
@@ -41,9 +44,9 @@ pub struct ClusterRecord {
 const INSERT_TEMPLATE_ATTEMPTS: usize = 100;
 
 type TemplateRow = (String, i64, String, i64);
-type ClusterRow = (String, String, i64, String, String, Option<i64>, i64, i64);
+type ClusterRow = (String, String, i64, String, String, Option<i64>, i64, i64, i64);
 /// The environment's id, then a [`ClusterRow`].
-type ExpiredRow = (String, String, String, i64, String, String, Option<i64>, i64, i64);
+type ExpiredRow = (String, String, String, i64, String, String, Option<i64>, i64, i64, i64);
 
 macro_rules! template_columns {
     () => {
@@ -53,7 +56,7 @@ macro_rules! template_columns {
 
 macro_rules! cluster_columns {
     () => {
-        "name, template, template_version, status, document, lease_expires_at, created_at, updated_at"
+        "name, template, template_version, status, document, lease_expires_at, revision, created_at, updated_at"
     };
 }
 
@@ -67,7 +70,7 @@ fn template((name, version, document, created_at): TemplateRow) -> TemplateRecor
 }
 
 fn cluster(row: ClusterRow) -> ClusterRecord {
-    let (name, template, template_version, status, document, lease_expires_at, created_at, updated_at) = row;
+    let (name, template, template_version, status, document, lease_expires_at, revision, created_at, updated_at) = row;
     ClusterRecord {
         name,
         template,
@@ -75,6 +78,7 @@ fn cluster(row: ClusterRow) -> ClusterRecord {
         status,
         document,
         lease_expires_at,
+        revision,
         created_at,
         updated_at,
     }
@@ -90,6 +94,12 @@ fn template_version_not_found(env: &EnvironmentId, name: &str, version: i64) -> 
 
 fn cluster_not_found(env: &EnvironmentId, name: &str) -> StoreError {
     StoreError::not_found(format!("cluster `{name}` in environment {env}"))
+}
+
+fn stale(name: &str, expected: i64, current: i64) -> StoreError {
+    StoreError::Conflict {
+        what: format!("cluster `{name}` is at revision {current}, not {expected}"),
+    }
 }
 
 impl Store {
@@ -286,13 +296,14 @@ impl Store {
         }
     }
 
-    /// Stores a new cluster as given (its `created_at` and `updated_at` included). Conflict when
+    /// Stores a new cluster as given (its `created_at` and `updated_at` included) at revision 1,
+    /// whatever `c.revision` says. Conflict when
     /// a cluster of that name exists in the environment; NotFound when the environment or the
     /// template version does not exist.
     pub async fn insert_cluster(&self, env: &EnvironmentId, c: &ClusterRecord) -> Result<()> {
         let inserted = on_pool!(self, pool => {
             sqlx::query(concat!(
-                "INSERT INTO clusters (environment_id, ", cluster_columns!(), ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+                "INSERT INTO clusters (environment_id, ", cluster_columns!(), ") VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $8, $9)"
             ))
             .bind(env.to_string())
             .bind(&c.name)
@@ -346,13 +357,15 @@ impl Store {
     }
 
     /// Replaces the status, template, template version, document and lease of cluster `c.name`
-    /// and sets `updated_at` to now; `created_at` is kept. Returns the stored record. NotFound
-    /// when the cluster, or the template version it would now use, does not exist.
+    /// if it is still at revision `c.revision`, and sets `updated_at` to now; `created_at` is
+    /// kept. Returns the stored record (one revision more). Conflict naming the current revision
+    /// when the row moved on; NotFound when the cluster, or the template version it would now
+    /// use, does not exist.
     pub async fn update_cluster(&self, env: &EnvironmentId, c: &ClusterRecord) -> Result<ClusterRecord> {
         let updated: Result<Option<ClusterRow>, sqlx::Error> = on_pool!(self, pool => {
             sqlx::query_as(concat!(
                 "UPDATE clusters SET status = $3, template = $4, template_version = $5, document = $6, lease_expires_at = $7, \
-                 updated_at = $8 WHERE environment_id = $1 AND name = $2 RETURNING ",
+                 updated_at = $8, revision = revision + 1 WHERE environment_id = $1 AND name = $2 AND revision = $9 RETURNING ",
                 cluster_columns!()
             ))
             .bind(env.to_string())
@@ -363,30 +376,39 @@ impl Store {
             .bind(&c.document)
             .bind(c.lease_expires_at)
             .bind(now_ms())
+            .bind(c.revision)
             .fetch_optional(pool)
             .await
         });
         match updated {
             Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => Err(self.missing_parent(env, c).await),
             Err(e) => Err(backend_with(|| format!("updating cluster `{}` in environment {env}", c.name))(e)),
-            Ok(None) => Err(cluster_not_found(env, &c.name)),
+            Ok(None) => match self.find_cluster(env, &c.name).await? {
+                Some(current) => Err(stale(&c.name, c.revision, current.revision)),
+                None => Err(cluster_not_found(env, &c.name)),
+            },
             Ok(Some(row)) => Ok(cluster(row)),
         }
     }
 
-    /// Deletes cluster `name`; NotFound when there is none.
-    pub async fn delete_cluster(&self, env: &EnvironmentId, name: &str) -> Result<()> {
+    /// Deletes cluster `name` if it is still at revision `expected`. Conflict naming the current
+    /// revision when the row moved on; NotFound when there is none.
+    pub async fn delete_cluster(&self, env: &EnvironmentId, name: &str, expected: i64) -> Result<()> {
         let deleted = on_pool!(self, pool => {
-            sqlx::query("DELETE FROM clusters WHERE environment_id = $1 AND name = $2")
+            sqlx::query("DELETE FROM clusters WHERE environment_id = $1 AND name = $2 AND revision = $3")
                 .bind(env.to_string())
                 .bind(name)
+                .bind(expected)
                 .execute(pool)
                 .await
                 .map_err(backend_with(|| format!("deleting cluster `{name}` in environment {env}")))?
                 .rows_affected()
         });
         if deleted == 0 {
-            return Err(cluster_not_found(env, name));
+            return match self.find_cluster(env, name).await? {
+                Some(current) => Err(stale(name, expected, current.revision)),
+                None => Err(cluster_not_found(env, name)),
+            };
         }
         Ok(())
     }
@@ -406,11 +428,21 @@ impl Store {
         });
         rows.into_iter()
             .map(
-                |(env, name, template, template_version, status, document, lease, created_at, updated_at)| {
+                |(env, name, template, template_version, status, document, lease, revision, created_at, updated_at)| {
                     let env = parse_id(&env, "environment")?;
                     Ok((
                         env,
-                        cluster((name, template, template_version, status, document, lease, created_at, updated_at)),
+                        cluster((
+                            name,
+                            template,
+                            template_version,
+                            status,
+                            document,
+                            lease,
+                            revision,
+                            created_at,
+                            updated_at,
+                        )),
                     ))
                 },
             )

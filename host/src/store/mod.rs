@@ -363,6 +363,7 @@ const SQLITE_MIGRATIONS: Embedded = &[
     (5, "jobs", include_str!("../../migrations/sqlite/0005_jobs.sql")),
     (6, "users", include_str!("../../migrations/sqlite/0006_users.sql")),
     (7, "services", include_str!("../../migrations/sqlite/0007_services.sql")),
+    (8, "revisions", include_str!("../../migrations/sqlite/0008_revisions.sql")),
 ];
 const POSTGRES_MIGRATIONS: Embedded = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -372,6 +373,7 @@ const POSTGRES_MIGRATIONS: Embedded = &[
     (5, "jobs", include_str!("../../migrations/postgres/0005_jobs.sql")),
     (6, "users", include_str!("../../migrations/postgres/0006_users.sql")),
     (7, "services", include_str!("../../migrations/postgres/0007_services.sql")),
+    (8, "revisions", include_str!("../../migrations/postgres/0008_revisions.sql")),
 ];
 
 fn migrator(embedded: Embedded) -> Migrator {

@@ -11,11 +11,14 @@
 
 #[path = "../support/host.rs"]
 mod host;
+#[path = "../netns/network.rs"]
+mod network;
 #[path = "../support/paths.rs"]
 mod paths;
 #[path = "../support/pg.rs"]
 mod pg;
 mod processes;
+mod races;
 #[path = "../../ssh/tests/support/sshd.rs"]
 mod sshd;
 
@@ -35,12 +38,18 @@ const OP_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Nodes `n1`…`nN`, each its own sshd, registered and verified.
 async fn nodes(host: &Host, count: usize) -> Vec<Sshd> {
-    let mut servers = Vec::new();
-    for i in 1..=count {
-        let sshd = Sshd::start();
+    let servers: Vec<Sshd> = (0..count).map(|_| Sshd::start()).collect();
+    register_nodes(host, &servers).await;
+    servers
+}
+
+/// Registers `servers` as nodes `n1`…`nN` (by their addresses, logged in as root) and waits
+/// until each is verified.
+async fn register_nodes(host: &Host, servers: &[Sshd]) {
+    for (i, sshd) in (1..).zip(servers) {
         let body = json!({
             "name": format!("n{i}"),
-            "address": "127.0.0.1",
+            "address": sshd.address,
             "port": sshd.port,
             "user": "root",
             "credential": { "private_key": sshd.client_key },
@@ -48,12 +57,10 @@ async fn nodes(host: &Host, count: usize) -> Vec<Sshd> {
         });
         let (status, node) = host.post("/nodes", &body).await;
         assert_eq!(status, StatusCode::CREATED, "{node}");
-        servers.push(sshd);
     }
-    for i in 1..=count {
+    for i in 1..=servers.len() {
         host.wait_node_status(&format!("n{i}"), "public").await;
     }
-    servers
 }
 
 async fn submit_template(host: &Host, name: &str, template: &Value) -> Value {

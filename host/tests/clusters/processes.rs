@@ -2,14 +2,17 @@
 //! published to the host's catalog, a process on a named node and one placed by the solver, each
 //! answering PING on its own port; refusals with their codes; an update with a stale `If-Match`
 //! refused and one with the current revision applied; a failing update rolled back to the
-//! configuration that ran, the failure kept and the process serving again; terminate.
+//! configuration that ran, the failure kept and the process serving again; terminate; a consumer
+//! connected to a redis on another node, whose node is cut off (a network namespace's link taken
+//! down) while its connection is dropped; racing operations (randomized); a host stopped in the
+//! middle of a terminate.
 
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use super::{ENV, OP_TIMEOUT, nodes, ping, start_host};
+use super::{ENV, OP_TIMEOUT, nodes, ping, register_nodes, start_host};
 use crate::host::Host;
 
 fn free_port() -> u16 {
@@ -24,7 +27,8 @@ fn redis_service() -> Value {
         "automator": orc_plugin_artifacts::by_name("redis").unwrap().digest,
         "config_schema": {"type": "object", "additionalProperties": false, "properties": {
             "bind": {"type": "string"},
-            "maxmemory": {"type": ["integer", "string"]}
+            "maxmemory": {"type": ["integer", "string"]},
+            "protected_mode": {"type": "boolean"}
         }},
         "ports": [{"name": "kv", "port": 6379, "config_key": "port"}],
         "interfaces": [{"name": "kv", "role": "provides", "port": "kv", "allow_multiple": true,
@@ -45,7 +49,7 @@ async fn publish_service(host: &Host, doc: &Value) {
 }
 
 /// A request with an optional `If-Match`; the status, body and `ETag`.
-async fn call(
+pub(super) async fn call(
     host: &Host,
     method: Method,
     path: &str,
@@ -311,10 +315,21 @@ async fn wait_file(path: &std::path::Path, content: &str) {
 
 // Named apart from the other tests' processes: every sshd node here is this machine, and a
 // redis process's files are named after it.
+//
+// `n2`, the consumer's node, is an sshd in its own network namespace, cut off by taking its link
+// down; `n1`, the provider's, listens on the bridge's address in the host's namespace, where the
+// consumer reaches its redis. Needs root (namespaces), as the netns test does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pending() {
+    let network = crate::network::Network::create(1);
+    let ns = &network.namespaces[0];
+    // Declared after the network: stopped before its namespace is removed.
+    let sshd = [
+        crate::sshd::Sshd::start_at(10, &network.host_address),
+        crate::sshd::Sshd::start_in_netns(&ns.name, &ns.address),
+    ];
     let host = start_host(1).await;
-    let mut sshd = nodes(&host, 2).await;
+    register_nodes(&host, &sshd).await;
     let mut redis = redis_service();
     redis["interfaces"][0]["allow_multiple"] = json!(false);
     redis["interfaces"][0]["versions"][0]["schema"] = kv_schema();
@@ -328,7 +343,8 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
     let (status, p) = host
         .post(
             &processes,
-            &json!({"name": "kvstore", "service": "redis@1.0.0", "node": "n1", "ports": {"kv": port}}),
+            &json!({"name": "kvstore", "service": "redis@1.0.0", "node": "n1", "ports": {"kv": port},
+                "config": {"bind": network.host_address, "protected_mode": false}}),
         )
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{p}");
@@ -417,9 +433,9 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
     let (_, listed) = host.get(&connections).await;
     assert_eq!(listed["items"].as_array().unwrap().len(), 1, "{listed}");
 
-    // The consumer's node is cut: the change (the connection dropped) stays pending, attempted
-    // again and again, until the node is back and the consumer has taken it.
-    sshd[1].stop();
+    // The consumer's node is cut off the network: the change (the connection dropped) stays
+    // pending, attempted again and again, until the node is back and the consumer has taken it.
+    network.set_link(0, false);
     let (status, _) = host.delete(&format!("{connections}/{}", connection["id"].as_str().unwrap())).await;
     assert_eq!(status, StatusCode::OK);
     let pending = host
@@ -441,7 +457,7 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
         "{pending}"
     );
     assert_eq!(std::fs::read_to_string(work.path().join("app")).unwrap().trim(), "hello from app");
-    sshd[1].start_again();
+    network.set_link(0, true);
     // The retry backs off (doubling); an operator's deploy retries now rather than after it.
     let (status, _) = host.post(&format!("/environments/{ENV}/deploy"), &json!({})).await;
     assert_eq!(status, StatusCode::ACCEPTED);
@@ -911,4 +927,80 @@ async fn converged(host: &Host, work: &std::path::Path, seed: u64) -> Vec<Value>
         assert_eq!(got, want, "client {client} (ORC_TEST_SEED={seed})");
     }
     settled
+}
+
+/// The `process.` tasks of version `version` (by id).
+async fn process_tasks_of(host: &Host, version: &Value) -> Vec<String> {
+    let (status, v) = host.get(&format!("/environments/{ENV}/intents/{version}")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    v["intent"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .filter(|id| id.contains(",process."))
+        .collect()
+}
+
+/// A host that stops after a terminated process's row is deleted and before the version without
+/// its tasks is released: with no process row left, the host releases that version when it
+/// starts again. The stop is made by hand: the terminate runs to its end, then, with the host
+/// stopped, the version released while the process was terminating is made the released one
+/// again, which is what the database holds after such a stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminate_cut_short_by_a_stop_is_released_when_the_host_starts() {
+    let host = start_host(1).await;
+    let _sshd = nodes(&host, 1).await;
+    publish_service(&host, &peers_service("stop-server", "provides")).await;
+    let processes = format!("/environments/{ENV}/processes");
+    let body = json!({"name": "s0", "service": "stop-server@1.0.0", "node": "n1", "config": {}});
+    let (status, p) = host.post(&processes, &body).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+    wait_state(&host, "s0", "running").await;
+    let (status, p) = host.delete(&format!("{processes}/s0")).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+    host.wait_for(&format!("{processes}/s0"), "gone", OP_TIMEOUT, |code, _| {
+        code == StatusCode::NOT_FOUND
+    })
+    .await;
+    // Once the row is gone, a version without its tasks follows.
+    let deadline = std::time::Instant::now() + OP_TIMEOUT;
+    let (env_id, terminating) = loop {
+        let (_, env) = host.get(&format!("/environments/{ENV}")).await;
+        if process_tasks_of(&host, &env["released_version"]).await.is_empty() {
+            // The newest version before it that holds the process's (purged) tasks.
+            let mut v = env["released_version"].as_i64().unwrap() - 1;
+            while process_tasks_of(&host, &json!(v)).await.is_empty() {
+                v -= 1;
+                assert!(v > 0, "no version held the process's tasks");
+            }
+            break (env["id"].as_str().unwrap().to_string(), v);
+        }
+        assert!(std::time::Instant::now() < deadline, "the terminate was never released: {env:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    let (dir, database, token) = host.restart_later().await;
+    let location = database
+        .clone()
+        .unwrap_or_else(|| format!("sqlite:{}", dir.path().join(orc_host::store::SQLITE_FILE).display()));
+    let store = orc_host::store::Store::connect(&location).await.unwrap();
+    store.release_version(&env_id.parse().unwrap(), terminating).await.unwrap();
+    store.close().await;
+
+    let host = Host::start_on(dir, database, Some(token)).await;
+    let deadline = std::time::Instant::now() + OP_TIMEOUT;
+    loop {
+        let (_, env) = host.get(&format!("/environments/{ENV}")).await;
+        let released = env["released_version"].as_i64().unwrap();
+        if released > terminating && process_tasks_of(&host, &env["released_version"]).await.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the host kept the terminated process's tasks released: {env:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    host.stop().await;
 }

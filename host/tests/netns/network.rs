@@ -20,6 +20,8 @@ pub struct Namespace {
 
 pub struct Network {
     bridge: String,
+    /// The bridge's address: where the namespaces reach the host.
+    pub host_address: String,
     pub namespaces: Vec<Namespace>,
 }
 
@@ -76,14 +78,18 @@ impl Network {
         assert!(count < 200, "at most 200 namespaces");
         remove_stale();
         let pid = std::process::id();
+        let subnet = free_subnet();
         let mut network = Network {
             bridge: format!("orcb{pid}"),
+            host_address: format!("10.231.{subnet}.1"),
             namespaces: Vec::new(),
         };
-        let subnet = free_subnet();
         let why = "the netns test needs root, `ip netns` and veth/bridge links";
         ip(&["link", "add", &network.bridge, "type", "bridge"], why);
-        ip(&["addr", "add", &format!("10.231.{subnet}.1/24"), "dev", &network.bridge], why);
+        ip(
+            &["addr", "add", &format!("{}/24", network.host_address), "dev", &network.bridge],
+            why,
+        );
         ip(&["link", "set", &network.bridge, "up"], why);
         for i in 0..count {
             let ns = Namespace {

@@ -20,6 +20,7 @@ fn cluster(name: &str, template: &str, template_version: i64, lease_expires_at: 
         status: "pending".to_string(),
         document: format!(r#"{{"cluster":"{name}"}}"#),
         lease_expires_at,
+        revision: 1,
         created_at: 1_000,
         updated_at: 1_000,
     }
@@ -138,7 +139,7 @@ pub async fn template_in_use_cannot_be_deleted(db: &TestDb) -> Result<()> {
     store.delete_template(&other, "web").await?;
     not_found(store.get_template(&other, "web", None).await.unwrap_err(), &["`web`"])?;
 
-    store.delete_cluster(&env, "shop").await?;
+    store.delete_cluster(&env, "shop", 1).await?;
     store.delete_template(&env, "web").await?;
     not_found(store.list_template_versions(&env, "web").await.unwrap_err(), &["`web`"])?;
     not_found(store.delete_template(&env, "web").await.unwrap_err(), &["`web`", &env.to_string()])?;
@@ -187,6 +188,10 @@ pub async fn clusters_crud(db: &TestDb) -> Result<()> {
 
     let names: Vec<String> = store.list_clusters(&env).await?.into_iter().map(|c| c.name).collect();
     assert_eq!(names, ["blog", "shop"]);
+    assert!(
+        store.list_clusters(&env).await?.iter().all(|c| c.revision == 1),
+        "inserted at revision 1"
+    );
     assert_eq!(store.list_clusters(&other).await?.len(), 1);
 
     let before = now_ms();
@@ -200,6 +205,7 @@ pub async fn clusters_crud(db: &TestDb) -> Result<()> {
         ..shop.clone()
     };
     let stored = store.update_cluster(&env, &changed).await?;
+    assert_eq!(stored.revision, 2, "an update is one revision more");
     assert_eq!((stored.status.as_str(), stored.template_version), ("active", 2));
     assert_eq!((stored.document.as_str(), stored.lease_expires_at), (r#"{"layout":[]}"#, None));
     assert_eq!(stored.created_at, shop.created_at, "created_at is kept");
@@ -221,19 +227,39 @@ pub async fn clusters_crud(db: &TestDb) -> Result<()> {
                 &env,
                 &ClusterRecord {
                     template_version: 3,
-                    ..changed.clone()
+                    ..stored.clone()
                 },
             )
             .await
             .unwrap_err(),
         &["version 3 of template `web`"],
     )?;
+    // A writer that read revision 1 lost to the update above: refused, naming both revisions.
+    conflict(
+        store.update_cluster(&env, &changed).await.unwrap_err(),
+        "cluster `shop` is at revision 2, not 1",
+    )?;
+    conflict(
+        store.delete_cluster(&env, "shop", 1).await.unwrap_err(),
+        "cluster `shop` is at revision 2, not 1",
+    )?;
     assert_eq!(store.get_cluster(&env, "shop").await?, stored, "a refused update changes nothing");
+    // An insert always starts at revision 1, whatever the record says.
+    store
+        .insert_cluster(
+            &env,
+            &ClusterRecord {
+                revision: 9,
+                ..cluster("new", "web", 1, None)
+            },
+        )
+        .await?;
+    assert_eq!(store.get_cluster(&env, "new").await?.revision, 1);
 
-    store.delete_cluster(&env, "shop").await?;
+    store.delete_cluster(&env, "shop", 2).await?;
     assert_eq!(store.find_cluster(&env, "shop").await?, None);
     not_found(
-        store.delete_cluster(&env, "shop").await.unwrap_err(),
+        store.delete_cluster(&env, "shop", 2).await.unwrap_err(),
         &["cluster `shop`", &env.to_string()],
     )?;
     assert_eq!(store.list_clusters(&other).await?.len(), 1);

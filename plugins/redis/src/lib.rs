@@ -8,7 +8,10 @@
 //!   address, optionally prefixed by `-` (Redis: skip it when unavailable);
 //! - `data_dir` (optional, default `/var/lib/orc/redis/<cluster>-<service>`): its working
 //!   directory (RDB/AOF files); an absolute path at least two levels deep. `remove` deletes it;
-//! - `maxmemory` (optional): bytes as an integer, or a Redis size such as `"100mb"`.
+//! - `maxmemory` (optional): bytes as an integer, or a Redis size such as `"100mb"`;
+//! - `protected_mode` (optional, default `true`): Redis' `protected-mode`, which answers only
+//!   clients on loopback while no password is set. `false` lets clients on other nodes reach a
+//!   server bound to a non-loopback address, with no authentication: only on a trusted network.
 //!
 //! Files, for instance `<cluster>-<service>`: `/etc/orc/redis/<instance>.conf` (root:redis 0640),
 //! `/run/orc/redis/<instance>.pid` and `<instance>.started` (the configuration digest the
@@ -75,6 +78,8 @@ pub struct Config {
     data_dir: Option<String>,
     #[serde(default)]
     maxmemory: Option<Value>,
+    #[serde(default)]
+    protected_mode: Option<bool>,
 }
 
 /// One instance on a node: its checked settings and paths.
@@ -91,6 +96,7 @@ struct Instance {
     host: String,
     data_dir: String,
     maxmemory: Option<String>,
+    protected_mode: bool,
 }
 
 /// A name fit for a file name: letters, digits, `.`, `_`, `-`, not starting with `.`.
@@ -183,6 +189,7 @@ impl Instance {
             host,
             data_dir,
             maxmemory,
+            protected_mode: config.protected_mode.unwrap_or(true),
         })
     }
 
@@ -206,11 +213,12 @@ impl Instance {
     fn content(&self) -> String {
         let mut text = format!(
             "# Managed by orc's redis automator for cluster {}, service {}: rewritten by its configure action.\n\
-             port {}\nbind {}\nprotected-mode yes\ndir {}\ndaemonize yes\nsupervised no\npidfile {}\nlogfile {}\n",
+             port {}\nbind {}\nprotected-mode {}\ndir {}\ndaemonize yes\nsupervised no\npidfile {}\nlogfile {}\n",
             self.cluster,
             self.service,
             self.port,
             self.bind,
+            if self.protected_mode { "yes" } else { "no" },
             self.data_dir,
             self.pidfile(),
             self.logfile(),
@@ -499,6 +507,13 @@ mod tests {
             ("127.0.0.1", "0.0.0.0 -::1", "/srv/redis")
         );
         assert!(i.content().ends_with("maxmemory 100mb\n"));
+        assert!(i.content().contains("\nprotected-mode yes\n"), "on by default");
+        let open = instance(r#"{"port":7000,"bind":"10.0.0.5","protected_mode":false}"#).unwrap();
+        assert!(
+            open.content().contains("\nbind 10.0.0.5\nprotected-mode no\n"),
+            "{}",
+            open.content()
+        );
         assert!(
             instance(r#"{"port":7000,"maxmemory":1048576}"#)
                 .unwrap()

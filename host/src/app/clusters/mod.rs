@@ -156,6 +156,9 @@ pub struct ClusterView {
     pub failure: Option<ClusterFailure>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_expires_at: Option<Millis>,
+    /// Counts the cluster's changes: its `ETag`. An operation sent with an `If-Match` naming
+    /// another revision is refused (409 `version_conflict`).
+    pub revision: i64,
     pub created_at: Millis,
     pub updated_at: Millis,
 }
@@ -179,12 +182,69 @@ pub struct PreviewTask {
 }
 
 /// What [`App::release_cluster_tasks`] does to the cluster's row once the tasks are
-/// released.
+/// released. Each names the revision of the row the caller read: if the row moved on since,
+/// nothing is released (409 `version_conflict`).
 #[derive(Debug)]
 pub(crate) enum RowChange<'a> {
-    Keep,
+    /// Leave the row as it is (at this revision).
+    Keep(i64),
     Update(&'a ClusterRecord),
-    Delete,
+    /// Delete the row (at this revision).
+    Delete(i64),
+}
+
+impl RowChange<'_> {
+    fn revision(&self) -> i64 {
+        match self {
+            RowChange::Keep(r) | RowChange::Delete(r) => *r,
+            RowChange::Update(record) => record.revision,
+        }
+    }
+}
+
+/// A write of a cluster's row refused by the store, as the operator sees it: a row that moved
+/// on is a `version_conflict`.
+fn row_error(e: StoreError) -> ClusterError {
+    match e {
+        StoreError::Conflict { what } => ClusterError::Env(EnvError::VersionConflict(what)),
+        e => e.into(),
+    }
+}
+
+/// How often an operation sent without `If-Match` is run again after losing the race for the
+/// cluster's row; each loss means another write landed, so this only bounds starvation.
+const RACE_ATTEMPTS: usize = 8;
+
+/// Runs `op`, and runs it again (on the cluster as it then is) when it lost the race for the
+/// cluster's row to another write and the caller named no revision: without `If-Match` a request
+/// applies to the cluster as it is when it runs, so only a real refusal (`cluster_busy`: another
+/// operation started first) reaches the caller. With `If-Match` the conflict is the answer.
+async fn unless_raced<T, F, Fut>(if_match: Option<&str>, mut op: F) -> Result<T, ClusterError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ClusterError>>,
+{
+    let mut attempts = 1;
+    loop {
+        match op().await {
+            Err(ClusterError::Env(EnvError::VersionConflict(what))) if if_match.is_none() && attempts < RACE_ATTEMPTS => {
+                tracing::debug!(%what, "the cluster changed meanwhile; running the operation again");
+                attempts += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Refuses an operation whose `If-Match` names another revision than the cluster's.
+fn check_if_match(record: &ClusterRecord, if_match: Option<&str>) -> Result<(), ClusterError> {
+    match crate::app::expected_revision(if_match) {
+        Some(expected) if expected != record.revision => Err(ClusterError::Env(EnvError::VersionConflict(format!(
+            "cluster `{}` is at revision {}, not {expected}",
+            record.name, record.revision
+        )))),
+        _ => Ok(()),
+    }
 }
 
 /// An operation's answer: the cluster, or only a preview.
@@ -378,6 +438,7 @@ impl App {
             status: ClusterStatus::Creating.as_str().to_string(),
             document: serde_json::to_string(&doc).expect("a cluster serialises"),
             lease_expires_at: lease.map(|ms| now.saturating_add(ms)),
+            revision: 1,
             created_at: now,
             updated_at: now,
         };
@@ -386,11 +447,11 @@ impl App {
             other => other?,
         }
         if let Err(e) = self
-            .release_cluster_tasks(&env, &req.name, &doc.tasks, RowChange::Keep, author)
+            .release_cluster_tasks(&env, &req.name, &doc.tasks, RowChange::Keep(record.revision), author)
             .await
         {
             // Nothing was released: the cluster never existed.
-            let _ = self.store.delete_cluster(&env.id, &req.name).await;
+            let _ = self.store.delete_cluster(&env.id, &req.name, record.revision).await;
             return Err(e);
         }
         tracing::info!(environment = %env.name, cluster = %req.name, tasks = doc.tasks.len(), "cluster creating");
@@ -422,10 +483,23 @@ impl App {
         key: &str,
         name: &str,
         req: AmendRequest,
+        if_match: Option<&str>,
+        author: Option<&str>,
+    ) -> Result<Outcome, ClusterError> {
+        unless_raced(if_match, || self.amend_once(key, name, req.clone(), if_match, author)).await
+    }
+
+    async fn amend_once(
+        self: &Arc<Self>,
+        key: &str,
+        name: &str,
+        req: AmendRequest,
+        if_match: Option<&str>,
         author: Option<&str>,
     ) -> Result<Outcome, ClusterError> {
         let env = self.get(key).await?;
         let record = self.cluster_record(&env, name).await?;
+        check_if_match(&record, if_match)?;
         let mut doc = stored_doc(&record)?;
         ensure_idle(name, &record)?;
         let template = stored_template(&self.template_of(&env, &record.template, Some(record.template_version)).await?)?;
@@ -464,10 +538,23 @@ impl App {
         key: &str,
         name: &str,
         req: ReconfigureRequest,
+        if_match: Option<&str>,
+        author: Option<&str>,
+    ) -> Result<Outcome, ClusterError> {
+        unless_raced(if_match, || self.reconfigure_once(key, name, req.clone(), if_match, author)).await
+    }
+
+    async fn reconfigure_once(
+        self: &Arc<Self>,
+        key: &str,
+        name: &str,
+        req: ReconfigureRequest,
+        if_match: Option<&str>,
         author: Option<&str>,
     ) -> Result<Outcome, ClusterError> {
         let env = self.get(key).await?;
         let record = self.cluster_record(&env, name).await?;
+        check_if_match(&record, if_match)?;
         let mut doc = stored_doc(&record)?;
         ensure_idle(name, &record)?;
         let template = stored_template(&self.template_of(&env, &record.template, Some(record.template_version)).await?)?;
@@ -495,10 +582,24 @@ impl App {
         name: &str,
         service: &str,
         action: ServiceAction,
+        if_match: Option<&str>,
+        author: Option<&str>,
+    ) -> Result<ClusterView, ClusterError> {
+        unless_raced(if_match, || self.service_action_once(key, name, service, action, if_match, author)).await
+    }
+
+    async fn service_action_once(
+        self: &Arc<Self>,
+        key: &str,
+        name: &str,
+        service: &str,
+        action: ServiceAction,
+        if_match: Option<&str>,
         author: Option<&str>,
     ) -> Result<ClusterView, ClusterError> {
         let env = self.get(key).await?;
         let record = self.cluster_record(&env, name).await?;
+        check_if_match(&record, if_match)?;
         let mut doc = stored_doc(&record)?;
         ensure_idle(name, &record)?;
         if !doc.services.iter().any(|s| s == service) {
@@ -531,9 +632,26 @@ impl App {
 
     /// Runs a failed cluster's operation again: a rolled-back create is planned again on the
     /// same layout (never more nodes than asked); other failures retry their failed tasks now.
-    pub async fn retry_cluster(self: &Arc<Self>, key: &str, name: &str, author: Option<&str>) -> Result<ClusterView, ClusterError> {
+    pub async fn retry_cluster(
+        self: &Arc<Self>,
+        key: &str,
+        name: &str,
+        if_match: Option<&str>,
+        author: Option<&str>,
+    ) -> Result<ClusterView, ClusterError> {
+        unless_raced(if_match, || self.retry_once(key, name, if_match, author)).await
+    }
+
+    async fn retry_once(
+        self: &Arc<Self>,
+        key: &str,
+        name: &str,
+        if_match: Option<&str>,
+        author: Option<&str>,
+    ) -> Result<ClusterView, ClusterError> {
         let env = self.get(key).await?;
         let record = self.cluster_record(&env, name).await?;
+        check_if_match(&record, if_match)?;
         let mut doc = stored_doc(&record)?;
         if ClusterStatus::parse(&record.status) != Some(ClusterStatus::Failed) {
             return Err(ClusterError::Invalid(format!("cluster `{name}` has not failed: nothing to retry")));
@@ -556,20 +674,42 @@ impl App {
     }
 
     /// Extends (or sets) the cluster's lease: it is deleted `lease_s` seconds from now.
-    pub async fn extend_lease(&self, key: &str, name: &str, lease_s: u64) -> Result<ClusterView, ClusterError> {
+    pub async fn extend_lease(&self, key: &str, name: &str, lease_s: u64, if_match: Option<&str>) -> Result<ClusterView, ClusterError> {
+        unless_raced(if_match, || self.extend_lease_once(key, name, lease_s, if_match)).await
+    }
+
+    async fn extend_lease_once(&self, key: &str, name: &str, lease_s: u64, if_match: Option<&str>) -> Result<ClusterView, ClusterError> {
         let env = self.get(key).await?;
         let mut record = self.cluster_record(&env, name).await?;
+        check_if_match(&record, if_match)?;
         record.lease_expires_at = Some(now_ms().saturating_add(lease_ms(lease_s)?));
-        let record = self.store.update_cluster(&env.id, &record).await?;
+        let record = self.write_cluster(&env, &record).await?;
         let doc = stored_doc(&record)?;
         self.view(&env, &record, &doc).await
     }
 
     /// Deletes the cluster: every task is undone (services stopped, then removed, in reverse
     /// dependency order); the cluster disappears when that is done. Allowed in any state.
-    pub async fn delete_cluster(self: &Arc<Self>, key: &str, name: &str, author: Option<&str>) -> Result<ClusterView, ClusterError> {
+    pub async fn delete_cluster(
+        self: &Arc<Self>,
+        key: &str,
+        name: &str,
+        if_match: Option<&str>,
+        author: Option<&str>,
+    ) -> Result<ClusterView, ClusterError> {
+        unless_raced(if_match, || self.delete_once(key, name, if_match, author)).await
+    }
+
+    async fn delete_once(
+        self: &Arc<Self>,
+        key: &str,
+        name: &str,
+        if_match: Option<&str>,
+        author: Option<&str>,
+    ) -> Result<ClusterView, ClusterError> {
         let env = self.get(key).await?;
         let record = self.cluster_record(&env, name).await?;
+        check_if_match(&record, if_match)?;
         self.undo_cluster(&env, record, OperationKind::Delete, None, author).await
     }
 
@@ -734,8 +874,13 @@ impl App {
     }
 
     /// Releases a new version: the released version's resources with `cluster`'s tasks replaced
-    /// by `tasks`; then, still holding the environment's release lock, makes `row` (the row an
+    /// by `tasks`; then, still holding the environment's release turn, makes `row` (the row an
     /// operator's version reads the cluster's tasks from) agree. Returns the stored row.
+    ///
+    /// Every write of a cluster's row holds the release turn (here or in
+    /// [`App::write_cluster`]), so the revision checked before releasing is still the row's when
+    /// it is written after: an operation that read the row before another changed it releases
+    /// nothing and is refused with `version_conflict`.
     pub(crate) async fn release_cluster_tasks(
         &self,
         env: &Environment,
@@ -744,72 +889,51 @@ impl App {
         row: RowChange<'_>,
         author: Option<&str>,
     ) -> Result<Option<ClusterRecord>, ClusterError> {
-        let store = &self.store;
-        Ok(self
-            .release_set(env, cluster, tasks, author, || async move {
-                Ok(match row {
-                    RowChange::Keep => None,
-                    RowChange::Update(record) => Some(store.update_cluster(&env.id, record).await?),
-                    RowChange::Delete => {
-                        store.delete_cluster(&env.id, cluster).await?;
-                        None
-                    }
-                })
-            })
-            .await?)
-    }
-
-    /// Releases a new version: the released version's resources with the tasks of resource set
-    /// `set` (a cluster, or `process.<name>`) replaced by `tasks`; then, still holding the
-    /// environment's release turn, runs `commit` (which makes the set's row agree, the row an
-    /// operator's version reads the set's tasks from) and answers what it answers.
-    pub(crate) async fn release_set<T, F, Fut>(
-        &self,
-        env: &Environment,
-        set: &str,
-        tasks: &[ResourceSpec],
-        author: Option<&str>,
-        commit: F,
-    ) -> Result<T, EnvError>
-    where
-        F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<T, StoreError>>,
-    {
-        self.release_sets(env, &[(set, tasks)], author, commit).await
-    }
-
-    /// [`App::release_set`] for several sets in one version.
-    pub(crate) async fn release_sets<T, F, Fut>(
-        &self,
-        env: &Environment,
-        sets: &[(&str, &[ResourceSpec])],
-        author: Option<&str>,
-        commit: F,
-    ) -> Result<T, EnvError>
-    where
-        F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<T, StoreError>>,
-    {
         let running = self.running(env).await?;
         let _turn = running.releases.lock().await;
         running.check_scheduler()?;
+        let expected = row.revision();
+        match self.store.find_cluster(&env.id, cluster).await? {
+            None => return Err(ClusterError::UnknownCluster(cluster.to_string())),
+            Some(current) if current.revision != expected => {
+                return Err(ClusterError::Env(EnvError::VersionConflict(format!(
+                    "cluster `{cluster}` is at revision {}, not {expected}: it changed since this operation read it",
+                    current.revision
+                ))));
+            }
+            Some(_) => {}
+        }
         let mut resources: Vec<ResourceSpec> = match running.released_version() {
             Some(v) => v
                 .intent
                 .resources
                 .iter()
-                .filter(|r| !sets.iter().any(|(set, _)| planner::is_task_of(&r.id, set)))
+                .filter(|r| !planner::is_task_of(&r.id, cluster))
                 .cloned()
                 .collect(),
             None => Vec::new(),
         };
-        for (_, tasks) in sets {
-            resources.extend(tasks.iter().cloned());
-        }
+        resources.extend(tasks.iter().cloned());
         let intent = Intent::validate(IntentDocument { resources })?;
         let info = self.submit_and_release(env, &running, intent, author).await?;
-        tracing::debug!(environment = %env.name, sets = sets.len(), version = info.version, "tasks released");
-        Ok(commit().await?)
+        tracing::debug!(environment = %env.name, cluster, version = info.version, "tasks released");
+        Ok(match row {
+            RowChange::Keep(_) => None,
+            RowChange::Update(record) => Some(self.store.update_cluster(&env.id, record).await.map_err(row_error)?),
+            RowChange::Delete(revision) => {
+                self.store.delete_cluster(&env.id, cluster, revision).await.map_err(row_error)?;
+                None
+            }
+        })
+    }
+
+    /// Writes a cluster's row without releasing anything (its status, its lease), under the
+    /// environment's release turn (see [`App::release_cluster_tasks`]) and only if it is still
+    /// at `record.revision`.
+    pub(crate) async fn write_cluster(&self, env: &Environment, record: &ClusterRecord) -> Result<ClusterRecord, ClusterError> {
+        let running = self.running(env).await?;
+        let _turn = running.releases.lock().await;
+        self.store.update_cluster(&env.id, record).await.map_err(row_error)
     }
 
     /// Every cluster's and every process's current tasks in `env`: what an operator's new
@@ -942,6 +1066,7 @@ impl App {
             tasks: progress.tasks,
             failure: doc.failure.clone(),
             lease_expires_at: record.lease_expires_at,
+            revision: record.revision,
             created_at: record.created_at,
             updated_at: record.updated_at,
         })

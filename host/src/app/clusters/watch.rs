@@ -58,6 +58,12 @@ impl App {
             match self.step(&env, &cluster, generation).await {
                 Ok(Next::Done) => return,
                 Ok(Next::Wait) => {}
+                // The row moved on since the step read it (an operator's operation, a lease):
+                // look again at once.
+                Err(ClusterError::Env(crate::app::EnvError::VersionConflict(what))) => {
+                    tracing::debug!(%what, "cluster changed meanwhile; looking again");
+                    continue;
+                }
                 Err(e) => tracing::warn!(error = %error_chain(&e), "cluster step failed; trying again"),
             }
             tokio::select! {
@@ -107,7 +113,8 @@ impl App {
             ClusterStatus::RollingBack | ClusterStatus::Deleting if progress.done => {
                 doc.tasks.clear();
                 if status == ClusterStatus::Deleting {
-                    self.release_cluster_tasks(env, name, &[], RowChange::Delete, None).await?;
+                    self.release_cluster_tasks(env, name, &[], RowChange::Delete(record.revision), None)
+                        .await?;
                     tracing::info!(environment = %env.name, cluster = %name, "cluster deleted");
                 } else {
                     record.status = ClusterStatus::Failed.as_str().to_string();
@@ -147,7 +154,7 @@ impl App {
                     doc.failure = progress.failed;
                     record.status = ClusterStatus::Failed.as_str().to_string();
                     record.document = serde_json::to_string(&doc).expect("a cluster serialises");
-                    self.store.update_cluster(&env.id, &record).await?;
+                    self.write_cluster(env, &record).await?;
                 }
                 Ok(Next::Wait)
             }
@@ -178,7 +185,7 @@ impl App {
                 .await?
                 .expect("an updated row")
         } else {
-            self.store.update_cluster(&env.id, record).await?
+            self.write_cluster(env, record).await?
         };
         Ok(())
     }

@@ -10,8 +10,10 @@ use std::time::Duration;
 use orc_manifest::error_chain;
 use tracing::Instrument;
 
+use super::release::is_process_task;
 use super::{decode, plan, state_of};
 use crate::app::App;
+use crate::intent::IntentDocument;
 use crate::services::{ProcessState, ServicesError, set_of};
 use crate::store::{Environment, EnvironmentId, StoreError};
 
@@ -188,8 +190,10 @@ impl App {
         for env in envs {
             match self.store.list_processes(&env.id).await {
                 Ok(processes) => {
-                    if !processes.is_empty() {
-                        // Rows written before the host stopped may not be released yet.
+                    // Rows written before the host stopped may not be released yet; and with no
+                    // row left, the released version may still hold a terminated process's
+                    // tasks (the host stopped between deleting its row and the release).
+                    if !processes.is_empty() || self.released_process_tasks(&env).await {
                         match self.running(&env).await {
                             Ok(running) => self.request_process_release(&env.id, &running),
                             Err(e) => {
@@ -206,6 +210,24 @@ impl App {
                 }
                 Err(e) => tracing::error!(environment = %env.name, error = %error_chain(&e), "cannot list processes"),
             }
+        }
+    }
+}
+
+impl App {
+    /// Whether `env`'s released version holds tasks of some process. Read from the store, so
+    /// that an environment without processes is not started to find out; a version that cannot
+    /// be read or parsed counts as holding some (the releaser then looks for itself).
+    async fn released_process_tasks(&self, env: &Environment) -> bool {
+        let Some(released) = env.released_version else {
+            return false;
+        };
+        match self.store.get_version(&env.id, released).await {
+            Ok(version) => match serde_json::from_str::<IntentDocument>(&version.document) {
+                Ok(doc) => doc.resources.iter().any(is_process_task),
+                Err(_) => true,
+            },
+            Err(_) => true,
         }
     }
 }

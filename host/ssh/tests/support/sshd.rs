@@ -98,7 +98,13 @@ impl Sshd {
     }
 
     pub fn start_with(max_sessions: u32) -> Sshd {
-        let mut sshd = Sshd::prepare(max_sessions, "127.0.0.1", None);
+        Sshd::start_at(max_sessions, "127.0.0.1")
+    }
+
+    /// Starts sshd in this namespace listening on `address` (one of this machine's own; a
+    /// network namespace reaches a bridge's address, not the host's loopback).
+    pub fn start_at(max_sessions: u32, address: &str) -> Sshd {
+        let mut sshd = Sshd::prepare(max_sessions, address, None);
         // A port found free may be taken before sshd binds it: try a few.
         for attempt in 0.. {
             sshd.port = free_port();

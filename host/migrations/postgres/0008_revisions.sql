@@ -1,0 +1,6 @@
+-- A cluster's revision: it counts the changes of its row and is the cluster's ETag. Every write
+-- of a cluster's row names the revision it read, and a write naming another is refused, so two
+-- operations that both found the cluster idle cannot both start (the lost update of stop 18's
+-- review). Keep in step with migrations/sqlite/0008_revisions.sql.
+
+ALTER TABLE clusters ADD COLUMN revision BIGINT NOT NULL DEFAULT 1 CHECK (revision > 0);
