@@ -258,6 +258,23 @@ impl Store {
         Ok(rows.into_iter().map(connection).collect())
     }
 
+    /// The connections with `process` at either end, oldest first: what one process's view,
+    /// configuration or operation needs, read without the environment's other connections.
+    pub async fn connections_of(&self, env: &EnvironmentId, process: &str) -> Result<Vec<ConnectionRecord>> {
+        let rows: Vec<ConnectionRow> = on_pool!(self, pool => {
+            sqlx::query_as(concat!(
+                "SELECT ", connection_columns!(), " FROM connections \
+                 WHERE environment_id = $1 AND (from_process = $2 OR to_process = $2) ORDER BY created_at, id"
+            ))
+            .bind(env.to_string())
+            .bind(process)
+            .fetch_all(pool)
+            .await
+            .map_err(backend_with(|| format!("listing the connections of process `{process}` in environment {env}")))?
+        });
+        Ok(rows.into_iter().map(connection).collect())
+    }
+
     /// Deletes connection `id`; `None` when there is none.
     pub async fn delete_connection(&self, env: &EnvironmentId, id: &str) -> Result<Option<ConnectionRecord>> {
         if id.contains('\0') {

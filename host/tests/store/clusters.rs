@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use anyhow::{Result, ensure};
 use orc_host::policy::settings::EnvironmentSettings;
-use orc_host::store::{ClusterRecord, EnvironmentId, Store, StoreError, now_ms};
+use orc_host::store::{ClusterRecord, ConnectionRecord, EnvironmentId, Store, StoreError, now_ms};
 
 use crate::harness::TestDb;
 
@@ -359,5 +359,38 @@ pub async fn processes_are_revision_checked(db: &TestDb) -> Result<()> {
     ensure!(store.list_processes(&other).await?.len() == 1);
     store.delete_environment(&other).await?;
     ensure!(store.list_processes(&other).await?.is_empty());
+    Ok(())
+}
+
+/// A process's connections, by either end, oldest first; nothing of another process or another
+/// environment; gone with their delete.
+pub async fn connections_are_found_by_either_end(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    let env = new_env(store, "prod").await?;
+    let other = new_env(store, "staging").await?;
+    let link = |id: &str, from: &str, to: &str, at: i64| ConnectionRecord {
+        id: id.to_string(),
+        from_process: from.to_string(),
+        from_interface: "store".to_string(),
+        to_process: to.to_string(),
+        to_interface: "kv".to_string(),
+        version: "1.0.0".to_string(),
+        interface_id: "sha256:00".to_string(),
+        created_by: None,
+        created_at: at,
+    };
+    store.insert_connection(&env, &link("c1", "app", "cache", 1)).await?;
+    store.insert_connection(&env, &link("c2", "web", "app", 2)).await?;
+    store.insert_connection(&env, &link("c3", "web", "cache", 3)).await?;
+    store.insert_connection(&other, &link("c4", "app", "cache", 4)).await?;
+    let ids = |v: Vec<ConnectionRecord>| v.into_iter().map(|c| c.id).collect::<Vec<_>>();
+    ensure!(ids(store.connections_of(&env, "app").await?) == ["c1", "c2"]);
+    ensure!(ids(store.connections_of(&env, "cache").await?) == ["c1", "c3"]);
+    ensure!(ids(store.connections_of(&env, "web").await?) == ["c2", "c3"]);
+    ensure!(store.connections_of(&env, "nobody").await?.is_empty());
+    ensure!(ids(store.connections_of(&other, "cache").await?) == ["c4"]);
+    store.delete_connection(&env, "c1").await?;
+    ensure!(ids(store.connections_of(&env, "app").await?) == ["c2"]);
+    ensure!(ids(store.list_connections(&env).await?) == ["c2", "c3"]);
     Ok(())
 }

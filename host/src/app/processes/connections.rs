@@ -184,7 +184,13 @@ impl App {
                 }
             ))
         })?;
-        let existing = self.store.list_connections(&env.id).await?;
+        // Every connection a check below looks at has `from` at one end, or `to`.
+        let mut existing = self.store.connections_of(&env.id, &req.from.process).await?;
+        for c in self.store.connections_of(&env.id, &req.to.process).await? {
+            if !existing.iter().any(|e| e.id == c.id) {
+                existing.push(c);
+            }
+        }
         if let Some(same) = existing.iter().find(|c| {
             c.from_process == req.from.process
                 && c.from_interface == req.from.interface
@@ -265,11 +271,9 @@ impl App {
     /// lock.
     pub(crate) async fn drop_connections_of(self: &Arc<Self>, env: &Environment, process: &str) -> Result<(), ServicesError> {
         let mut peers = Vec::new();
-        for c in self.store.list_connections(&env.id).await? {
-            if c.from_process == process || c.to_process == process {
-                self.store.delete_connection(&env.id, &c.id).await?;
-                peers.push(if c.from_process == process { c.to_process } else { c.from_process });
-            }
+        for c in self.store.connections_of(&env.id, process).await? {
+            self.store.delete_connection(&env.id, &c.id).await?;
+            peers.push(if c.from_process == process { c.to_process } else { c.from_process });
         }
         peers.sort();
         peers.dedup();
@@ -280,7 +284,7 @@ impl App {
     pub(crate) async fn peers_of(&self, env: &Environment, process: &str) -> Result<Vec<String>, ServicesError> {
         let mut peers: Vec<String> = self
             .store
-            .list_connections(&env.id)
+            .connections_of(&env.id, process)
             .await?
             .into_iter()
             .filter_map(|c| {
@@ -323,13 +327,7 @@ impl App {
     /// id, peer process and interface, the peer's node and its address, the port a provider
     /// listens on, the agreed version).
     pub(crate) async fn delivered_connections(&self, env: &Environment, process: &str) -> Result<Value, ServicesError> {
-        let connections: Vec<ConnectionRecord> = self
-            .store
-            .list_connections(&env.id)
-            .await?
-            .into_iter()
-            .filter(|c| c.from_process == process || c.to_process == process)
-            .collect();
+        let connections: Vec<ConnectionRecord> = self.store.connections_of(&env.id, process).await?;
         if connections.is_empty() {
             return Ok(json!({}));
         }

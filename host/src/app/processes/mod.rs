@@ -197,7 +197,7 @@ impl App {
     pub async fn processes(&self, key: &str) -> Result<Vec<ProcessView>, ServicesError> {
         let env = self.get(key).await?;
         let mut views = Vec::new();
-        let mut shared = self.view_context(&env).await?;
+        let mut shared = self.view_context(&env, None).await?;
         for record in self.store.list_processes(&env.id).await? {
             let doc = self.process_doc(&env, &record)?;
             views.push(self.view_with(&env, &record, &doc, &mut shared).await?);
@@ -560,16 +560,20 @@ impl App {
     }
 
     async fn process_view(&self, env: &Environment, record: &ProcessRecord, doc: &ProcessDoc) -> Result<ProcessView, ServicesError> {
-        let mut shared = self.view_context(env).await?;
+        let mut shared = self.view_context(env, Some(&record.name)).await?;
         self.view_with(env, record, doc, &mut shared).await
     }
 
-    /// What the views of an environment's processes share, read once for a list.
-    async fn view_context(&self, env: &Environment) -> Result<ViewContext, ServicesError> {
+    /// What the views of an environment's processes share, read once for a list; for one
+    /// process (`only`), its own connections only.
+    async fn view_context(&self, env: &Environment, only: Option<&str>) -> Result<ViewContext, ServicesError> {
         let running = self.running(env).await?;
         let release_error = running.process_release_error.lock().expect("release error").clone();
         Ok(ViewContext {
-            connections: self.store.list_connections(&env.id).await?,
+            connections: match only {
+                Some(process) => self.store.connections_of(&env.id, process).await?,
+                None => self.store.list_connections(&env.id).await?,
+            },
             schemas: BTreeMap::new(),
             running,
             release_error,
