@@ -20,6 +20,7 @@ type Row = (
 
 impl Store {
     pub async fn insert_audit(&self, entry: &AuditRecord) -> Result<()> {
+        let _turn = self.write_turn().await?;
         on_pool!(self, pool => {
             sqlx::query(
                 "INSERT INTO audit (id, at, user_id, user_name, token_id, method, route, path, environment, status, code) \

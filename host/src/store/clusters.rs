@@ -301,6 +301,7 @@ impl Store {
     /// a cluster of that name exists in the environment; NotFound when the environment or the
     /// template version does not exist.
     pub async fn insert_cluster(&self, env: &EnvironmentId, c: &ClusterRecord) -> Result<()> {
+        let _turn = self.write_turn().await?;
         let inserted = on_pool!(self, pool => {
             sqlx::query(concat!(
                 "INSERT INTO clusters (environment_id, ", cluster_columns!(), ") VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $8, $9)"
@@ -362,6 +363,7 @@ impl Store {
     /// when the row moved on; NotFound when the cluster, or the template version it would now
     /// use, does not exist.
     pub async fn update_cluster(&self, env: &EnvironmentId, c: &ClusterRecord) -> Result<ClusterRecord> {
+        let _turn = self.write_turn().await?;
         let updated: Result<Option<ClusterRow>, sqlx::Error> = on_pool!(self, pool => {
             sqlx::query_as(concat!(
                 "UPDATE clusters SET status = $3, template = $4, template_version = $5, document = $6, lease_expires_at = $7, \
@@ -394,6 +396,7 @@ impl Store {
     /// Deletes cluster `name` if it is still at revision `expected`. Conflict naming the current
     /// revision when the row moved on; NotFound when there is none.
     pub async fn delete_cluster(&self, env: &EnvironmentId, name: &str, expected: i64) -> Result<()> {
+        let _turn = self.write_turn().await?;
         let deleted = on_pool!(self, pool => {
             sqlx::query("DELETE FROM clusters WHERE environment_id = $1 AND name = $2 AND revision = $3")
                 .bind(env.to_string())

@@ -85,7 +85,7 @@ pub use ids::*;
 pub use kv::DbKv;
 pub use model::*;
 pub use nodes::{NodeDeletion, NodePatched};
-pub use processes::{ConnectionRecord, ProcessRecord};
+pub use processes::{ConnectionRecord, ProcessHead, ProcessRecord};
 pub use tokens::hash_token;
 pub use users::UserChange;
 
@@ -251,6 +251,12 @@ impl Store {
         }
     }
 
+    /// This process's turn at the write lock, for one write statement in autocommit (see
+    /// [`BeginWrite::write_turn`]); hold it while the statement runs.
+    pub(crate) async fn write_turn(&self) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>> {
+        on_pool!(self, pool => pool.write_turn().await.map_err(error::backend("waiting for the turn to write")))
+    }
+
     /// Closes every connection, waiting for those in use to be returned.
     pub async fn close(&self) {
         on_pool!(self, pool => pool.close().await)
@@ -282,6 +288,11 @@ fn redact(location: &str) -> String {
 pub(crate) trait BeginWrite {
     type Db: sqlx::Database;
     async fn begin_write(&self) -> Result<WriteTx<Self::Db>, sqlx::Error>;
+
+    /// The turn at the write lock (SQLite; `None` on PostgreSQL) for one write statement run on
+    /// the pool in autocommit: held while it runs, it keeps that statement out of SQLite's busy
+    /// handler too (a process row, an audit entry, a job written while the scheduler records).
+    async fn write_turn(&self) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, sqlx::Error>;
 }
 
 /// A write transaction: derefs to its connection like sqlx's `Transaction`, rolled back if
@@ -332,6 +343,14 @@ impl BeginWrite for SqlitePool {
         let tx = self.begin_with("BEGIN IMMEDIATE").await?;
         Ok(WriteTx { tx, turn: Some(turn) })
     }
+
+    async fn write_turn(&self) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, sqlx::Error> {
+        let lock = sqlite_write_lock(self);
+        let turn = tokio::time::timeout(self.options().get_acquire_timeout(), lock.lock_owned())
+            .await
+            .map_err(|_| sqlx::Error::PoolTimedOut)?;
+        Ok(Some(turn))
+    }
 }
 
 impl BeginWrite for PgPool {
@@ -341,6 +360,10 @@ impl BeginWrite for PgPool {
             tx: self.begin().await?,
             turn: None,
         })
+    }
+
+    async fn write_turn(&self) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, sqlx::Error> {
+        Ok(None)
     }
 }
 

@@ -62,6 +62,24 @@ pub struct ProcessRecord {
     pub updated_at: Millis,
 }
 
+/// What tells one stored state of a process row from another, without its document: each write
+/// moves `revision` on and sets `updated_at`, and a row made again after a delete starts anew at
+/// revision 1 with its own `created_at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessHead {
+    pub name: String,
+    pub revision: i64,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+impl ProcessRecord {
+    /// Whether `head` names this very state of the row.
+    pub fn is(&self, head: &ProcessHead) -> bool {
+        self.name == head.name && self.revision == head.revision && self.created_at == head.created_at && self.updated_at == head.updated_at
+    }
+}
+
 type ProcessRow = (String, String, String, i64, i64, i64);
 
 macro_rules! process_columns {
@@ -95,6 +113,7 @@ impl Store {
     /// Stores a new process at revision 1. Conflict when one of that name exists; NotFound when
     /// the environment does not.
     pub async fn insert_process(&self, env: &EnvironmentId, name: &str, state: &str, document: &str) -> Result<ProcessRecord> {
+        let _turn = self.write_turn().await?;
         let now = now_ms();
         let inserted = on_pool!(self, pool => {
             sqlx::query(concat!("INSERT INTO processes (environment_id, ", process_columns!(), ") VALUES ($1, $2, $3, $4, 1, $5, $5)"))
@@ -141,6 +160,27 @@ impl Store {
         Ok(row.map(process))
     }
 
+    /// Every process of the environment, by name, without its document: what says which rows
+    /// changed since they were last read.
+    pub async fn list_process_heads(&self, env: &EnvironmentId) -> Result<Vec<ProcessHead>> {
+        let rows: Vec<(String, i64, i64, i64)> = on_pool!(self, pool => {
+            sqlx::query_as("SELECT name, revision, created_at, updated_at FROM processes WHERE environment_id = $1 ORDER BY name")
+                .bind(env.to_string())
+                .fetch_all(pool)
+                .await
+                .map_err(backend_with(|| format!("listing the processes of environment {env}")))?
+        });
+        Ok(rows
+            .into_iter()
+            .map(|(name, revision, created_at, updated_at)| ProcessHead {
+                name,
+                revision,
+                created_at,
+                updated_at,
+            })
+            .collect())
+    }
+
     /// Every process of the environment, by name.
     pub async fn list_processes(&self, env: &EnvironmentId) -> Result<Vec<ProcessRecord>> {
         let rows: Vec<ProcessRow> = on_pool!(self, pool => {
@@ -164,6 +204,7 @@ impl Store {
         state: &str,
         document: &str,
     ) -> Result<ProcessRecord> {
+        let _turn = self.write_turn().await?;
         let updated: Option<ProcessRow> = on_pool!(self, pool => {
             sqlx::query_as(concat!(
                 "UPDATE processes SET state = $3, document = $4, revision = revision + 1, updated_at = $5 \
@@ -191,6 +232,7 @@ impl Store {
 
     /// Deletes process `name` if it is still at revision `expected`.
     pub async fn delete_process(&self, env: &EnvironmentId, name: &str, expected: i64) -> Result<()> {
+        let _turn = self.write_turn().await?;
         let deleted = on_pool!(self, pool => {
             sqlx::query("DELETE FROM processes WHERE environment_id = $1 AND name = $2 AND revision = $3")
                 .bind(env.to_string())
@@ -215,6 +257,7 @@ impl Store {
     /// Stores a connection. Conflict when the same interfaces of the same processes are
     /// connected already; NotFound when the environment does not exist.
     pub async fn insert_connection(&self, env: &EnvironmentId, c: &ConnectionRecord) -> Result<()> {
+        let _turn = self.write_turn().await?;
         let inserted = on_pool!(self, pool => {
             sqlx::query(concat!(
                 "INSERT INTO connections (environment_id, ", connection_columns!(), ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
@@ -277,6 +320,7 @@ impl Store {
 
     /// Deletes connection `id`; `None` when there is none.
     pub async fn delete_connection(&self, env: &EnvironmentId, id: &str) -> Result<Option<ConnectionRecord>> {
+        let _turn = self.write_turn().await?;
         if id.contains('\0') {
             return Ok(None);
         }

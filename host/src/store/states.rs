@@ -512,6 +512,7 @@ impl Store {
     /// version has its state stored for it, these are the resources the version dropped (no
     /// longer managed; what they made on the device stays). Returns how many were removed.
     pub async fn delete_states_outside(&self, env: &EnvironmentId, version: i64) -> Result<u64> {
+        let _turn = self.write_turn().await?;
         let deleted = on_pool!(self, pool => {
             sqlx::query("DELETE FROM resource_states WHERE environment_id = $1 AND version <> $2")
                 .bind(env.to_string())

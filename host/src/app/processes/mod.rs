@@ -398,16 +398,13 @@ impl App {
     /// Every process's current tasks in `env`.
     pub(crate) async fn process_tasks(&self, env: &Environment) -> Result<Vec<ResourceSpec>, crate::app::EnvError> {
         let mut tasks = Vec::new();
-        let records = self.store.list_processes(&env.id).await?;
-        for record in &records {
-            let doc = self.process_doc(env, record).map_err(|e| {
-                crate::app::EnvError::Store(StoreError::Corrupt {
-                    what: format!("process `{}`: {e}", record.name),
-                })
-            })?;
+        let processes = self.current_processes(env).await.map_err(|e| match e {
+            ServicesError::Cluster(crate::clusters::ClusterError::Env(e)) => e,
+            e => crate::app::EnvError::Store(StoreError::Corrupt { what: e.to_string() }),
+        })?;
+        for (_, doc) in &processes {
             tasks.extend(doc.tasks.iter().cloned());
         }
-        self.forget_process_docs(env, &records.iter().map(|r| r.name.as_str()).collect());
         Ok(tasks)
     }
 
@@ -472,11 +469,10 @@ impl App {
             None => self.place(env, doc, None).await?,
         };
         // No two processes of the environment listen on one port of a node.
-        for record in self.store.list_processes(&env.id).await? {
+        for (record, other) in self.current_processes(env).await? {
             if record.name == name {
                 continue;
             }
-            let other = self.process_doc(env, &record)?;
             if other.target.node != node {
                 continue;
             }
@@ -484,7 +480,7 @@ impl App {
                 return Err(ServicesError::PortInUse {
                     node,
                     port: *port,
-                    process: record.name,
+                    process: record.name.clone(),
                 });
             }
         }
@@ -791,22 +787,49 @@ pub(crate) struct DocCache(std::sync::Mutex<std::collections::HashMap<DocKey, De
 /// A process row: its environment and name.
 type DocKey = (crate::store::EnvironmentId, String);
 
-/// A row's text and what it decodes to.
-type Decoded = (Arc<str>, Arc<ProcessDoc>);
+/// A row as last read and what it decodes to.
+type Decoded = (Arc<ProcessRecord>, Arc<ProcessDoc>);
 
 impl App {
-    /// `record`'s document, decoded once per text.
+    /// `record`'s document, decoded once per stored state of the row (its revision and times).
     pub(crate) fn process_doc(&self, env: &Environment, record: &ProcessRecord) -> Result<Arc<ProcessDoc>, ServicesError> {
         let key = (env.id, record.name.clone());
-        if let Some((text, doc)) = self.process_docs.0.lock().expect("process docs").get(&key)
-            && **text == *record.document
+        if let Some((cached, doc)) = self.process_docs.0.lock().expect("process docs").get(&key)
+            && **cached == *record
         {
             return Ok(doc.clone());
         }
         let doc = Arc::new(decode(record)?);
         let mut cache = self.process_docs.0.lock().expect("process docs");
-        cache.insert(key, (Arc::from(record.document.as_str()), doc.clone()));
+        cache.insert(key, (Arc::new(record.clone()), doc.clone()));
         Ok(doc)
+    }
+
+    /// Every process row of `env` and its decoded document, by name. Only the rows' heads are
+    /// read from the store, then the documents of rows that changed since they were last
+    /// decoded: with hundreds of processes, each release and each port check would otherwise
+    /// read every document again. Forgets the rows that are gone.
+    pub(crate) async fn current_processes(&self, env: &Environment) -> Result<Vec<Decoded>, ServicesError> {
+        let heads = self.store.list_process_heads(&env.id).await?;
+        let mut out = Vec::with_capacity(heads.len());
+        for head in &heads {
+            let key = (env.id, head.name.clone());
+            let cached = self.process_docs.0.lock().expect("process docs").get(&key).cloned();
+            match cached {
+                Some((record, doc)) if record.is(head) => out.push((record, doc)),
+                _ => {
+                    // Changed since, or never read; gone meanwhile: left out, as a list read a
+                    // moment later would.
+                    let Some(record) = self.store.find_process(&env.id, &head.name).await? else {
+                        continue;
+                    };
+                    let doc = self.process_doc(env, &record)?;
+                    out.push((Arc::new(record), doc));
+                }
+            }
+        }
+        self.forget_process_docs(env, &heads.iter().map(|h| h.name.as_str()).collect());
+        Ok(out)
     }
 
     /// Forgets the decoded rows of `env` that are not in `names` (rows deleted).
