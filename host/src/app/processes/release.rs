@@ -36,6 +36,10 @@ use crate::store::{Environment, EnvironmentId, StoreError};
 /// The releaser's first wait after a failed release; doubled up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long the releaser lets changes gather once one has come in before it releases: a version
+/// is the whole intent, so releasing the changes of a burst together is much cheaper than one
+/// version each, and an operation has answered already (its watcher waits for the version).
+const GATHER: Duration = Duration::from_millis(50);
 
 /// Whether `r` is a task of some process.
 pub(crate) fn is_process_task(r: &ResourceSpec) -> bool {
@@ -72,6 +76,11 @@ impl App {
             if *stopping.borrow() {
                 return;
             }
+            tokio::select! {
+                _ = tokio::time::sleep(GATHER) => {}
+                _ = stopping.changed() => return,
+            }
+            let wanted = *changes.borrow_and_update();
             let result = match self.store.get_environment(&env_id).await {
                 Ok(env) => self.release_processes(&env, &running).await,
                 Err(StoreError::NotFound { .. }) => return,
