@@ -63,6 +63,25 @@ async fn register_nodes(host: &Host, servers: &[Sshd]) {
     }
 }
 
+/// The randomized tests' generator: seeded from `ORC_TEST_SEED` when set (to replay a run), else
+/// from the clock; the seed is printed first, so a failing run can be replayed.
+fn seeded_runner() -> (u64, proptest::test_runner::TestRunner) {
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let seed: u64 = std::env::var("ORC_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    });
+    eprintln!("ORC_TEST_SEED={seed}");
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    (
+        seed,
+        TestRunner::new_with_rng(Config::default(), TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)),
+    )
+}
+
 async fn submit_template(host: &Host, name: &str, template: &Value) -> Value {
     let (status, t) = host.post(&format!("/environments/{ENV}/templates/{name}"), template).await;
     assert_eq!(status, StatusCode::CREATED, "{t}");

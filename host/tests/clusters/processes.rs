@@ -729,17 +729,7 @@ fn ops_strategy(processes: usize, servers: usize) -> impl proptest::strategy::St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_operations_converge_to_what_the_rows_say() {
     use proptest::strategy::{Strategy, ValueTree};
-    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-    let seed: u64 = std::env::var("ORC_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-    });
-    eprintln!("ORC_TEST_SEED={seed}");
-    let mut bytes = [0u8; 32];
-    bytes[..8].copy_from_slice(&seed.to_le_bytes());
-    let mut runner = TestRunner::new_with_rng(Config::default(), TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let (seed, mut runner) = super::seeded_runner();
     const SERVERS: usize = 3;
     const PROCESSES: usize = 6;
     let ops = ops_strategy(PROCESSES, SERVERS).new_tree(&mut runner).unwrap().current();

@@ -57,17 +57,7 @@ fn round_strategy() -> impl proptest::strategy::Strategy<Value = Vec<(Op, Tag)>>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_cluster_operations_start_one_at_a_time() {
     use proptest::strategy::{Strategy, ValueTree};
-    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-    let seed: u64 = std::env::var("ORC_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-    });
-    eprintln!("ORC_TEST_SEED={seed}");
-    let mut bytes = [0u8; 32];
-    bytes[..8].copy_from_slice(&seed.to_le_bytes());
-    let mut runner = TestRunner::new_with_rng(Config::default(), TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let (seed, mut runner) = super::seeded_runner();
 
     let host = start_host(1).await;
     let _sshd = nodes(&host, 3).await;
