@@ -17,7 +17,7 @@ use super::auth::Caller;
 use super::etag::{etag, if_match};
 use super::extract::{Json, Path};
 use super::{AppState, ErrorBody, Result};
-use crate::app::processes::{ConnectRequest, ConnectionView, CreateProcess, PendingList, ProcessView, UpdateProcess};
+use crate::app::processes::{CONNECTION_REVISION, ConnectRequest, ConnectionView, CreateProcess, PendingList, ProcessView, UpdateProcess};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -72,7 +72,7 @@ pub(super) struct ConnectionList {
 #[utoipa::path(post, path = "/environments/{env}/connections", tag = "services", request_body = ConnectRequest,
     params(("env" = String, Path, description = "Environment name or id")),
     responses(
-        (status = 201, body = ConnectionView),
+        (status = 201, description = "Made; its `ETag` is its revision, `\"1\"` (a connection is never changed)", body = ConnectionView),
         (status = 404, body = ErrorBody),
         (status = 409, description = "Connected already, or a process is terminating", body = ErrorBody),
         (status = 422, body = ErrorBody)))]
@@ -82,7 +82,8 @@ async fn connect(
     Path(env): Path<String>,
     Json(req): Json<ConnectRequest>,
 ) -> Result<impl IntoResponse> {
-    Ok((StatusCode::CREATED, axum::Json(app.connect(&env, req, Some(&caller.user)).await?)))
+    let view = app.connect(&env, req, Some(&caller.user)).await?;
+    Ok((StatusCode::CREATED, etag(CONNECTION_REVISION), axum::Json(view)))
 }
 
 #[utoipa::path(get, path = "/environments/{env}/connections", tag = "services",
@@ -96,14 +97,17 @@ async fn list_connections(State(app): State<AppState>, Path(env): Path<String>) 
 
 /// Deletes a connection; both processes are told.
 #[utoipa::path(delete, path = "/environments/{env}/connections/{id}", tag = "services",
-    params(("env" = String, Path, description = "Environment name or id"), ("id" = String, Path, description = "Connection id")),
-    responses((status = 200, body = ConnectionView), (status = 404, body = ErrorBody)))]
+    params(("env" = String, Path, description = "Environment name or id"), ("id" = String, Path, description = "Connection id"),
+        ("If-Match" = Option<String>, Header, description = "The connection's revision (ETag), `\"1\"`")),
+    responses((status = 200, body = ConnectionView), (status = 404, body = ErrorBody),
+        (status = 409, description = "`version_conflict`: `If-Match` names another revision", body = ErrorBody)))]
 async fn disconnect(
     State(app): State<AppState>,
     Caller(caller): Caller,
     Path((env, id)): Path<(String, String)>,
+    headers: HeaderMap,
 ) -> Result<axum::Json<ConnectionView>> {
-    Ok(axum::Json(app.disconnect(&env, &id, Some(&caller.user)).await?))
+    Ok(axum::Json(app.disconnect(&env, &id, if_match(&headers), Some(&caller.user)).await?))
 }
 
 /// What each process has not taken yet (its tasks whose desired state is not deployed): the

@@ -216,8 +216,9 @@ pub enum ServicesError {
         state: &'static str,
         operation: &'static str,
     },
-    #[error("process `{name}` is at revision {current}, not {expected} (If-Match): read it again")]
-    VersionConflict { name: String, expected: String, current: i64 },
+    /// `what`: "process `cache`", "connection `…`".
+    #[error("{what} is at revision {current}, not {expected} (If-Match): read it again")]
+    VersionConflict { what: String, expected: String, current: i64 },
     #[error("config{path}: {message}")]
     InvalidConfig { path: String, message: String },
     #[error("invalid request: {0}")]

@@ -318,6 +318,22 @@ impl Store {
         Ok(rows.into_iter().map(connection).collect())
     }
 
+    /// Connection `id`; `None` when there is none.
+    pub async fn find_connection(&self, env: &EnvironmentId, id: &str) -> Result<Option<ConnectionRecord>> {
+        if id.contains('\0') {
+            return Ok(None);
+        }
+        let row: Option<ConnectionRow> = on_pool!(self, pool => {
+            sqlx::query_as(concat!("SELECT ", connection_columns!(), " FROM connections WHERE environment_id = $1 AND id = $2"))
+                .bind(env.to_string())
+                .bind(id)
+                .fetch_optional(pool)
+                .await
+                .map_err(backend_with(|| format!("reading connection `{id}` in environment {env}")))?
+        });
+        Ok(row.map(connection))
+    }
+
     /// Deletes connection `id`; `None` when there is none.
     pub async fn delete_connection(&self, env: &EnvironmentId, id: &str) -> Result<Option<ConnectionRecord>> {
         let _turn = self.write_turn().await?;

@@ -363,8 +363,9 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
 
     // Connected: the consumer finds its peer in its configuration and data flows.
     let body = json!({"from": {"process": "app", "interface": "store"}, "to": {"process": "kvstore", "interface": "kv"}});
-    let (status, connection) = host.post(&connections, &body).await;
+    let (status, connection, tag) = call(&host, Method::POST, &connections, Some(&body), None).await;
     assert_eq!(status, StatusCode::CREATED, "{connection}");
+    assert_eq!(tag.as_deref(), Some("\"1\""), "a connection is never changed: revision 1");
     assert_eq!(connection["version"], "1.0.0");
     assert_eq!(
         connection["interface_id"],
@@ -429,6 +430,24 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
             .unwrap()
             .contains("`legacy.store` (requires 1.0.0) and `kvstore.kv` (provides 1.0.0)"),
         "the refusal says what each side offers: the same label, another schema"
+    );
+    let (_, listed) = host.get(&connections).await;
+    assert_eq!(listed["items"].as_array().unwrap().len(), 1, "{listed}");
+    // A delete naming another revision is refused, and deletes nothing; an unknown id is still
+    // unknown whatever it names.
+    let one = format!("{connections}/{}", connection["id"].as_str().unwrap());
+    let (status, e, _) = call(&host, Method::DELETE, &one, None, Some("\"7\"")).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (StatusCode::CONFLICT, Some("version_conflict")),
+        "{e}"
+    );
+    assert!(e["message"].as_str().unwrap().contains("is at revision 1, not"), "{e}");
+    let (status, e, _) = call(&host, Method::DELETE, &format!("{connections}/nope"), None, Some("\"7\"")).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unknown_connection")),
+        "{e}"
     );
     let (_, listed) = host.get(&connections).await;
     assert_eq!(listed["items"].as_array().unwrap().len(), 1, "{listed}");

@@ -115,6 +115,10 @@ pub(crate) fn pending_of(tasks: &[TaskView], since: Millis) -> Vec<PendingChange
         .collect()
 }
 
+/// A connection's revision, its `ETag`: a connection is never changed once made (it is made,
+/// or deleted), so it stays at its first.
+pub(crate) const CONNECTION_REVISION: i64 = 1;
+
 fn clip(text: &str) -> String {
     text.chars().filter(|c| !c.is_control()).take(100).collect()
 }
@@ -252,10 +256,30 @@ impl App {
     }
 
     /// Deletes a connection and tells both processes.
-    pub async fn disconnect(self: &Arc<Self>, key: &str, id: &str, author: Option<&str>) -> Result<ConnectionView, ServicesError> {
+    pub async fn disconnect(
+        self: &Arc<Self>,
+        key: &str,
+        id: &str,
+        if_match: Option<&str>,
+        author: Option<&str>,
+    ) -> Result<ConnectionView, ServicesError> {
         let env = self.get(key).await?;
         let running = self.running(&env).await?;
         let _services = running.services.lock().await;
+        if let Some(tag) = if_match
+            && !crate::app::tag_matches(tag, &CONNECTION_REVISION.to_string())
+        {
+            // Refused before anything is deleted; a connection that does not exist is still
+            // answered `unknown_connection`.
+            if self.store.find_connection(&env.id, id).await?.is_none() {
+                return Err(ServicesError::UnknownConnection(clip(id)));
+            }
+            return Err(ServicesError::VersionConflict {
+                what: format!("connection `{}`", clip(id)),
+                expected: tag.chars().filter(|c| !c.is_control()).take(40).collect(),
+                current: CONNECTION_REVISION,
+            });
+        }
         let record = self
             .store
             .delete_connection(&env.id, id)

@@ -12,6 +12,7 @@ mod connections;
 mod release;
 mod watch;
 
+pub(crate) use connections::CONNECTION_REVISION;
 pub use connections::{ConnectRequest, ConnectionView, Endpoint, PendingChange, PendingList};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -385,7 +386,7 @@ impl App {
             Err(StoreError::Conflict { .. }) => {
                 let current = self.store.find_process(&env.id, &record.name).await?.map_or(0, |r| r.revision);
                 Err(ServicesError::VersionConflict {
-                    name: record.name.clone(),
+                    what: format!("process `{}`", record.name),
                     expected: record.revision.to_string(),
                     current,
                 })
@@ -750,7 +751,7 @@ fn redacted(schema: &Value, config: &Value) -> Value {
 fn check_if_match(name: &str, record: &ProcessRecord, if_match: Option<&str>) -> Result<(), ServicesError> {
     match if_match {
         Some(tag) if !crate::app::tag_matches(tag, &record.revision.to_string()) => Err(ServicesError::VersionConflict {
-            name: name.to_string(),
+            what: format!("process `{name}`"),
             expected: tag.chars().filter(|c| !c.is_control()).take(40).collect(),
             current: record.revision,
         }),
