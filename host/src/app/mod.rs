@@ -74,6 +74,8 @@ pub struct App {
     access: access::AccessCache,
     /// Process rows decoded, by environment and name.
     process_docs: processes::DocCache,
+    /// Service versions read from the catalog (immutable once published).
+    service_docs: services::ServiceDocs,
 }
 
 impl App {
@@ -128,6 +130,7 @@ impl App {
             stopping: tokio::sync::watch::channel(false).0,
             access: access::AccessCache::new(config.token_requests_per_s, config.token_burst),
             process_docs: processes::DocCache::default(),
+            service_docs: services::ServiceDocs::default(),
         };
         for env in environments.store.list_environments().await? {
             // One environment that cannot resume (say, a plugin gone from the registry) must

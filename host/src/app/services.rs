@@ -1,6 +1,9 @@
 //! The service catalog as the application reads it: service versions from the registry, each
 //! with its verified document.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use orc_cluster::ServiceDocument;
 use orc_registry::{RegistryError, ServiceEntry, Store};
 
@@ -39,15 +42,27 @@ impl App {
         .await
     }
 
-    /// Service `name@version`.
+    /// Service `name@version`. A version is immutable once published, so it is read from the
+    /// registry and verified once, then kept (process operations and views ask for it often).
     pub async fn service(&self, name: &str, version: &str) -> Result<(ServiceEntry, ServiceDocument), ServicesError> {
-        let (name, version) = (name.to_string(), version.to_string());
-        self.catalog(format!("{name}@{version}"), move |store| {
-            let entry = store.resolve_service(&name, &version)?;
-            let doc = store.service_document(&entry)?;
-            Ok((entry, doc))
-        })
-        .await
+        let key = (name.to_string(), version.to_string());
+        if let Some(found) = self.service_docs.0.lock().expect("service docs").get(&key) {
+            return Ok((found.0.clone(), found.1.clone()));
+        }
+        let (name, version) = key.clone();
+        let found = self
+            .catalog(format!("{name}@{version}"), move |store| {
+                let entry = store.resolve_service(&name, &version)?;
+                let doc = store.service_document(&entry)?;
+                Ok((entry, doc))
+            })
+            .await?;
+        self.service_docs
+            .0
+            .lock()
+            .expect("service docs")
+            .insert(key, Arc::new(found.clone()));
+        Ok(found)
     }
 
     /// Runs a read of the catalog on the blocking pool; a name or version that is not one, or
@@ -69,3 +84,10 @@ impl App {
         })
     }
 }
+
+/// A service version as the catalog holds it: its entry and its verified document.
+type ServiceVersion = Arc<(ServiceEntry, ServiceDocument)>;
+
+/// Service versions read from the registry, by name and version.
+#[derive(Default)]
+pub(crate) struct ServiceDocs(Mutex<HashMap<(String, String), ServiceVersion>>);

@@ -195,8 +195,13 @@ impl fmt::Debug for Attributes {
 }
 
 impl Serialize for Attributes {
+    /// The canonical text as it is: serde_json writes a raw value through (its value serializer
+    /// parses it), so storing a version does not rebuild every resource's tree.
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.to_value().serialize(s)
+        match serde_json::from_str::<&serde_json::value::RawValue>(&self.0) {
+            Ok(raw) => raw.serialize(s),
+            Err(_) => self.to_value().serialize(s),
+        }
     }
 }
 
@@ -370,6 +375,21 @@ mod tests {
 
     fn doc(resources: serde_json::Value) -> Result<Intent, IntentError> {
         Intent::parse(serde_json::json!({ "resources": resources }).to_string().as_bytes())
+    }
+
+    /// Attributes are written as their canonical text, and read back to the same text, through
+    /// serde_json's writer and its value serializer alike.
+    #[test]
+    fn attributes_serialise_as_their_canonical_text() {
+        let value = serde_json::json!({"z": [1, {"b": "é\n", "a": null}], "a": 1.5, "m": {"y": true, "x": "\"q\""}});
+        let attributes = Attributes::new(&value);
+        let text = serde_json::to_string(&attributes).unwrap();
+        assert_eq!(text, attributes.as_json());
+        assert_eq!(serde_json::to_value(&attributes).unwrap(), value);
+        let nested = serde_json::to_string(&serde_json::json!({"k": serde_json::to_value(&attributes).unwrap()})).unwrap();
+        assert_eq!(nested, format!("{{\"k\":{}}}", attributes.as_json()));
+        let back: Attributes = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, attributes);
     }
 
     /// Found by the scheduler's model-based test: `b` stays and requires `a`; `a` and `c` are

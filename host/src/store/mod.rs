@@ -219,7 +219,8 @@ impl Store {
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(options.busy_timeout)
             .foreign_keys(true)
-            .pragma("temp_store", "memory");
+            .pragma("temp_store", "memory")
+            .pragma("cache_size", "-32768");
         let pool = SqlitePoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
@@ -387,6 +388,7 @@ const SQLITE_MIGRATIONS: Embedded = &[
     (6, "users", include_str!("../../migrations/sqlite/0006_users.sql")),
     (7, "services", include_str!("../../migrations/sqlite/0007_services.sql")),
     (8, "revisions", include_str!("../../migrations/sqlite/0008_revisions.sql")),
+    (9, "process_heads", include_str!("../../migrations/sqlite/0009_process_heads.sql")),
 ];
 const POSTGRES_MIGRATIONS: Embedded = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -397,6 +399,7 @@ const POSTGRES_MIGRATIONS: Embedded = &[
     (6, "users", include_str!("../../migrations/postgres/0006_users.sql")),
     (7, "services", include_str!("../../migrations/postgres/0007_services.sql")),
     (8, "revisions", include_str!("../../migrations/postgres/0008_revisions.sql")),
+    (9, "process_heads", include_str!("../../migrations/postgres/0009_process_heads.sql")),
 ];
 
 fn migrator(embedded: Embedded) -> Migrator {

@@ -409,6 +409,51 @@ impl Store {
         state(row.ok_or_else(|| StoreError::not_found(format!("resource `{resource_id}` in environment {env}")))?)
     }
 
+    /// The states of the resources `resource_ids` that have one, in no particular order: a
+    /// lookup by key, where a set's tasks are known (a filter on the id text reads every state).
+    pub async fn states_of(&self, env: &EnvironmentId, resource_ids: &[String]) -> Result<Vec<ResourceState>> {
+        if resource_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let env_id = env.to_string();
+        let context = || format!("reading {} resource states of environment {env}", resource_ids.len());
+        let mut rows: Vec<Row> = Vec::with_capacity(resource_ids.len());
+        match &self.db {
+            Db::Sqlite(pool) => {
+                for chunk in resource_ids.chunks(sqlite_rows_per_statement(1) - 1) {
+                    let mut q =
+                        QueryBuilder::<Sqlite>::new(concat!("SELECT ", columns!(), " FROM resource_states WHERE environment_id = "));
+                    q.push_bind(&env_id).push(" AND resource_id IN (");
+                    let mut list = q.separated(", ");
+                    for id in chunk {
+                        list.push_bind(id);
+                    }
+                    q.push(")");
+                    rows.extend(
+                        q.build_query_as::<Row>()
+                            .persistent(false)
+                            .fetch_all(pool)
+                            .await
+                            .map_err(backend_with(context))?,
+                    );
+                }
+            }
+            Db::Postgres(pool) => {
+                rows = sqlx::query_as::<Postgres, Row>(concat!(
+                    "SELECT ",
+                    columns!(),
+                    " FROM resource_states WHERE environment_id = $1 AND resource_id = ANY($2)"
+                ))
+                .bind(&env_id)
+                .bind(resource_ids)
+                .fetch_all(pool)
+                .await
+                .map_err(backend_with(context))?;
+            }
+        }
+        rows.into_iter().map(state).collect()
+    }
+
     /// Every state of the environment, by resource id (for a scheduler loading its environment).
     pub async fn load_states(&self, env: &EnvironmentId) -> Result<Vec<ResourceState>> {
         let rows: Vec<Row> = on_pool!(self, pool => {

@@ -200,6 +200,18 @@ pub async fn states_batch_upsert_filters_and_pagination(db: &TestDb) -> Result<(
     all.sort_by(|a, b| a.resource_id.cmp(&b.resource_id));
     assert_eq!(store.load_states(&env).await?, all);
     assert_eq!(store.get_state(&env, &states[7].resource_id).await?, states[7]);
+    // By key: the ones that exist, once each, whatever else is asked for.
+    let asked: Vec<String> = [3, 7, 7, 249]
+        .iter()
+        .map(|&i| states[i].resource_id.clone())
+        .chain(["file[web9,/nope]".to_string()])
+        .collect();
+    let mut found = store.states_of(&env, &asked).await?;
+    found.sort_by(|a, b| a.resource_id.cmp(&b.resource_id));
+    let mut expected = vec![states[3].clone(), states[7].clone(), states[249].clone()];
+    expected.sort_by(|a, b| a.resource_id.cmp(&b.resource_id));
+    assert_eq!(found, expected);
+    assert!(store.states_of(&env, &[]).await?.is_empty());
     let err = store.get_state(&env, "file[web9,/nope]").await.unwrap_err();
     assert!(
         matches!(err, StoreError::NotFound { .. }) && err.to_string().contains("file[web9,/nope]"),

@@ -14,12 +14,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::app::{App, EnvError, merge_patch};
-use crate::clusters::planner::{self, PlanInput, Step, TASK_TYPE};
+use crate::clusters::planner::{self, PlanInput, Step};
 use crate::clusters::{ClusterDoc, ClusterError, ClusterFailure, ClusterStatus, OperationKind, validate_name};
 use crate::intent::pinning;
 use crate::intent::{Intent, IntentDocument, PluginRef, ResourceSpec};
 use crate::scheduler::ResourceStatus;
-use crate::store::{ClusterRecord, Environment, Millis, ResourceState, StateFilter, StoreError, TemplateRecord, now_ms};
+use crate::store::{ClusterRecord, Environment, Millis, ResourceState, StoreError, TemplateRecord, now_ms};
 
 /// The solver a template gets when it names none.
 pub const DEFAULT_SOLVER: &str = "layout-solver";
@@ -953,49 +953,27 @@ impl App {
         Ok(tasks)
     }
 
-    /// The states of a resource set's tasks, by resource id.
-    async fn task_states(&self, env: &Environment, cluster: &str) -> Result<HashMap<String, ResourceState>, ClusterError> {
-        let mut states = HashMap::new();
-        let mut after = None;
-        loop {
-            let page = self
-                .store
-                .list_states(
-                    &env.id,
-                    &StateFilter {
-                        resource_type: Some(TASK_TYPE.to_string()),
-                        text: Some(format!(",{cluster}/")),
-                        after,
-                        limit: crate::store::MAX_PAGE,
-                        ..StateFilter::default()
-                    },
-                )
-                .await?;
-            for s in page.items {
-                states.insert(s.resource_id.clone(), s);
-            }
-            match page.next_after {
-                Some(next) => after = Some(next),
-                None => return Ok(states),
-            }
-        }
+    /// The states of `tasks` that have one, by resource id.
+    async fn task_states(&self, env: &Environment, tasks: &[ResourceSpec]) -> Result<HashMap<String, ResourceState>, ClusterError> {
+        let ids: Vec<String> = tasks.iter().map(|t| t.id.to_string()).collect();
+        let states = self.store.states_of(&env.id, &ids).await?;
+        Ok(states.into_iter().map(|s| (s.resource_id.clone(), s)).collect())
     }
 
     /// How far the cluster's plan is.
-    pub(crate) async fn progress(&self, env: &Environment, name: &str, doc: &ClusterDoc) -> Result<Progress, ClusterError> {
-        self.task_progress(env, name, &doc.tasks, doc.max_attempts).await
+    pub(crate) async fn progress(&self, env: &Environment, doc: &ClusterDoc) -> Result<Progress, ClusterError> {
+        self.task_progress(env, &doc.tasks, doc.max_attempts).await
     }
 
-    /// How far the plan `planned` of resource set `set` is; a task failed `max_attempts` times
-    /// fails it.
+    /// How far the plan `planned` (one resource set's tasks) is; a task failed `max_attempts`
+    /// times fails it.
     pub(crate) async fn task_progress(
         &self,
         env: &Environment,
-        set: &str,
         planned: &[ResourceSpec],
         max_attempts: u32,
     ) -> Result<Progress, ClusterError> {
-        let states = self.task_states(env, set).await?;
+        let states = self.task_states(env, planned).await?;
         let mut done = true;
         let mut failed = None;
         let mut tasks = Vec::with_capacity(planned.len());
@@ -1041,7 +1019,7 @@ impl App {
     }
 
     async fn view(&self, env: &Environment, record: &ClusterRecord, doc: &ClusterDoc) -> Result<ClusterView, ClusterError> {
-        let progress = self.progress(env, &record.name, doc).await?;
+        let progress = self.progress(env, doc).await?;
         let mut counts = BTreeMap::new();
         for t in &progress.tasks {
             *counts.entry(t.status.clone()).or_insert(0) += 1;

@@ -89,7 +89,7 @@ impl App {
         let Some(status) = ClusterStatus::parse(&record.status) else {
             return Ok(Next::Done);
         };
-        let progress = self.progress(env, name, &doc).await?;
+        let progress = self.progress(env, &doc).await?;
         let template = stored_template(
             &self
                 .store

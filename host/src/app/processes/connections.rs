@@ -332,9 +332,7 @@ impl App {
         let mut items = Vec::new();
         for record in self.store.list_processes(&env.id).await? {
             let doc = self.process_doc(&env, &record)?;
-            let progress = self
-                .task_progress(&env, &set_of(&record.name), &doc.tasks, doc.max_attempts)
-                .await?;
+            let progress = self.task_progress(&env, &doc.tasks, doc.max_attempts).await?;
             let changes = pending_of(&progress.tasks, doc.changed_at);
             if !changes.is_empty() {
                 items.push(PendingProcess {

@@ -585,7 +585,7 @@ impl App {
         shared: &mut ViewContext,
     ) -> Result<ProcessView, ServicesError> {
         let set = set_of(&record.name);
-        let Progress { tasks, .. } = self.task_progress(env, &set, &doc.tasks, doc.max_attempts).await?;
+        let Progress { tasks, .. } = self.task_progress(env, &doc.tasks, doc.max_attempts).await?;
         let mut progress = BTreeMap::new();
         for t in &tasks {
             *progress.entry(t.status.clone()).or_insert(0) += 1;

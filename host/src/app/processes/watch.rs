@@ -14,6 +14,7 @@ use super::release::is_process_task;
 use super::{decode, plan, state_of};
 use crate::app::App;
 use crate::intent::IntentDocument;
+use crate::scheduler::ResourceStatus;
 use crate::services::{ProcessState, ServicesError, set_of};
 use crate::store::{Environment, EnvironmentId, StoreError};
 
@@ -90,7 +91,7 @@ impl App {
             // Its tasks are not released yet (or their states not recorded): nothing to judge.
             return Ok(Next::Wait);
         }
-        let progress = self.task_progress(env, &set, &doc.tasks, doc.max_attempts).await?;
+        let progress = self.task_progress(env, &doc.tasks, doc.max_attempts).await?;
         let state = state_of(&record);
         match state {
             ProcessState::Running | ProcessState::Failed => Ok(Next::Done),
@@ -232,17 +233,32 @@ impl App {
     }
 }
 
-/// Waits for a batch of events that mentions `needle` (or that some were missed); with hundreds
-/// of processes changing at once, a watcher wakes for its own tasks, not for everyone's.
+/// Waits for a batch of events that may move a process on: one that mentions `needle` (or that
+/// some were missed). With hundreds of processes changing at once, a watcher wakes for its own
+/// tasks, not for everyone's; and not for a task becoming `available` or `deploying`, which
+/// neither finishes nor fails an operation (the tick looks again anyway).
 async fn concerning(events: &mut tokio::sync::broadcast::Receiver<crate::scheduler::events::Batch>, needle: &str) {
     use tokio::sync::broadcast::error::RecvError;
     loop {
         match events.recv().await {
-            Ok(batch) if batch.iter().any(|e| e.data.contains(needle)) => return,
+            Ok(batch) if batch.iter().any(|e| e.data.contains(needle) && !under_way(e)) => return,
             Ok(_) => {}
             Err(RecvError::Lagged(_)) => return,
             // The stream ended (the environment stopped): the tick looks again.
             Err(RecvError::Closed) => std::future::pending::<()>().await,
         }
     }
+}
+
+/// Whether `event` only says a task is waiting or running.
+fn under_way(event: &crate::scheduler::events::Published) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Status {
+        status: Option<ResourceStatus>,
+    }
+    event.name == "state"
+        && matches!(
+            serde_json::from_str::<Status>(&event.data).map(|s| s.status),
+            Ok(Some(ResourceStatus::Available | ResourceStatus::Deploying))
+        )
 }
