@@ -17,6 +17,7 @@ pub mod access;
 pub mod api;
 pub mod app;
 pub mod clusters;
+pub mod console;
 pub mod embedded;
 pub mod executor;
 pub mod intent;

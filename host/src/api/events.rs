@@ -56,7 +56,7 @@ async fn events(
 /// Completes when the caller's token no longer lets it read the environment's events (revoked,
 /// its user disabled or deleted, its role taken away): the stream then ends. Checked each time
 /// users, roles or tokens change, with the rule of this route.
-async fn revoked(app: AppState, caller: Arc<Principal>, env: String) {
+pub(crate) async fn revoked(app: AppState, caller: Arc<Principal>, env: String) {
     let rule = rules::rule(&Method::GET, "/environments/{env}/events");
     let mut changed = app.access_changed();
     while changed.changed().await.is_ok() {

@@ -14,7 +14,7 @@ mod doc;
 mod environments;
 mod error;
 mod etag;
-mod events;
+pub(crate) mod events;
 mod extract;
 mod intents;
 mod nodes;
@@ -142,6 +142,8 @@ pub fn router(environments: Arc<App>, max_body_bytes: usize) -> Router {
         // Open like health and readiness: scrapers carry no token, and it shows counts only.
         .route("/metrics", get(ops::metrics))
         .nest_service("/registry", registry)
+        // The web console: HTML pages over the same application layer.
+        .merge(crate::console::router())
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(serve::refuse_oversized_heads))

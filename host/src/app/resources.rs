@@ -3,6 +3,7 @@
 //! scoped to the environment it is asked of.
 
 use super::{App, EnvError};
+use crate::intent::ResourceSpec;
 use crate::store::{
     ActionFilter, ActionPage, DryrunId, DryrunReport, Environment, IntentVersion, LoggedAction, Operation, OperationId, ResourceState,
     StateFilter, StatePage, StoreError, VersionInfo,
@@ -25,6 +26,14 @@ impl App {
 
     pub async fn resource_state(&self, env: &Environment, resource: &str) -> Result<ResourceState, EnvError> {
         Ok(self.store.get_state(&env.id, resource).await?)
+    }
+
+    /// What the released version of `env` wants of `resource` (its adaptor pinned), if it has it.
+    pub async fn desired_resource(&self, env: &Environment, resource: &str) -> Result<Option<ResourceSpec>, EnvError> {
+        let running = self.running(env).await?;
+        Ok(running
+            .released_version()
+            .and_then(|v| v.intent.resources.iter().find(|r| r.id.to_string() == resource).cloned()))
     }
 
     /// The `limit` most recent actions of one resource.

@@ -1,0 +1,406 @@
+//! The web console: server-rendered HTML pages under `/`, beside the REST API under `/api/v1`,
+//! served by the same `orc-host serve` on the same port.
+//!
+//! Invariants:
+//! - No page reads the store: every page and every form calls the same application function
+//!   ([`crate::app`]) as the API route it mirrors, so the console can never show what the API
+//!   would refuse, nor change anything the API would not.
+//! - Every page and form is authorized by the rule of the API route it mirrors
+//!   ([`rules::rule`]), for the principal of the browser's session ([`session`]): a viewer sees
+//!   what `GET /api/v1/...` shows it, and a form needs the role its API call needs.
+//! - Every state-changing request passes the origin check and carries the session's CSRF field,
+//!   and is written to the audit trail like an API call (its route prefixed `console:`).
+//! - Every refusal is shown in words: the API's stable code and its message, on a page.
+
+mod pages;
+mod session;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Form, Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use serde::Deserialize;
+
+use crate::access::{Principal, rules};
+use crate::api::ApiError;
+use crate::app::App;
+use crate::scheduler::ResourceStatus;
+use crate::store::{AuditId, AuditRecord, StateFilter, hash_token, now_ms};
+use session::{Refused, Sessions, SignedIn};
+
+type AppState = Arc<App>;
+
+/// Resources per page of an environment's table.
+const PAGE: u32 = 50;
+/// Actions shown on a resource's page.
+const RECENT_ACTIONS: u32 = 20;
+
+/// The console's routes, to be merged at the root of the host's router.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/environments") }))
+        .route("/sign-in", get(sign_in_page).post(sign_in))
+        .route("/sign-out", post(sign_out))
+        .route("/environments", get(environments).post(create_environment))
+        .route("/environments/{env}", get(environment))
+        .route("/environments/{env}/resource", get(resource))
+        .route("/environments/{env}/live", get(live))
+        .route("/console.css", get(|| async { ([(header::CONTENT_TYPE, "text/css")], pages::CSS) }))
+        .route(
+            "/console.js",
+            get(|| async { ([(header::CONTENT_TYPE, "text/javascript")], pages::SCRIPT) }),
+        )
+        .layer(Extension(Arc::new(Sessions::default())))
+}
+
+/// A page that could not be shown: the API's refusal, in words; a signed-out browser is sent to
+/// sign in.
+enum PageError {
+    SignedOut,
+    Refused(ApiError),
+}
+
+impl From<Refused> for PageError {
+    fn from(r: Refused) -> Self {
+        match r {
+            Refused::SignedOut => PageError::SignedOut,
+            Refused::Forgery(why) => PageError::Refused(ApiError::new(StatusCode::FORBIDDEN, "csrf_refused", why)),
+        }
+    }
+}
+
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        match self {
+            PageError::SignedOut => Redirect::to("/sign-in").into_response(),
+            PageError::Refused(e) => (e.status, pages::error(&e)).into_response(),
+        }
+    }
+}
+
+/// Shorthand: an application error as a page error.
+fn refused(e: impl Into<ApiError>) -> PageError {
+    PageError::Refused(e.into())
+}
+
+/// The session of the request, allowed what the API route `method path` allows for environment
+/// `env`.
+async fn authorize(
+    app: &App,
+    sessions: &Sessions,
+    headers: &HeaderMap,
+    method: Method,
+    path: &str,
+    env: Option<&str>,
+) -> Result<SignedIn, PageError> {
+    let signed_in = sessions.find(app, headers).await?;
+    allow(&signed_in.principal, method, path, env)?;
+    Ok(signed_in)
+}
+
+/// Refuses what the API route `method path` would refuse `principal`.
+fn allow(principal: &Principal, method: Method, path: &str, env: Option<&str>) -> Result<(), PageError> {
+    let Some(rule) = rules::rule(&method, path) else {
+        return Err(refused(ApiError::forbidden(format!("{method} {path} has no authorization rule"))));
+    };
+    principal.allows(rule, env).map_err(|f| refused(ApiError::forbidden(f.message)))
+}
+
+/// A state-changing form: same origin, the session's CSRF field, the API route's rule.
+async fn authorize_change(
+    app: &App,
+    sessions: &Sessions,
+    headers: &HeaderMap,
+    csrf: Option<&str>,
+    (method, path): (Method, &str),
+    env: Option<&str>,
+) -> Result<SignedIn, PageError> {
+    session::check_origin(headers)?;
+    let signed_in = sessions.find(app, headers).await?;
+    signed_in.check_csrf(csrf)?;
+    allow(&signed_in.principal, method, path, env)?;
+    Ok(signed_in)
+}
+
+/// Writes a console change to the audit trail, as the API's layer does for its own.
+async fn audit(
+    app: &App,
+    signed_in: &SignedIn,
+    (method, route): (Method, &str),
+    path: &str,
+    env: Option<&str>,
+    outcome: Result<(), &ApiError>,
+) {
+    app.record_audit(AuditRecord {
+        id: AuditId::new(),
+        at: now_ms(),
+        user_id: Some(signed_in.principal.user_id),
+        user: Some(signed_in.principal.user.clone()),
+        token_id: Some(signed_in.principal.token_id),
+        method: method.to_string(),
+        route: format!("console:{route}"),
+        path: path.chars().take(2048).collect(),
+        environment: env.map(|e| e.chars().take(256).collect()),
+        status: outcome.map_or_else(|e| e.status.as_u16(), |()| StatusCode::SEE_OTHER.as_u16()),
+        code: outcome.err().map(|e| e.code.to_string()),
+    })
+    .await;
+}
+
+// Signing in and out.
+
+async fn sign_in_page() -> maud::Markup {
+    pages::sign_in(None)
+}
+
+#[derive(Deserialize)]
+struct SignInForm {
+    #[serde(default)]
+    token: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    password: String,
+}
+
+/// Signs in with a token, or a user's name and password (a new token for the session, revoked
+/// when it ends).
+async fn sign_in(
+    State(app): State<AppState>,
+    Extension(sessions): Extension<Arc<Sessions>>,
+    headers: HeaderMap,
+    Form(form): Form<SignInForm>,
+) -> Response {
+    if let Err(Refused::Forgery(why)) = session::check_origin(&headers) {
+        return (StatusCode::FORBIDDEN, pages::sign_in(Some(why))).into_response();
+    }
+    let token = form.token.trim();
+    let started = if !token.is_empty() {
+        match app.authenticate(token).await {
+            Ok(Some(_)) => Ok(sessions.start(hash_token(token), None)),
+            Ok(None) => Err("that token is not valid: unknown, revoked, or its user is disabled".to_string()),
+            Err(e) => Err(ApiError::from(e).message),
+        }
+    } else if !form.name.is_empty() {
+        match app.login(&form.name, &form.password, None, "console session").await {
+            Ok((view, secret)) => Ok(sessions.start(hash_token(&secret), Some(view.record.id))),
+            Err(e) => Err(ApiError::from(e).message),
+        }
+    } else {
+        Err("give a token, or a user name and password".to_string())
+    };
+    match started {
+        Ok(secret) => (
+            [(header::SET_COOKIE, session::set_cookie(&secret, &headers))],
+            Redirect::to("/environments"),
+        )
+            .into_response(),
+        Err(message) => (StatusCode::UNAUTHORIZED, pages::sign_in(Some(&message))).into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    #[serde(rename = "_csrf")]
+    csrf: Option<String>,
+}
+
+async fn sign_out(
+    State(app): State<AppState>,
+    Extension(sessions): Extension<Arc<Sessions>>,
+    headers: HeaderMap,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, PageError> {
+    session::check_origin(&headers)?;
+    let signed_in = sessions.find(&app, &headers).await?;
+    signed_in.check_csrf(form.csrf.as_deref())?;
+    sessions.end(&app, &signed_in).await;
+    Ok(([(header::SET_COOKIE, session::clear_cookie(&headers))], Redirect::to("/sign-in")).into_response())
+}
+
+// Environments.
+
+async fn environments(
+    State(app): State<AppState>,
+    Extension(sessions): Extension<Arc<Sessions>>,
+    headers: HeaderMap,
+) -> Result<maud::Markup, PageError> {
+    let signed_in = authorize(&app, &sessions, &headers, Method::GET, "/environments", None).await?;
+    environments_page(&app, &signed_in, None).await
+}
+
+async fn environments_page(app: &App, signed_in: &SignedIn, error: Option<(&str, &ApiError)>) -> Result<maud::Markup, PageError> {
+    let mut rows = Vec::new();
+    for env in app.list_for(&signed_in.principal).await.map_err(refused)? {
+        let counts = app.status_counts(&env).await.map_err(refused)?;
+        rows.push((env, counts));
+    }
+    Ok(pages::environments(signed_in, &rows, error))
+}
+
+#[derive(Deserialize)]
+struct NewEnvironmentForm {
+    #[serde(rename = "_csrf")]
+    csrf: Option<String>,
+    #[serde(default)]
+    name: String,
+}
+
+async fn create_environment(
+    State(app): State<AppState>,
+    Extension(sessions): Extension<Arc<Sessions>>,
+    headers: HeaderMap,
+    Form(form): Form<NewEnvironmentForm>,
+) -> Result<Response, PageError> {
+    let route = (Method::POST, "/environments");
+    let signed_in = authorize_change(&app, &sessions, &headers, form.csrf.as_deref(), route.clone(), None).await?;
+    let name = form.name.trim();
+    match app.create(name, None).await {
+        Ok(env) => {
+            audit(&app, &signed_in, route, "/environments", Some(&env.name), Ok(())).await;
+            Ok(Redirect::to(&format!("/environments/{}", pages::path_segment(&env.name))).into_response())
+        }
+        Err(e) => {
+            let e = ApiError::from(e);
+            audit(&app, &signed_in, route, "/environments", Some(name), Err(&e)).await;
+            let page = environments_page(&app, &signed_in, Some((name, &e))).await?;
+            Ok((e.status, page).into_response())
+        }
+    }
+}
+
+#[derive(Deserialize, Default)]
+struct ResourceQuery {
+    status: Option<String>,
+    #[serde(rename = "type")]
+    resource_type: Option<String>,
+    node: Option<String>,
+    q: Option<String>,
+    after: Option<String>,
+}
+
+/// The non-empty value of a filter field.
+fn given(field: &Option<String>) -> Option<String> {
+    field.as_deref().map(str::trim).filter(|v| !v.is_empty()).map(str::to_string)
+}
+
+async fn environment(
+    State(app): State<AppState>,
+    Extension(sessions): Extension<Arc<Sessions>>,
+    headers: HeaderMap,
+    axum::extract::Path(key): axum::extract::Path<String>,
+    Query(query): Query<ResourceQuery>,
+) -> Result<maud::Markup, PageError> {
+    let signed_in = authorize(&app, &sessions, &headers, Method::GET, "/environments/{env}", Some(&key)).await?;
+    allow(&signed_in.principal, Method::GET, "/environments/{env}/resources", Some(&key))?;
+    let env = app.get(&key).await.map_err(refused)?;
+    let counts = app.status_counts(&env).await.map_err(refused)?;
+    let status = match given(&query.status) {
+        Some(s) => Some(
+            s.parse::<ResourceStatus>()
+                .map_err(|e| refused(ApiError::bad_request("invalid_query", format!("status: {e}"))))?,
+        ),
+        None => None,
+    };
+    let filter = StateFilter {
+        status,
+        resource_type: given(&query.resource_type),
+        node: given(&query.node),
+        text: given(&query.q),
+        after: given(&query.after),
+        limit: PAGE,
+    };
+    let page = app.resource_states(&env, &filter).await.map_err(refused)?;
+    // The link to the next page keeps the filters.
+    let mut next = BTreeMap::new();
+    if let Some(after) = &page.next_after {
+        for (k, v) in [
+            ("status", &query.status),
+            ("type", &query.resource_type),
+            ("node", &query.node),
+            ("q", &query.q),
+        ] {
+            if let Some(v) = given(v) {
+                next.insert(k, v);
+            }
+        }
+        next.insert("after", after.clone());
+    }
+    Ok(pages::environment(
+        &signed_in,
+        &env,
+        &counts,
+        &filter,
+        &page.items,
+        page.next_after.as_ref().map(|_| next),
+    ))
+}
+
+#[derive(Deserialize)]
+struct ResourceParams {
+    id: String,
+}
+
+async fn resource(
+    State(app): State<AppState>,
+    Extension(sessions): Extension<Arc<Sessions>>,
+    headers: HeaderMap,
+    axum::extract::Path(key): axum::extract::Path<String>,
+    Query(params): Query<ResourceParams>,
+) -> Result<maud::Markup, PageError> {
+    let signed_in = authorize(
+        &app,
+        &sessions,
+        &headers,
+        Method::GET,
+        "/environments/{env}/resources/{id}",
+        Some(&key),
+    )
+    .await?;
+    allow(
+        &signed_in.principal,
+        Method::GET,
+        "/environments/{env}/resources/{id}/actions",
+        Some(&key),
+    )?;
+    let env = app.get(&key).await.map_err(refused)?;
+    let state = app.resource_state(&env, &params.id).await.map_err(refused)?;
+    let desired = app.desired_resource(&env, &params.id).await.map_err(refused)?;
+    let actions = app.recent_actions(&env, &params.id, RECENT_ACTIONS).await.map_err(refused)?;
+    Ok(pages::resource(&signed_in, &env, &state, desired.as_ref(), &actions))
+}
+
+/// Server-sent events for an environment's page: `changed` whenever the scheduler recorded a
+/// batch of its events; the page then fetches itself again and swaps in what changed. Only the
+/// fact is sent: what the page shows is read through the page's own route and rule.
+async fn live(
+    State(app): State<AppState>,
+    Extension(sessions): Extension<Arc<Sessions>>,
+    headers: HeaderMap,
+    axum::extract::Path(key): axum::extract::Path<String>,
+) -> Result<Response, PageError> {
+    use futures::StreamExt;
+    let signed_in = authorize(&app, &sessions, &headers, Method::GET, "/environments/{env}/events", Some(&key)).await?;
+    let receiver = app.subscribe(&key).await.map_err(refused)?;
+    // It ends as the API's stream does when access is taken away, and when the session ends.
+    let revoked = crate::api::events::revoked(app.clone(), signed_in.principal.clone(), key);
+    let ended = async move { sessions.ended(&signed_in).await };
+    let stream = tokio_stream::wrappers::BroadcastStream::new(receiver)
+        .map(|batch| {
+            let n = batch.map_or(0, |b| b.len());
+            Ok::<_, std::convert::Infallible>(axum::response::sse::Event::default().event("changed").data(n.to_string()))
+        })
+        .take_until(async move {
+            tokio::select! {
+                () = revoked => {}
+                () = ended => {}
+            }
+        });
+    Ok(axum::response::sse::Sse::new(stream)
+        .keep_alive(axum::response::sse::KeepAlive::new().interval(std::time::Duration::from_secs(15)))
+        .into_response())
+}

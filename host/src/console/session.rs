@@ -1,0 +1,268 @@
+//! Console sessions: a browser signs in once (an API token, or a user's name and password) and
+//! is given a session cookie; the server keeps what the cookie stands for.
+//!
+//! - The cookie holds a random secret (`orc_session`, `HttpOnly`, `SameSite=Strict`, `Secure`
+//!   when the request came over TLS); the server keeps only its sha256, with the hash of the
+//!   token the session acts with. Each request turns that token into a principal again
+//!   ([`App::authenticate_hash`]), so a revoked token or a disabled user ends the session at once.
+//! - Every state-changing request carries the session's CSRF secret in a form field, compared in
+//!   constant time; a request whose `Origin` is not the console's own is refused first.
+//! - Signing out removes the session on the server (the cookie is worthless from then on), and
+//!   revokes the token a password sign-in made for it.
+//! - Sessions live in memory: a host restart signs everyone out.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, HeaderValue, header};
+use sha2::Digest as _;
+
+use crate::access::Principal;
+use crate::app::App;
+use crate::store::TokenId;
+
+/// The cookie's name.
+pub const COOKIE: &str = "orc_session";
+/// How long a session lasts without being used.
+const IDLE: Duration = Duration::from_secs(8 * 3600);
+/// The most sessions kept; past it, the least recently used goes.
+const MAX_SESSIONS: usize = 10_000;
+
+/// One signed-in browser.
+#[derive(Clone)]
+struct Session {
+    /// The sha256 (hex) of the token the session acts with.
+    token_hash: String,
+    /// The token a password sign-in made for this session: revoked at sign-out.
+    own_token: Option<TokenId>,
+    csrf: String,
+    last_used: Instant,
+}
+
+/// A session as a request sees it.
+#[derive(Clone)]
+pub struct SignedIn {
+    pub principal: Arc<Principal>,
+    /// The CSRF secret every form of the page carries.
+    pub csrf: String,
+    key: String,
+}
+
+/// Every session, by the sha256 of its cookie's secret; `ended` counts the sessions ended, so
+/// that what follows a session (a page's event stream) stops with it.
+#[derive(Default)]
+pub struct Sessions(Mutex<HashMap<String, Session>>, tokio::sync::watch::Sender<u64>);
+
+/// Why a request is not taken.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// No session, or one that ended.
+    SignedOut,
+    /// The form's CSRF field is missing or wrong, or the request came from another origin.
+    Forgery(&'static str),
+}
+
+impl Sessions {
+    /// Starts a session acting with the token whose hash is `token_hash`; the cookie's value.
+    pub fn start(&self, token_hash: String, own_token: Option<TokenId>) -> String {
+        let secret = random_secret();
+        let mut sessions = self.0.lock().expect("sessions");
+        if sessions.len() >= MAX_SESSIONS
+            && let Some(oldest) = sessions.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone())
+        {
+            sessions.remove(&oldest);
+        }
+        sessions.insert(
+            hash(&secret),
+            Session {
+                token_hash,
+                own_token,
+                csrf: random_secret(),
+                last_used: Instant::now(),
+            },
+        );
+        secret
+    }
+
+    /// The session of a request's cookie, its principal found again.
+    pub async fn find(&self, app: &App, headers: &HeaderMap) -> Result<SignedIn, Refused> {
+        let secret = cookie(headers, COOKIE).ok_or(Refused::SignedOut)?;
+        let key = hash(&secret);
+        let session = {
+            let mut sessions = self.0.lock().expect("sessions");
+            let Some(session) = sessions.get_mut(&key) else {
+                return Err(Refused::SignedOut);
+            };
+            if session.last_used.elapsed() > IDLE {
+                sessions.remove(&key);
+                return Err(Refused::SignedOut);
+            }
+            session.last_used = Instant::now();
+            session.clone()
+        };
+        match app.authenticate_hash(&session.token_hash).await {
+            Ok(Some(principal)) => Ok(SignedIn {
+                principal,
+                csrf: session.csrf,
+                key,
+            }),
+            // The token was revoked or its user disabled: the session is over.
+            Ok(None) => {
+                self.0.lock().expect("sessions").remove(&key);
+                Err(Refused::SignedOut)
+            }
+            Err(e) => {
+                tracing::warn!(error = %orc_manifest::error_chain(&e), "cannot check a console session's token");
+                Err(Refused::SignedOut)
+            }
+        }
+    }
+
+    /// Completes once `signed_in`'s session has ended (signed out).
+    pub async fn ended(&self, signed_in: &SignedIn) {
+        let mut ends = self.1.subscribe();
+        loop {
+            if !self.0.lock().expect("sessions").contains_key(&signed_in.key) {
+                return;
+            }
+            if ends.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    /// Ends `signed_in`'s session; the token a password sign-in made for it is revoked.
+    pub async fn end(&self, app: &App, signed_in: &SignedIn) {
+        let removed = self.0.lock().expect("sessions").remove(&signed_in.key);
+        self.1.send_modify(|n| *n += 1);
+        if let Some(id) = removed.and_then(|s| s.own_token)
+            && let Err(e) = app.delete_token(&signed_in.principal, &id).await
+        {
+            tracing::warn!(error = %orc_manifest::error_chain(&e), token = %id, "cannot revoke a console session's token");
+        }
+    }
+}
+
+impl SignedIn {
+    /// Refuses a state-changing request whose form does not carry this session's CSRF secret.
+    pub fn check_csrf(&self, field: Option<&str>) -> Result<(), Refused> {
+        check_csrf(&self.csrf, field)
+    }
+}
+
+fn check_csrf(expected: &str, field: Option<&str>) -> Result<(), Refused> {
+    match field {
+        Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => Ok(()),
+        Some(_) => Err(Refused::Forgery("the form's CSRF field does not match this session")),
+        None => Err(Refused::Forgery("the form carries no CSRF field")),
+    }
+}
+
+/// Refuses a state-changing request sent from a page of another origin: browsers send `Origin`
+/// with every cross-site POST. A request without it (some same-origin forms) passes on to the
+/// CSRF field's check.
+pub fn check_origin(headers: &HeaderMap) -> Result<(), Refused> {
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
+        return Ok(());
+    };
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let authority = origin.split_once("://").map(|(_, rest)| rest).unwrap_or(origin);
+    if !host.is_empty() && authority.eq_ignore_ascii_case(host) {
+        Ok(())
+    } else {
+        Err(Refused::Forgery("the request came from a page of another site"))
+    }
+}
+
+/// The `Set-Cookie` value that hands a browser its session.
+pub fn set_cookie(secret: &str, headers: &HeaderMap) -> HeaderValue {
+    let secure = if over_tls(headers) { "; Secure" } else { "" };
+    HeaderValue::from_str(&format!("{COOKIE}={secret}; Path=/; HttpOnly; SameSite=Strict{secure}")).expect("a cookie is ASCII")
+}
+
+/// The `Set-Cookie` value that takes it away.
+pub fn clear_cookie(headers: &HeaderMap) -> HeaderValue {
+    let secure = if over_tls(headers) { "; Secure" } else { "" };
+    HeaderValue::from_str(&format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}")).expect("a cookie is ASCII")
+}
+
+/// Whether the browser reached the console over TLS (a proxy in front that says so).
+fn over_tls(headers: &HeaderMap) -> bool {
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.eq_ignore_ascii_case("https"))
+}
+
+/// The value of cookie `name` in the request's `Cookie` headers.
+fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_string())
+        .filter(|v| !v.is_empty())
+}
+
+fn hash(secret: &str) -> String {
+    hex::encode(sha2::Sha256::digest(secret.as_bytes()))
+}
+
+fn random_secret() -> String {
+    // Two v4 UUIDs: 244 bits from the operating system's random source.
+    format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn the_session_cookie_is_found_among_others() {
+        let h = headers(&[("cookie", "a=1; orc_session=s3cret; b=2")]);
+        assert_eq!(cookie(&h, COOKIE).as_deref(), Some("s3cret"));
+        assert_eq!(cookie(&headers(&[("cookie", "orc_session=")]), COOKIE), None);
+        assert_eq!(cookie(&headers(&[("cookie", "xorc_session=1")]), COOKIE), None);
+    }
+
+    #[test]
+    fn another_origin_is_refused_and_the_own_one_passes() {
+        assert!(check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "http://127.0.0.1:8080")])).is_ok());
+        assert!(check_origin(&headers(&[("host", "127.0.0.1:8080")])).is_ok());
+        assert!(check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "http://127.0.0.1:9999")])).is_err());
+        assert!(check_origin(&headers(&[("host", "127.0.0.1:8080"), ("origin", "null")])).is_err());
+    }
+
+    #[test]
+    fn the_cookie_is_http_only_and_strict_and_secure_behind_tls() {
+        let plain = set_cookie("x", &HeaderMap::new());
+        assert_eq!(plain, "orc_session=x; Path=/; HttpOnly; SameSite=Strict");
+        let tls = set_cookie("x", &headers(&[("x-forwarded-proto", "https")]));
+        assert!(tls.to_str().unwrap().ends_with("; Secure"));
+    }
+
+    #[test]
+    fn csrf_fields_are_compared_whole() {
+        assert!(check_csrf("abc", Some("abc")).is_ok());
+        assert!(check_csrf("abc", Some("ab")).is_err());
+        assert!(check_csrf("abc", Some("abd")).is_err());
+        assert!(check_csrf("abc", Some("")).is_err());
+        assert!(check_csrf("abc", None).is_err());
+    }
+}

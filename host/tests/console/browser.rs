@@ -1,0 +1,177 @@
+//! A real headless Chromium driven over WebDriver: Debian's `chromedriver` started on a free
+//! loopback port for each browser, and `fantoccini` talking to it. Screenshots go to
+//! `target/console-screenshots/<name>.png`.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use hyper_util::client::legacy::connect::HttpConnector;
+use serde_json::json;
+
+pub struct Browser {
+    pub client: Client,
+    /// Killed when the browser is dropped (and with it the Chromium it started).
+    _driver: tokio::process::Child,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Browser {
+    pub async fn start() -> Browser {
+        let port = free_port();
+        let driver = tokio::process::Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("chromedriver (Debian's chromium-driver; .ci/run installs it)");
+        let url = format!("http://127.0.0.1:{port}");
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": "/usr/bin/chromium",
+                // Root in a container: Chromium's own sandbox cannot start.
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"]
+            }),
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let client = loop {
+            match ClientBuilder::new(HttpConnector::new())
+                .capabilities(caps.clone())
+                .connect(&url)
+                .await
+            {
+                Ok(client) => break client,
+                Err(e) => {
+                    assert!(Instant::now() < deadline, "chromedriver on {url} did not start a session: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        Browser { client, _driver: driver }
+    }
+
+    pub async fn goto(&self, url: &str) {
+        self.client.goto(url).await.unwrap();
+    }
+
+    pub async fn fill(&self, css: &str, text: &str) {
+        let field = self.client.find(Locator::Css(css)).await.unwrap_or_else(|e| panic!("{css}: {e}"));
+        field.clear().await.unwrap();
+        field.send_keys(text).await.unwrap();
+    }
+
+    pub async fn click(&self, css: &str) {
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"))
+            .click()
+            .await
+            .unwrap();
+    }
+
+    /// The text of the first element matching `css`.
+    pub async fn text(&self, css: &str) -> String {
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"))
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// The visible text of the whole page (read again if the page was replaced meanwhile).
+    pub async fn page_text(&self) -> String {
+        let mut attempts = 0;
+        loop {
+            let read = async {
+                let body = self.client.find(Locator::Css("body")).await?;
+                body.text().await
+            };
+            match read.await {
+                Ok(text) => return text,
+                Err(e) if attempts < 20 => {
+                    attempts += 1;
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("cannot read the page: {e}"),
+            }
+        }
+    }
+
+    pub async fn path(&self) -> String {
+        self.client.current_url().await.unwrap().path().to_string()
+    }
+
+    /// Waits until the browser is on `path` (a form's answer may still be on its way).
+    pub async fn wait_for_path(&self, path: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = self.path().await;
+            if now == path {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the browser stayed on {now}, not {path}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the page's text holds `needle`, reloading it every 200 ms when `reload`.
+    pub async fn wait_for_text(&self, needle: &str, reload: bool, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let text = self.page_text().await;
+            if text.contains(needle) {
+                return text;
+            }
+            if Instant::now() >= deadline {
+                let fetched = self
+                    .client
+                    .execute(
+                        "return performance.getEntriesByType('resource').map(function (e) { return e.name; })",
+                        vec![],
+                    )
+                    .await
+                    .ok();
+                panic!("the page never showed {needle:?} (requests made: {fetched:?}); it shows:\n{text}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if reload {
+                self.client.refresh().await.unwrap();
+            }
+        }
+    }
+
+    /// Waits until the page follows its environment's events (its event stream is open).
+    pub async fn wait_until_live(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.client.find(Locator::Css("html[data-live-open]")).await.is_err() {
+            assert!(Instant::now() < deadline, "the page's event stream never opened");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Saves the page as `target/console-screenshots/<name>.png`.
+    pub async fn screenshot(&self, name: &str) -> PathBuf {
+        let png = self.client.screenshot().await.unwrap();
+        assert!(png.starts_with(b"\x89PNG"), "a screenshot is a PNG");
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/console-screenshots");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{name}.png"));
+        std::fs::write(&path, png).unwrap();
+        path
+    }
+
+    pub async fn close(self) {
+        let _ = self.client.close().await;
+    }
+}

@@ -1,0 +1,278 @@
+//! The web console in a real browser: a real `orc-host` server (SQLite) and Debian's headless
+//! Chromium driven through chromedriver. Each test saves a screenshot of the page it checked
+//! under `target/console-screenshots/`.
+
+// An integration test: an unwrap that fails is the test failing, where it failed.
+#![allow(clippy::unwrap_used)]
+
+mod browser;
+#[path = "../support/host.rs"]
+mod host;
+#[path = "../support/pg.rs"]
+#[allow(dead_code)]
+mod pg;
+
+use std::time::Duration;
+
+use browser::Browser;
+use host::Host;
+use orc_host::store::Backend;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+const QUICKSTART: &str = include_str!("../../intents/quickstart.json");
+
+/// The console's root (`base` is the API's).
+fn console(host: &Host) -> String {
+    host.base.trim_end_matches("/api/v1").to_string()
+}
+
+/// Signs the browser in with the host's admin token.
+async fn sign_in(browser: &Browser, host: &Host) {
+    browser.goto(&format!("{}/sign-in", console(host))).await;
+    browser.fill("#token", &host.token).await;
+    browser.click("#sign-in").await;
+    browser.wait_for_path("/environments").await;
+}
+
+/// A client that keeps no cookies and follows no redirects: what it sends is what we give it.
+fn bare_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signing_in_refuses_a_wrong_token_and_takes_the_right_one() {
+    let host = Host::start(Backend::Sqlite).await;
+    let browser = Browser::start().await;
+    browser.goto(&format!("{}/environments", console(&host))).await;
+    // Not signed in: sent to sign in.
+    assert_eq!(browser.path().await, "/sign-in");
+    browser.fill("#token", "orc_not-a-token").await;
+    browser.click("#sign-in").await;
+    let text = browser.page_text().await;
+    assert!(text.contains("that token is not valid"), "{text}");
+    browser.screenshot("sign-in-refused").await;
+
+    browser.fill("#token", &host.token).await;
+    browser.click("#sign-in").await;
+    browser.wait_for_path("/environments").await;
+    let text = browser.page_text().await;
+    assert!(text.contains("Signed in as admin"), "{text}");
+
+    // Signing out ends what follows the session (a page's live stream), though the token it
+    // signed in with stays valid.
+    host.create_environment("dev", 60).await;
+    let cookie = browser.client.get_named_cookie("orc_session").await.unwrap();
+    let live = bare_client()
+        .get(format!("{}/environments/dev/live", console(&host)))
+        .header("cookie", format!("orc_session={}", cookie.value()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), StatusCode::OK);
+    let live_body = tokio::spawn(live.text());
+    browser.click("header button[type=submit]").await;
+    browser.wait_for_path("/sign-in").await;
+    tokio::time::timeout(Duration::from_secs(10), live_body)
+        .await
+        .expect("the live stream ended with the session")
+        .unwrap()
+        .unwrap();
+    let (status, _) = host.get("/environments").await;
+    assert_eq!(status, StatusCode::OK, "the token itself still works");
+    browser.close().await;
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_environment_is_created_deployed_and_a_resource_shows_its_action_log() {
+    let host = Host::start(Backend::Sqlite).await;
+    let browser = Browser::start().await;
+    sign_in(&browser, &host).await;
+
+    // A name the API refuses: the same code and message, next to the field, nothing created.
+    browser.fill("#new-environment", "Not A Name!").await;
+    browser.click("#create-environment").await;
+    let text = browser.page_text().await;
+    assert!(text.contains("invalid_name") || text.contains("invalid"), "{text}");
+    assert!(text.contains("Not A Name!"), "the refused name is kept in the field's page: {text}");
+    let (_, list) = host.get("/environments").await;
+    assert_eq!(list["items"], json!([]));
+
+    browser.fill("#new-environment", "web").await;
+    browser.click("#create-environment").await;
+    browser.wait_for_path("/environments/web").await;
+    let (status, env) = host.get("/environments/web").await;
+    assert_eq!(status, StatusCode::OK, "{env}");
+    // The creation is in the audit trail, as the console's.
+    let (_, audit) = host.get("/audit").await;
+    assert!(
+        audit["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["route"] == "console:/environments" && e["environment"] == "web"),
+        "{audit}"
+    );
+
+    browser.wait_until_live().await;
+    let intent: Value = serde_json::from_str(QUICKSTART).unwrap();
+    let (status, submitted) = host.post("/environments/web/intents", &intent).await;
+    assert_eq!(status, StatusCode::CREATED, "{submitted}");
+    // Six resources deployed, as the table and the status bar say: without reloading, the page
+    // follows the environment's events.
+    browser.wait_for_text("deployed 6", false, Duration::from_secs(60)).await;
+    let rows = browser.text("#resources tbody").await;
+    assert_eq!(rows.matches("deployed").count(), 6, "{rows}");
+    browser.screenshot("environment").await;
+
+    // Filtered on the server: files only.
+    browser.goto(&format!("{}/environments/web?type=file", console(&host))).await;
+    let rows = browser.text("#resources tbody").await;
+    assert!(
+        rows.contains("file[local,/etc/motd]") && !rows.contains("directory[local,/srv]"),
+        "{rows}"
+    );
+
+    browser.click("a[href*='motd']").await;
+    assert_eq!(browser.text("#status").await, "deployed");
+    let log = browser.text("#actions").await;
+    assert!(log.contains("deploy") && log.contains("changed"), "{log}");
+    assert!(
+        log.contains("Welcome. This machine is managed by orc."),
+        "the change's after value: {log}"
+    );
+    let page = browser.page_text().await;
+    assert!(page.contains("\"content\""), "the desired attributes: {page}");
+    browser.screenshot("resource").await;
+    browser.close().await;
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_site_form_post_is_refused() {
+    let host = Host::start(Backend::Sqlite).await;
+    let browser = Browser::start().await;
+    sign_in(&browser, &host).await;
+
+    // Another site: a page whose form posts to the console as soon as it loads.
+    let target = format!("{}/environments", console(&host));
+    let page = format!(
+        "<!doctype html><form id=f method=post action='{target}'><input name=name value=evil></form><script>document.getElementById('f').submit()</script>"
+    );
+    let evil = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let evil_addr = evil.local_addr().unwrap();
+    let app = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || std::future::ready(axum::response::Html(page.clone()))),
+    );
+    let served = tokio::spawn(async move { axum::serve(evil, app).await });
+    browser.goto(&format!("http://{evil_addr}/")).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let text = browser.page_text().await;
+    assert!(
+        text.contains("csrf_refused") || browser.path().await == "/sign-in",
+        "the forged post was not refused: {text}"
+    );
+    browser.screenshot("cross-site-post-refused").await;
+    let (_, list) = host.get("/environments").await;
+    assert_eq!(list["items"], json!([]), "nothing was created");
+
+    // With the session's own cookie but without the form's CSRF field, or from another
+    // origin: refused all the same.
+    let cookie = browser.client.get_named_cookie("orc_session").await.unwrap();
+    let client = bare_client();
+    let cookie_header = format!("orc_session={}", cookie.value());
+    for (origin, form) in [(None, "name=evil"), (Some(format!("http://{evil_addr}")), "name=evil&_csrf=guess")] {
+        let mut request = client
+            .post(&target)
+            .header("cookie", &cookie_header)
+            .header("content-type", "application/x-www-form-urlencoded");
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        let answer = request.body(form).send().await.unwrap();
+        assert_eq!(answer.status(), StatusCode::FORBIDDEN);
+        let body = answer.text().await.unwrap();
+        assert!(body.contains("csrf_refused"), "{body}");
+    }
+    let (_, list) = host.get("/environments").await;
+    assert_eq!(list["items"], json!([]), "nothing was created");
+    served.abort();
+    browser.close().await;
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_cookie_is_worthless_after_signing_out() {
+    let host = Host::start(Backend::Sqlite).await;
+    // A user with a password: signing in makes a token for the session.
+    let (status, user) = host
+        .post("/users", &json!({"name": "ada", "password": "correct horse battery"}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{user}");
+    host.create_environment("dev", 60).await;
+    let (status, member, _) = host
+        .send(
+            reqwest::Method::PUT,
+            "/environments/dev/members/ada",
+            Some(&json!({"role": "viewer"})),
+        )
+        .await;
+    assert!(status.is_success(), "{status} {member}");
+    let browser = Browser::start().await;
+    browser.goto(&format!("{}/sign-in", console(&host))).await;
+    browser.fill("input[name=name]", "ada").await;
+    browser.fill("input[name=password]", "wrong password").await;
+    browser.click("#sign-in").await;
+    assert!(browser.page_text().await.contains("unauthorized"));
+    browser.fill("input[name=name]", "ada").await;
+    browser.fill("input[name=password]", "correct horse battery").await;
+    browser.click("#sign-in").await;
+    browser.wait_for_path("/environments").await;
+    assert!(browser.page_text().await.contains("Signed in as ada"));
+    let cookie = browser.client.get_named_cookie("orc_session").await.unwrap();
+    assert_eq!(cookie.http_only(), Some(true));
+    assert_eq!(cookie.same_site().map(|s| s.to_string()).as_deref(), Some("Strict"));
+    let cookie_header = format!("orc_session={}", cookie.value());
+    let client = bare_client();
+    let page = format!("{}/environments", console(&host));
+    let answer = client.get(&page).header("cookie", &cookie_header).send().await.unwrap();
+    assert_eq!(answer.status(), StatusCode::OK, "the cookie works while signed in");
+
+    // A page's live stream, open on the session.
+    let live = client
+        .get(format!("{}/environments/dev/live", console(&host)))
+        .header("cookie", &cookie_header)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), StatusCode::OK);
+    let live_body = tokio::spawn(live.text());
+
+    browser.click("header button[type=submit]").await;
+    browser.wait_for_path("/sign-in").await;
+    // The stream ends with the session.
+    tokio::time::timeout(Duration::from_secs(10), live_body)
+        .await
+        .expect("the live stream ended with the session")
+        .unwrap()
+        .unwrap();
+    browser.screenshot("signed-out").await;
+    let answer = client.get(&page).header("cookie", &cookie_header).send().await.unwrap();
+    assert_eq!(answer.status(), StatusCode::SEE_OTHER, "the old cookie no longer signs in");
+    assert_eq!(answer.headers()["location"], "/sign-in");
+    // The token the sign-in made for the session is revoked too (the admin sees every token).
+    let (status, tokens) = host.get("/tokens").await;
+    assert_eq!(status, StatusCode::OK, "{tokens}");
+    let items = tokens["items"].as_array().unwrap();
+    assert!(
+        !items.is_empty() && items.iter().all(|t| t["description"] != "console session"),
+        "{tokens}"
+    );
+    browser.close().await;
+    host.stop().await;
+}
