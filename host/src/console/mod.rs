@@ -12,8 +12,10 @@
 //!   and is written to the audit trail like an API call (its route prefixed `console:`).
 //! - Every refusal is shown in words: the API's stable code and its message, on a page.
 
+mod operations;
 mod pages;
 mod session;
+mod versions;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -49,6 +51,15 @@ pub fn router() -> Router<AppState> {
         .route("/environments/{env}", get(environment))
         .route("/environments/{env}/resource", get(resource))
         .route("/environments/{env}/live", get(live))
+        .route("/environments/{env}/versions", get(versions::versions).post(versions::submit))
+        .route("/environments/{env}/versions/diff", get(versions::diff))
+        .route("/environments/{env}/versions/{version}/release", post(versions::release))
+        .route("/environments/{env}/versions/{version}/rollback", post(versions::rollback))
+        .route("/environments/{env}/deploy", post(operations::deploy))
+        .route("/environments/{env}/repair", post(operations::repair))
+        .route("/environments/{env}/dryrun", post(operations::dryrun))
+        .route("/environments/{env}/operations/{id}", get(operations::operation))
+        .route("/environments/{env}/dryruns/{id}", get(operations::dryrun_report))
         .route("/console.css", get(|| async { ([(header::CONTENT_TYPE, "text/css")], pages::CSS) }))
         .route(
             "/console.js",
@@ -59,7 +70,7 @@ pub fn router() -> Router<AppState> {
 
 /// A page that could not be shown: the API's refusal, in words; a signed-out browser is sent to
 /// sign in.
-enum PageError {
+pub(super) enum PageError {
     SignedOut,
     Refused(ApiError),
 }
@@ -83,13 +94,13 @@ impl IntoResponse for PageError {
 }
 
 /// Shorthand: an application error as a page error.
-fn refused(e: impl Into<ApiError>) -> PageError {
+pub(super) fn refused(e: impl Into<ApiError>) -> PageError {
     PageError::Refused(e.into())
 }
 
 /// The session of the request, allowed what the API route `method path` allows for environment
 /// `env`.
-async fn authorize(
+pub(super) async fn authorize(
     app: &App,
     sessions: &Sessions,
     headers: &HeaderMap,
@@ -111,7 +122,7 @@ fn allow(principal: &Principal, method: Method, path: &str, env: Option<&str>) -
 }
 
 /// A state-changing form: same origin, the session's CSRF field, the API route's rule.
-async fn authorize_change(
+pub(super) async fn authorize_change(
     app: &App,
     sessions: &Sessions,
     headers: &HeaderMap,
@@ -203,10 +214,11 @@ async fn sign_in(
     }
 }
 
+/// A form that carries only the session's CSRF field (a button).
 #[derive(Deserialize)]
-struct CsrfForm {
+pub(super) struct CsrfForm {
     #[serde(rename = "_csrf")]
-    csrf: Option<String>,
+    pub csrf: Option<String>,
 }
 
 async fn sign_out(

@@ -32,6 +32,8 @@ input, select, button { font: inherit; padding: .25rem .45rem; }
 button { cursor: pointer; }
 .error { border-left: 4px solid #b00020; background: #fdecee; padding: .5rem .8rem; margin: .8rem 0; }
 .error code { font-weight: bold; }
+.operations { margin: .4rem 0 1rem; }
+nav[aria-label="Environment"] { margin: .4rem 0; }
 .summary { margin: .6rem 0 1rem; }
 form.filters { display: flex; flex-wrap: wrap; gap: .4rem 1rem; align-items: end; margin-bottom: .8rem; }
 form.filters label { margin: 0; }
@@ -50,8 +52,8 @@ pre { background: #fff; border: 1px solid var(--line); padding: .5rem; overflow:
 pub const SCRIPT: &str = r#"
 (function () {
   var main = document.querySelector('[data-live]');
-  if (!main || !window.EventSource) return;
-  var timer = null;
+  if (!main) return;
+  var timer = null, poller = null;
   function refresh() {
     fetch(location.href, { credentials: 'same-origin' }).then(function (r) {
       if (!r.ok) return;
@@ -61,10 +63,16 @@ pub const SCRIPT: &str = r#"
           var part = fresh.querySelector('[data-part="' + old.getAttribute('data-part') + '"]');
           if (part) old.replaceWith(part);
         });
+        // Finished: the page no longer asks to be followed.
+        if (!fresh.querySelector('[data-live]') && poller) { clearInterval(poller); poller = null; }
       });
     });
   }
-  var events = new EventSource(main.getAttribute('data-live'));
+  var every = parseInt(main.getAttribute('data-poll') || '0', 10);
+  if (every > 0) poller = setInterval(refresh, every);
+  var url = main.getAttribute('data-live');
+  if (!url || !window.EventSource) return;
+  var events = new EventSource(url);
   events.onopen = function () { document.documentElement.setAttribute('data-live-open', ''); };
   events.addEventListener('changed', function () {
     if (timer) return;
@@ -97,14 +105,14 @@ fn query(pairs: &BTreeMap<&str, String>) -> String {
         .join("&")
 }
 
-fn time(ms: Millis) -> String {
+pub(super) fn time(ms: Millis) -> String {
     time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .ok()
         .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
         .unwrap_or_else(|| ms.to_string())
 }
 
-fn layout(title: &str, signed_in: Option<&SignedIn>, body: Markup) -> Markup {
+pub(super) fn layout(title: &str, signed_in: Option<&SignedIn>, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -133,7 +141,7 @@ fn layout(title: &str, signed_in: Option<&SignedIn>, body: Markup) -> Markup {
     }
 }
 
-fn error_box(e: &ApiError) -> Markup {
+pub(super) fn error_box(e: &ApiError) -> Markup {
     html! {
         div.error role="alert" {
             code { (e.code) } ": " (e.message)
@@ -264,6 +272,18 @@ pub fn environment(
                 " · released " @if let Some(v) = env.released_version { (v) } @else { "none" }
                 @if env.halted { " · halted" }
             }
+            nav aria-label="Environment" {
+                a href=(format!("{base}/versions")) id="versions-link" { "Versions" }
+            }
+            div.operations {
+                @for (action, label, what) in [("deploy", "Deploy", "Deploy now: retry what failed or was skipped"), ("repair", "Repair", "Repair now: re-read every resource and restore what drifted"), ("dryrun", "Dryrun", "Dryrun: compare every resource with the latest version, changing nothing")] {
+                    form.inline method="post" action=(format!("{base}/{action}")) {
+                        input type="hidden" name="_csrf" value=(signed_in.csrf);
+                        button type="submit" id=(action) title=(what) { (label) }
+                    }
+                    " "
+                }
+            }
             h2 { "Resources" }
             form.filters method="get" action=(base) {
                 label {
@@ -366,9 +386,14 @@ pub fn resource(
     )
 }
 
-/// An action's changes as before/after rows.
+/// An action's changes (JSON text) as before/after rows.
 fn changes(json: &str) -> Markup {
     let list: Vec<serde_json::Value> = serde_json::from_str(json).unwrap_or_default();
+    changes_of(&list)
+}
+
+/// Changes (`{field, current, desired}`) as before/after rows.
+pub(super) fn changes_of(list: &[serde_json::Value]) -> Markup {
     html! {
         @if list.is_empty() {
             "none"
@@ -376,7 +401,7 @@ fn changes(json: &str) -> Markup {
             table.changes {
                 thead { tr { th { "Field" } th { "Before" } th { "After" } } }
                 tbody {
-                    @for c in &list {
+                    @for c in list {
                         tr {
                             td { (c.get("field").and_then(|f| f.as_str()).unwrap_or("?")) }
                             td.diff-before { (shown(c.get("current"))) }
@@ -389,7 +414,7 @@ fn changes(json: &str) -> Markup {
     }
 }
 
-fn shown(value: Option<&serde_json::Value>) -> String {
+pub(super) fn shown(value: Option<&serde_json::Value>) -> String {
     match value {
         None | Some(serde_json::Value::Null) => "(none)".into(),
         Some(serde_json::Value::String(s)) => s.clone(),
@@ -397,7 +422,7 @@ fn shown(value: Option<&serde_json::Value>) -> String {
     }
 }
 
-fn pretty(json: &str) -> String {
+pub(super) fn pretty(json: &str) -> String {
     serde_json::from_str::<serde_json::Value>(json)
         .ok()
         .and_then(|v| serde_json::to_string_pretty(&v).ok())

@@ -151,6 +151,15 @@ impl Browser {
         }
     }
 
+    /// Waits until an element matches `css` (a form's answer may still be on its way).
+    pub async fn wait_for(&self, css: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.client.find(Locator::Css(css)).await.is_err() {
+            assert!(Instant::now() < deadline, "nothing matched {css} within 20 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits until the page follows its environment's events (its event stream is open).
     pub async fn wait_until_live(&self) {
         let deadline = Instant::now() + Duration::from_secs(10);

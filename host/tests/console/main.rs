@@ -52,8 +52,9 @@ async fn signing_in_refuses_a_wrong_token_and_takes_the_right_one() {
     assert_eq!(browser.path().await, "/sign-in");
     browser.fill("#token", "orc_not-a-token").await;
     browser.click("#sign-in").await;
-    let text = browser.page_text().await;
-    assert!(text.contains("that token is not valid"), "{text}");
+    browser
+        .wait_for_text("that token is not valid", false, Duration::from_secs(20))
+        .await;
     browser.screenshot("sign-in-refused").await;
 
     browser.fill("#token", &host.token).await;
@@ -96,6 +97,7 @@ async fn an_environment_is_created_deployed_and_a_resource_shows_its_action_log(
     // A name the API refuses: the same code and message, next to the field, nothing created.
     browser.fill("#new-environment", "Not A Name!").await;
     browser.click("#create-environment").await;
+    browser.wait_for("div.error").await;
     let text = browser.page_text().await;
     assert!(text.contains("invalid_name") || text.contains("invalid"), "{text}");
     assert!(text.contains("Not A Name!"), "the refused name is kept in the field's page: {text}");
@@ -138,6 +140,7 @@ async fn an_environment_is_created_deployed_and_a_resource_shows_its_action_log(
     );
 
     browser.click("a[href*='motd']").await;
+    browser.wait_for("#status").await;
     assert_eq!(browser.text("#status").await, "deployed");
     let log = browser.text("#actions").await;
     assert!(log.contains("deploy") && log.contains("changed"), "{log}");
@@ -228,6 +231,7 @@ async fn a_session_cookie_is_worthless_after_signing_out() {
     browser.fill("input[name=name]", "ada").await;
     browser.fill("input[name=password]", "wrong password").await;
     browser.click("#sign-in").await;
+    browser.wait_for("div.error").await;
     assert!(browser.page_text().await.contains("unauthorized"));
     browser.fill("input[name=name]", "ada").await;
     browser.fill("input[name=password]", "correct horse battery").await;
@@ -275,4 +279,117 @@ async fn a_session_cookie_is_worthless_after_signing_out() {
     );
     browser.close().await;
     host.stop().await;
+}
+
+/// The quickstart intent with `/etc/motd`'s content replaced.
+fn quickstart_with_motd(motd: &str) -> Value {
+    let mut intent: Value = serde_json::from_str(QUICKSTART).unwrap();
+    for r in intent["resources"].as_array_mut().unwrap() {
+        if r["id"] == "file[local,/etc/motd]" {
+            r["attributes"]["content"] = json!(motd);
+        }
+    }
+    intent
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_are_submitted_compared_and_rolled_back_and_drift_is_found_and_repaired() {
+    let host = Host::start(Backend::Sqlite).await;
+    host.create_environment("web", 60).await;
+    let motd = orc_host::app::node_root(host.dir.path(), "web").join("etc/motd");
+    let browser = Browser::start().await;
+    sign_in(&browser, &host).await;
+    let base = format!("{}/environments/web", console(&host));
+
+    // Pasted: a broken document is refused next to the field, the text kept, nothing stored.
+    browser.goto(&format!("{base}/versions")).await;
+    browser.fill("#intent", "{\"resources\": [").await;
+    browser.click("#submit-intent").await;
+    browser.wait_for("#intent-error").await;
+    let refusal = browser.text("#intent-error").await;
+    assert!(refusal.contains("invalid_json"), "{refusal}");
+    assert_eq!(
+        browser
+            .client
+            .find(fantoccini::Locator::Css("#intent"))
+            .await
+            .unwrap()
+            .prop("value")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("{\"resources\": [")
+    );
+    let (_, versions) = host.get("/environments/web/intents").await;
+    assert_eq!(versions["items"], json!([]));
+    // Then the quickstart, pasted whole: version 1, released.
+    browser.fill("#intent", QUICKSTART).await;
+    browser.click("#submit-intent").await;
+    browser.wait_for("#versions").await;
+    let rows = browser.text("#versions").await;
+    assert!(rows.contains("released") && rows.contains("admin"), "{rows}");
+    let welcome = "Welcome. This machine is managed by orc.\n";
+    wait_for_file(&motd, welcome).await;
+
+    // Version 2 changes the motd; the diff of 1 and 2 shows the field before and after.
+    let (status, v2) = host
+        .post("/environments/web/intents", &quickstart_with_motd("Version two.\n"))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v2}");
+    wait_for_file(&motd, "Version two.\n").await;
+    browser.goto(&format!("{base}/versions")).await;
+    browser.click("#diff").await;
+    browser.wait_for("#diff-summary").await;
+    assert_eq!(browser.text("#diff-summary").await, "0 added, 0 removed, 1 changed, 5 unchanged");
+    let changed = browser.text("#changed").await;
+    assert!(
+        changed.contains("file[local,/etc/motd]") && changed.contains("attributes/content"),
+        "{changed}"
+    );
+    assert!(changed.contains("Welcome.") && changed.contains("Version two."), "{changed}");
+    browser.screenshot("version-diff").await;
+
+    // Roll back to version 1 (after the confirmation): a new version 3, released.
+    browser.goto(&format!("{base}/versions")).await;
+    browser.click("tr[data-version='1'] button.rollback").await;
+    browser.client.accept_alert().await.unwrap();
+    browser.wait_for_path("/environments/web/versions").await;
+    wait_for_file(&motd, welcome).await;
+    let (_, env) = host.get("/environments/web").await;
+    assert_eq!(env["released_version"], 3, "{env}");
+
+    // Drift on disk: a dryrun finds it, before and after, and changes nothing.
+    std::fs::write(&motd, "drifted\n").unwrap();
+    browser.goto(&base).await;
+    browser.click("#dryrun").await;
+    browser.wait_for("#dryrun-status").await;
+    browser.wait_for_text("would change", false, Duration::from_secs(60)).await;
+    assert_eq!(browser.text("#dryrun-status").await, "done");
+    let findings = browser.text("#findings").await;
+    assert!(
+        findings.contains("file[local,/etc/motd]") && findings.contains("drifted") && findings.contains("Welcome."),
+        "{findings}"
+    );
+    browser.screenshot("dryrun").await;
+    assert_eq!(std::fs::read_to_string(&motd).unwrap(), "drifted\n");
+
+    // Repair: the operation's page follows it to its outcome, and the file is restored.
+    browser.goto(&base).await;
+    browser.click("#repair").await;
+    browser.wait_for("#operation-status").await;
+    browser.wait_for_text("Outcome", false, Duration::from_secs(60)).await;
+    assert_eq!(browser.text("#operation-status").await, "done");
+    browser.screenshot("repair").await;
+    assert_eq!(std::fs::read_to_string(&motd).unwrap(), welcome);
+    browser.close().await;
+    host.stop().await;
+}
+
+/// Waits until `path` holds `content`.
+async fn wait_for_file(path: &std::path::Path, content: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::fs::read_to_string(path).ok().as_deref() != Some(content) {
+        assert!(std::time::Instant::now() < deadline, "{} never held {content:?}", path.display());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
