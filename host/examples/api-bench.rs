@@ -131,6 +131,41 @@ async fn run_case(host: &Host, env: &str, n: usize, graph: bool, at_rest: bool) 
     Ok(())
 }
 
+/// The web console's pages of an environment of `n` resources, as a signed-in browser asks for
+/// them: wall time on loopback (the server's time is less), 100 requests each.
+async fn console_pages(host: &Host, env: &str, n: usize) -> Result<()> {
+    let cookie = host.console_session().await?;
+    let last = resource_id(n.saturating_sub(1));
+    let pages = [
+        (format!("/environments/{env}"), "first page (50 resources, status counts)"),
+        (
+            format!("/environments/{env}?status=deployed&q=r{}", n / 2),
+            "filtered by status and id text",
+        ),
+        (
+            format!("/environments/{env}?after={}", resource_id(n / 2)),
+            "a page from the middle (keyset)",
+        ),
+        (
+            format!(
+                "/environments/{env}/resource?id={}",
+                last.replace('[', "%5B").replace(']', "%5D").replace(',', "%2C")
+            ),
+            "a resource with its action log",
+        ),
+    ];
+    println!("console pages, {n} resources, 100 sequential requests each (wall time on loopback, mean / slowest):");
+    for (path, what) in pages {
+        let (mean, slowest) = host.console_page_times(&cookie, &path, "<table", 100).await?;
+        println!(
+            "  {what}: {:.2} ms / {:.2} ms",
+            mean.as_secs_f64() * 1e3,
+            slowest.as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
+}
+
 /// The directory on the local node that holds the benchmark's files.
 const FILE_DIR: &str = "/srv/bench";
 
@@ -449,6 +484,10 @@ async fn main() -> Result<()> {
             ),
             Err(e) => outcome = Err(e),
         }
+    }
+    if outcome.is_ok() && !rss_only {
+        let env = cases.last().map_or("files", |(env, _)| *env);
+        outcome = console_pages(&host, env, n).await;
     }
     let stopped = host.stop().await;
     if let Some(db) = pg {

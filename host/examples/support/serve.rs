@@ -202,6 +202,50 @@ impl Host {
         Ok((member / count, admin / count))
     }
 
+    /// Signs in to the web console with this host's token (as a browser would, with a form);
+    /// the session's `Cookie` header.
+    pub async fn console_session(&self) -> Result<String> {
+        let root = self.base.trim_end_matches('/');
+        let response = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?
+            .post(format!("{root}/sign-in"))
+            .header(reqwest::header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            // A token is `orc_` and hex digits: nothing to escape.
+            .body(format!("token={}", self.token))
+            .send()
+            .await?;
+        ensure!(response.status() == StatusCode::SEE_OTHER, "console sign-in: {}", response.status());
+        let cookie = response
+            .headers()
+            .get(reqwest::header::SET_COOKIE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .ok_or_else(|| anyhow!("console sign-in set no cookie"))?;
+        Ok(cookie.to_string())
+    }
+
+    /// `n` sequential GETs of console page `path` with `cookie`: (mean, slowest), each checked
+    /// to be answered 200 with `needle` in its HTML.
+    pub async fn console_page_times(&self, cookie: &str, path: &str, needle: &str, n: usize) -> Result<(Duration, Duration)> {
+        let root = self.base.trim_end_matches('/');
+        let (mut total, mut slowest) = (Duration::ZERO, Duration::ZERO);
+        for _ in 0..n.max(1) {
+            let started = std::time::Instant::now();
+            let response = self.http.get(format!("{root}{path}")).header("cookie", cookie).send().await?;
+            let status = response.status();
+            let html = response.text().await?;
+            let took = started.elapsed();
+            ensure!(
+                status == StatusCode::OK && html.contains(needle),
+                "GET {path}: {status}, without {needle:?}"
+            );
+            total += took;
+            slowest = slowest.max(took);
+        }
+        Ok((total / u32::try_from(n.max(1)).unwrap_or(u32::MAX), slowest))
+    }
+
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<(StatusCode, Value)> {
         self.send_as(&self.token, request).await
     }

@@ -12,8 +12,18 @@ use serde_json::json;
 
 pub struct Browser {
     pub client: Client,
-    /// Killed when the browser is dropped (and with it the Chromium it started).
+    /// Killed when the browser is dropped.
     _driver: tokio::process::Child,
+    /// Chromium's profile: every Chromium process names it, so a test that fails (and never
+    /// closes its session) still leaves none running ([`Drop`]).
+    profile: tempfile::TempDir,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let marker = format!("--user-data-dir={}", self.profile.path().display());
+        let _ = std::process::Command::new("pkill").args(["-KILL", "-f", "--", &marker]).status();
+    }
 }
 
 fn free_port() -> u16 {
@@ -31,13 +41,15 @@ impl Browser {
             .spawn()
             .expect("chromedriver (Debian's chromium-driver; .ci/run installs it)");
         let url = format!("http://127.0.0.1:{port}");
+        let profile = tempfile::Builder::new().prefix("orc-console-chromium-").tempdir().unwrap();
         let mut caps = serde_json::Map::new();
         caps.insert(
             "goog:chromeOptions".into(),
             json!({
                 "binary": "/usr/bin/chromium",
                 // Root in a container: Chromium's own sandbox cannot start.
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"]
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900",
+                         format!("--user-data-dir={}", profile.path().display())]
             }),
         );
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -54,7 +66,11 @@ impl Browser {
                 }
             }
         };
-        Browser { client, _driver: driver }
+        Browser {
+            client,
+            _driver: driver,
+            profile,
+        }
     }
 
     pub async fn goto(&self, url: &str) {
@@ -181,6 +197,6 @@ impl Browser {
     }
 
     pub async fn close(self) {
-        let _ = self.client.close().await;
+        let _ = self.client.clone().close().await;
     }
 }
