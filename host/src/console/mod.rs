@@ -15,6 +15,7 @@
 mod operations;
 mod pages;
 mod session;
+mod settings;
 mod versions;
 
 use std::collections::BTreeMap;
@@ -55,6 +56,9 @@ pub fn router() -> Router<AppState> {
         .route("/environments/{env}/versions/diff", get(versions::diff))
         .route("/environments/{env}/versions/{version}/release", post(versions::release))
         .route("/environments/{env}/versions/{version}/rollback", post(versions::rollback))
+        .route("/environments/{env}/settings", get(settings::settings).post(settings::change))
+        .route("/environments/{env}/halt", post(settings::halt))
+        .route("/environments/{env}/resume", post(settings::resume))
         .route("/environments/{env}/deploy", post(operations::deploy))
         .route("/environments/{env}/repair", post(operations::repair))
         .route("/environments/{env}/dryrun", post(operations::dryrun))

@@ -274,6 +274,8 @@ pub fn environment(
             }
             nav aria-label="Environment" {
                 a href=(format!("{base}/versions")) id="versions-link" { "Versions" }
+                " · "
+                a href=(format!("{base}/settings")) id="settings-link" { "Settings" }
             }
             div.operations {
                 @for (action, label, what) in [("deploy", "Deploy", "Deploy now: retry what failed or was skipped"), ("repair", "Repair", "Repair now: re-read every resource and restore what drifted"), ("dryrun", "Dryrun", "Dryrun: compare every resource with the latest version, changing nothing")] {

@@ -393,3 +393,64 @@ async fn wait_for_file(path: &std::path::Path, content: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_change_with_the_apis_checks_and_a_stale_form_is_refused() {
+    let host = Host::start(Backend::Sqlite).await;
+    host.create_environment("web", 60).await;
+    let browser = Browser::start().await;
+    sign_in(&browser, &host).await;
+    let page = format!("{}/environments/web/settings", console(&host));
+    browser.goto(&page).await;
+
+    // A setting the API refuses is refused here with its message, and nothing changes.
+    browser.fill("#patch", "{\"per_node_concurrency\": 0}").await;
+    browser.click("#change-settings").await;
+    browser.wait_for("div.error").await;
+    let refusal = browser.text("div.error").await;
+    assert!(
+        refusal.contains("invalid_settings") && refusal.contains("per_node_concurrency"),
+        "{refusal}"
+    );
+    // A valid change is applied.
+    browser.goto(&page).await;
+    browser.fill("#patch", "{\"repair_interval_s\": 600}").await;
+    browser.click("#change-settings").await;
+    browser
+        .wait_for_text("\"repair_interval_s\": 600", false, Duration::from_secs(20))
+        .await;
+    let (_, env) = host.get("/environments/web").await;
+    assert_eq!(env["settings"]["repair_interval_s"], 600, "{env}");
+
+    // A form shown before someone else's change is refused, naming the current settings' tag;
+    // the other change stands.
+    browser.goto(&page).await;
+    let (status, _, _) = host
+        .send(
+            reqwest::Method::PATCH,
+            "/environments/web",
+            Some(&json!({"settings": {"retry_interval_s": 30}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    browser.fill("#patch", "{\"retry_interval_s\": 90}").await;
+    browser.click("#change-settings").await;
+    browser.wait_for("div.error").await;
+    assert!(browser.text("div.error").await.contains("version_conflict"));
+    let (_, env) = host.get("/environments/web").await;
+    assert_eq!(env["settings"]["retry_interval_s"], 30, "{env}");
+    browser.screenshot("settings-conflict").await;
+
+    // Halt and resume.
+    browser.goto(&page).await;
+    browser.click("#halt").await;
+    browser.wait_for("#resume").await;
+    let (_, env) = host.get("/environments/web").await;
+    assert_eq!(env["halted"], true, "{env}");
+    browser.click("#resume").await;
+    browser.wait_for("#halt").await;
+    let (_, env) = host.get("/environments/web").await;
+    assert_eq!(env["halted"], false, "{env}");
+    browser.close().await;
+    host.stop().await;
+}
