@@ -35,6 +35,26 @@ async fn sign_in(browser: &Browser, host: &Host) {
     browser.wait_for_path("/environments").await;
 }
 
+/// Opens environment `env`'s live stream with the session's `cookie`, signs the browser out, and
+/// checks that the stream ends with the session.
+async fn sign_out_ending_a_live_stream(browser: &Browser, host: &Host, cookie: &str, env: &str) {
+    let live = bare_client()
+        .get(format!("{}/environments/{env}/live", console(host)))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), StatusCode::OK);
+    let live_body = tokio::spawn(live.text());
+    browser.click("header button[type=submit]").await;
+    browser.wait_for_path("/sign-in").await;
+    tokio::time::timeout(Duration::from_secs(10), live_body)
+        .await
+        .expect("the live stream ended with the session")
+        .unwrap()
+        .unwrap();
+}
+
 /// A client that keeps no cookies and follows no redirects: what it sends is what we give it.
 fn bare_client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -67,21 +87,7 @@ async fn signing_in_refuses_a_wrong_token_and_takes_the_right_one() {
     // signed in with stays valid.
     host.create_environment("dev", 60).await;
     let cookie = browser.client.get_named_cookie("orc_session").await.unwrap();
-    let live = bare_client()
-        .get(format!("{}/environments/dev/live", console(&host)))
-        .header("cookie", format!("orc_session={}", cookie.value()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(live.status(), StatusCode::OK);
-    let live_body = tokio::spawn(live.text());
-    browser.click("header button[type=submit]").await;
-    browser.wait_for_path("/sign-in").await;
-    tokio::time::timeout(Duration::from_secs(10), live_body)
-        .await
-        .expect("the live stream ended with the session")
-        .unwrap()
-        .unwrap();
+    sign_out_ending_a_live_stream(&browser, &host, &format!("orc_session={}", cookie.value()), "dev").await;
     let (status, _) = host.get("/environments").await;
     assert_eq!(status, StatusCode::OK, "the token itself still works");
     browser.close().await;
@@ -247,24 +253,7 @@ async fn a_session_cookie_is_worthless_after_signing_out() {
     let answer = client.get(&page).header("cookie", &cookie_header).send().await.unwrap();
     assert_eq!(answer.status(), StatusCode::OK, "the cookie works while signed in");
 
-    // A page's live stream, open on the session.
-    let live = client
-        .get(format!("{}/environments/dev/live", console(&host)))
-        .header("cookie", &cookie_header)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(live.status(), StatusCode::OK);
-    let live_body = tokio::spawn(live.text());
-
-    browser.click("header button[type=submit]").await;
-    browser.wait_for_path("/sign-in").await;
-    // The stream ends with the session.
-    tokio::time::timeout(Duration::from_secs(10), live_body)
-        .await
-        .expect("the live stream ended with the session")
-        .unwrap()
-        .unwrap();
+    sign_out_ending_a_live_stream(&browser, &host, &cookie_header, "dev").await;
     browser.screenshot("signed-out").await;
     let answer = client.get(&page).header("cookie", &cookie_header).send().await.unwrap();
     assert_eq!(answer.status(), StatusCode::SEE_OTHER, "the old cookie no longer signs in");
