@@ -114,13 +114,7 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
         && let Some(p) = &principal
         && let Err(wait) = app.count_request(p)
     {
-        verdict = Err(ApiError::rate_limited(
-            wait,
-            format!(
-                "token {} of user `{}` is past its request rate (`token_requests_per_s`)",
-                p.token_id, p.user
-            ),
-        ));
+        verdict = Err(rate_limited(p, wait));
     }
     // An environment may narrow the host's body limit: a declared length over it is refused
     // now, an undeclared one while it is read.
@@ -137,11 +131,7 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|length| length > limit) {
-            verdict = Err(ApiError::new(
-                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                format!("the request body is larger than environment `{env}` accepts (`limits.max_body_bytes`: {limit})"),
-            ));
+            verdict = Err(too_large_for(env, limit));
         }
         body_limit = Some(limit);
     }
@@ -189,6 +179,26 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
         .await;
     }
     response
+}
+
+/// 429 `rate_limited`: `caller`'s token is past its request rate; `wait` seconds.
+pub(crate) fn rate_limited(caller: &Principal, wait: u64) -> ApiError {
+    ApiError::rate_limited(
+        wait,
+        format!(
+            "token {} of user `{}` is past its request rate (`token_requests_per_s`)",
+            caller.token_id, caller.user
+        ),
+    )
+}
+
+/// 413 `too_large`: a body over environment `env`'s `limits.max_body_bytes`.
+pub(crate) fn too_large_for(env: &str, limit: u64) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        format!("the request body is larger than environment `{env}` accepts (`limits.max_body_bytes`: {limit})"),
+    )
 }
 
 /// Whether the request says it carries a body.

@@ -8,7 +8,7 @@
 //! `store`.
 
 mod actions;
-mod auth;
+pub(crate) mod auth;
 mod clusters;
 mod doc;
 mod environments;

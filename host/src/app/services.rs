@@ -42,6 +42,11 @@ impl App {
         .await
     }
 
+    /// Every plugin the registry holds, by name then version.
+    pub async fn plugins(&self) -> Result<Vec<orc_registry::Entry>, ServicesError> {
+        self.catalog(String::new(), |store| store.list()).await
+    }
+
     /// Service `name@version`. A version is immutable once published, so it is read from the
     /// registry and verified once, then kept (process operations and views ask for it often).
     pub async fn service(&self, name: &str, version: &str) -> Result<(ServiceEntry, ServiceDocument), ServicesError> {

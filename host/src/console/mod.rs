@@ -12,10 +12,13 @@
 //!   and is written to the audit trail like an API call (its route prefixed `console:`).
 //! - Every refusal is shown in words: the API's stable code and its message, on a page.
 
+mod access;
+mod nodes;
 mod operations;
 mod pages;
 mod session;
 mod settings;
+mod timeline;
 mod versions;
 
 use std::collections::BTreeMap;
@@ -59,6 +62,13 @@ pub fn router() -> Router<AppState> {
         .route("/environments/{env}/settings", get(settings::settings).post(settings::change))
         .route("/environments/{env}/halt", post(settings::halt))
         .route("/environments/{env}/resume", post(settings::resume))
+        .route("/tokens", get(access::tokens).post(access::create_token))
+        .route("/tokens/{id}/revoke", post(access::revoke_token))
+        .route("/plugins", get(access::plugins))
+        .route("/nodes", get(nodes::nodes).post(nodes::register))
+        .route("/nodes/{node}/verify", post(nodes::verify))
+        .route("/nodes/{node}/accept-host-key", post(nodes::accept_host_key))
+        .route("/environments/{env}/timeline", get(timeline::timeline))
         .route("/environments/{env}/deploy", post(operations::deploy))
         .route("/environments/{env}/repair", post(operations::repair))
         .route("/environments/{env}/dryrun", post(operations::dryrun))
@@ -92,7 +102,14 @@ impl IntoResponse for PageError {
     fn into_response(self) -> Response {
         match self {
             PageError::SignedOut => Redirect::to("/sign-in").into_response(),
-            PageError::Refused(e) => (e.status, pages::error(&e)).into_response(),
+            PageError::Refused(e) => {
+                let wait = e.retry_after_s;
+                let mut response = (e.status, pages::error(&e)).into_response();
+                if let Some(wait) = wait {
+                    response.headers_mut().insert(header::RETRY_AFTER, wait.into());
+                }
+                response
+            }
         }
     }
 }
@@ -114,7 +131,14 @@ pub(super) async fn authorize(
 ) -> Result<SignedIn, PageError> {
     let signed_in = sessions.find(app, headers).await?;
     allow(&signed_in.principal, method, path, env)?;
+    count(app, &signed_in.principal)?;
     Ok(signed_in)
+}
+
+/// Counts the request against the session's token's rate, as the API's layer does.
+fn count(app: &App, principal: &Principal) -> Result<(), PageError> {
+    app.count_request(principal)
+        .map_err(|wait| refused(crate::api::auth::rate_limited(principal, wait)))
 }
 
 /// Refuses what the API route `method path` would refuse `principal`.
@@ -138,6 +162,7 @@ pub(super) async fn authorize_change(
     let signed_in = sessions.find(app, headers).await?;
     signed_in.check_csrf(csrf)?;
     allow(&signed_in.principal, method, path, env)?;
+    count(app, &signed_in.principal)?;
     Ok(signed_in)
 }
 

@@ -25,11 +25,14 @@ a { color: var(--accent); }
 table { border-collapse: collapse; width: 100%; background: #fff; }
 th, td { text-align: left; padding: .35rem .6rem; border-bottom: 1px solid var(--line); vertical-align: top; }
 th { background: #eef1f4; }
+td code, td pre { overflow-wrap: anywhere; white-space: pre-wrap; }
 form.inline { display: inline; }
 fieldset { border: 1px solid var(--line); background: #fff; margin: 0 0 1rem; padding: .8rem 1rem; }
 label { display: block; margin: .3rem 0; }
 input, select, button { font: inherit; padding: .25rem .45rem; }
 button { cursor: pointer; }
+.notice { border-left: 4px solid #2e7d32; background: #e8f5e9; padding: .5rem .8rem; margin: .8rem 0; }
+header nav a { margin-right: .8rem; }
 .error { border-left: 4px solid #b00020; background: #fdecee; padding: .5rem .8rem; margin: .8rem 0; }
 .error code { font-weight: bold; }
 .operations { margin: .4rem 0 1rem; }
@@ -127,7 +130,12 @@ pub(super) fn layout(title: &str, signed_in: Option<&SignedIn>, body: Markup) ->
                 header {
                     strong { "orc" }
                     @if let Some(s) = signed_in {
-                        nav aria-label="Main" { a href="/environments" { "Environments" } }
+                        nav aria-label="Main" {
+                            a href="/environments" { "Environments" }
+                            @if s.principal.is_admin() { " " a href="/nodes" { "Nodes" } }
+                            " " a href="/plugins" { "Plugins" }
+                            " " a href="/tokens" { "Tokens" }
+                        }
                         span.who { "Signed in as " strong { (s.principal.user) } }
                         form.inline method="post" action="/sign-out" {
                             input type="hidden" name="_csrf" value=(s.csrf);
@@ -276,6 +284,8 @@ pub fn environment(
                 a href=(format!("{base}/versions")) id="versions-link" { "Versions" }
                 " · "
                 a href=(format!("{base}/settings")) id="settings-link" { "Settings" }
+                " · "
+                a href=(format!("{base}/timeline")) id="timeline-link" { "Timeline" }
             }
             div.operations {
                 @for (action, label, what) in [("deploy", "Deploy", "Deploy now: retry what failed or was skipped"), ("repair", "Repair", "Repair now: re-read every resource and restore what drifted"), ("dryrun", "Dryrun", "Dryrun: compare every resource with the latest version, changing nothing")] {

@@ -73,6 +73,12 @@ pub async fn submit(
     let route = (Method::POST, "/environments/{env}/intents");
     let signed_in = authorize_change(&app, &sessions, &headers, csrf.as_deref(), route.clone(), Some(&key)).await?;
     let body = if file.is_empty() { text.clone().into_bytes() } else { file };
+    // The environment's own body limit, as the API's layer applies it.
+    if let Some(limit) = app.body_limit(&key).await
+        && body.len() as u64 > limit
+    {
+        return Err(refused(crate::api::auth::too_large_for(&key, limit)));
+    }
     let path = format!("/environments/{key}/versions");
     match app.submit(&key, &body, Some(&signed_in.principal.user)).await {
         Ok(_) => {

@@ -11,6 +11,8 @@ mod host;
 #[path = "../support/pg.rs"]
 #[allow(dead_code)]
 mod pg;
+#[path = "../../ssh/tests/support/sshd.rs"]
+mod sshd;
 
 use std::time::Duration;
 
@@ -440,6 +442,157 @@ async fn settings_change_with_the_apis_checks_and_a_stale_form_is_refused() {
     browser.wait_for("#halt").await;
     let (_, env) = host.get("/environments/web").await;
     assert_eq!(env["halted"], false, "{env}");
+
+    // The environment's own body limit holds for an intent pasted here as for the API.
+    let (status, _, _) = host
+        .send(
+            reqwest::Method::PATCH,
+            "/environments/web",
+            Some(&json!({"settings": {"limits": {"max_body_bytes": 1024}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    browser.goto(&format!("{}/environments/web/versions", console(&host))).await;
+    browser.fill("#intent", &format!("{QUICKSTART}{}", " ".repeat(200))).await;
+    browser.click("#submit-intent").await;
+    browser.wait_for("div.error").await;
+    let refusal = browser.text("div.error").await;
+    assert!(refusal.contains("too_large") && refusal.contains("max_body_bytes"), "{refusal}");
+    let (_, versions) = host.get("/environments/web/intents").await;
+    assert_eq!(versions["items"], json!([]));
+    browser.close().await;
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_is_registered_verified_and_its_changed_host_key_accepted_after_both_are_shown() {
+    let host = Host::start(Backend::Sqlite).await;
+    let mut sshd = sshd::Sshd::start();
+    let browser = Browser::start().await;
+    sign_in(&browser, &host).await;
+    browser.goto(&format!("{}/nodes", console(&host))).await;
+    let fill_node = async |name: &str| {
+        browser.fill("input[name=name]", name).await;
+        browser.fill("input[name=address]", "127.0.0.1").await;
+        browser.fill("input[name=port]", &sshd.port.to_string()).await;
+        browser.fill("input[name=user]", sshd::TEST_USER).await;
+        browser.fill("#private_key", &sshd.client_key).await;
+        browser.fill("input[name=host_key]", &sshd.host_fingerprint).await;
+    };
+    // Refused (a name the API refuses): the fields come back, the credential never does.
+    fill_node("Not A Name").await;
+    browser.click("#register-node").await;
+    browser.wait_for("div.error").await;
+    let key_field = browser.client.find(fantoccini::Locator::Css("#private_key")).await.unwrap();
+    assert_eq!(key_field.prop("value").await.unwrap().as_deref(), Some(""));
+    let name_field = browser.client.find(fantoccini::Locator::Css("input[name=name]")).await.unwrap();
+    assert_eq!(name_field.prop("value").await.unwrap().as_deref(), Some("Not A Name"));
+    let secret_line = sshd.client_key.lines().nth(1).unwrap().to_string();
+    assert!(
+        !browser.client.source().await.unwrap().contains(&secret_line),
+        "the key was echoed back"
+    );
+
+    fill_node("web1").await;
+    browser.click("#register-node").await;
+    browser.wait_for("tr[data-node='web1']").await;
+    // Verified (the page follows it while it is `unidentified`), its key pinned.
+    browser.wait_for_text("public", false, Duration::from_secs(30)).await;
+    assert_eq!(browser.text("tr[data-node='web1'] code.pinned").await, sshd.host_fingerprint);
+    assert!(
+        !browser.client.source().await.unwrap().contains(&secret_line),
+        "the key was echoed back"
+    );
+
+    // The node comes back with another host key: verifying shows both, and nothing is used
+    // until the new one is accepted.
+    let old = sshd.host_fingerprint.clone();
+    sshd.replace_host_key();
+    browser.goto(&format!("{}/nodes", console(&host))).await;
+    browser.click("tr[data-node='web1'] button.verify").await;
+    browser.wait_for("button.accept-key").await;
+    assert_eq!(browser.text("tr[data-node='web1'] code.pinned").await, old);
+    assert_eq!(browser.text("tr[data-node='web1'] code.presented").await, sshd.host_fingerprint);
+    assert!(browser.text("tr[data-node='web1'] td.status").await.contains("host key changed"));
+    browser.screenshot("node-host-key-changed").await;
+    browser.click("button.accept-key").await;
+    browser.wait_for_path("/nodes").await;
+    let node = host
+        .wait_for("/nodes/web1", "public with the new key", Duration::from_secs(30), |_, n| {
+            n["status"] == "public"
+        })
+        .await;
+    assert_eq!(node["host_key"], json!(sshd.host_fingerprint), "{node}");
+    browser.goto(&format!("{}/nodes", console(&host))).await;
+    assert_eq!(browser.text("tr[data-node='web1'] code.pinned").await, sshd.host_fingerprint);
+    browser.close().await;
+    host.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_plugins_and_the_timeline_are_shown() {
+    let host = Host::start(Backend::Sqlite).await;
+    host.create_environment("web", 60).await;
+    let intent: Value = serde_json::from_str(QUICKSTART).unwrap();
+    let (status, submitted) = host.post("/environments/web/intents", &intent).await;
+    assert_eq!(status, StatusCode::CREATED, "{submitted}");
+    host.wait_for("/environments/web", "deployed", Duration::from_secs(60), |_, v| {
+        v["resources"]["deployed"] == 6
+    })
+    .await;
+    let browser = Browser::start().await;
+    sign_in(&browser, &host).await;
+
+    // A token: its secret shown once, working; then revoked (after a confirmation), refused.
+    browser.goto(&format!("{}/tokens", console(&host))).await;
+    browser.fill("#token-description", "ci job").await;
+    browser.click("#create-token").await;
+    browser.wait_for("#new-token").await;
+    let secret = browser.text("#new-token").await;
+    let me = |token: String| {
+        let url = format!("{}/me", host.base);
+        async move { reqwest::Client::new().get(url).bearer_auth(token).send().await.unwrap().status() }
+    };
+    assert_eq!(me(secret.clone()).await, StatusCode::OK);
+    browser.goto(&format!("{}/tokens", console(&host))).await;
+    assert!(
+        !browser.client.source().await.unwrap().contains(&secret),
+        "the secret was shown again"
+    );
+    let (_, tokens) = host.get("/tokens").await;
+    let id = tokens["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["description"] == "ci job")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    browser.click(&format!("tr[data-token='{id}'] button.revoke")).await;
+    browser.client.accept_alert().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while me(secret.clone()).await != StatusCode::UNAUTHORIZED {
+        assert!(std::time::Instant::now() < deadline, "the revoked token still works");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The registry's plugins, with their kinds, digests and capabilities.
+    browser.goto(&format!("{}/plugins", console(&host))).await;
+    let plugins = browser.text("#plugins").await;
+    assert!(
+        plugins.contains("file@0.1.0") && plugins.contains("adaptor") && plugins.contains("node-files"),
+        "{plugins}"
+    );
+    assert!(plugins.contains("sha256:"), "{plugins}");
+
+    // The deploy as a picture: a bar per action.
+    browser.goto(&format!("{}/environments/web/timeline", console(&host))).await;
+    let summary = browser.text("#timeline-summary").await;
+    assert!(summary.starts_with("6 actions") && summary.contains("6 changed"), "{summary}");
+    let bars = browser.client.find_all(fantoccini::Locator::Css("#timeline rect")).await.unwrap();
+    assert!(bars.len() >= 6, "{} bars", bars.len());
+    browser.screenshot("timeline").await;
     browser.close().await;
     host.stop().await;
 }
