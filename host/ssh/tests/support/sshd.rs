@@ -3,9 +3,9 @@
 //! per-connection children) on drop. Standard library only, so any test crate can include it:
 //! `#[path = "../../../ssh/tests/support/sshd.rs"] mod sshd;`.
 //!
-//! Needs root (sshd must switch users) and `/usr/sbin/sshd`. Logins are as [`TEST_USER`], created
-//! if missing with `/bin/sh` as its shell (a heavy login shell makes every command slower), or as
-//! root with the client key.
+//! Needs root (sshd must switch users), `/usr/sbin/sshd` and `unshare`. Logins are as
+//! [`TEST_USER`], created if missing with `/bin/sh` as its shell (a heavy login shell makes every
+//! command slower), or as root with the client key, in an empty home directory of the run's own.
 
 // Test support (tests and benchmark examples include it): a failed unwrap stops the run where it failed.
 #![allow(clippy::unwrap_used)]
@@ -185,16 +185,24 @@ impl Sshd {
             ),
         )
         .unwrap();
-        let mut command = match &self.netns {
-            // `ip netns exec` executes sshd in place: the child is sshd itself.
-            Some(netns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", netns, SSHD]);
-                c
-            }
-            None => Command::new(SSHD), // by absolute path: sshd re-executes itself
-        };
+        // sshd runs in its own mount namespace with an empty directory over `/root`: root's
+        // logins start bash, which reads `~/.bashrc`, and this machine's own dotfiles (a
+        // version manager's init, say, which can wait a minute on a lock that a killed login
+        // left behind) must not decide how long a test's command takes. `unshare` and the
+        // shell execute in place, as `ip netns exec` does: the child is sshd itself.
+        let home = self.dir.join("root-home");
+        std::fs::create_dir_all(&home).unwrap();
+        set_mode(&home, 0o700);
+        let mut command = Command::new("unshare");
+        command
+            .args(["--mount", "--propagation", "private", "--", "/bin/sh", "-c"])
+            .arg(r#"mount --bind "$0" /root && exec "$@""#)
+            .arg(&home);
+        if let Some(netns) = &self.netns {
+            command.args(["ip", "netns", "exec", netns]);
+        }
         let mut child = command
+            .arg(SSHD) // by absolute path: sshd re-executes itself
             .args(["-D", "-e", "-f"])
             .arg(&config)
             .stdin(Stdio::null())
