@@ -103,6 +103,8 @@ pub struct Principal {
     publisher: bool,
     by_id: HashMap<EnvironmentId, Role>,
     by_name: HashMap<String, Role>,
+    /// Its token carries a scope: what it may hand on is bounded by these roles, not its user's.
+    scoped: bool,
 }
 
 impl Principal {
@@ -145,6 +147,17 @@ impl Principal {
             publisher: (account.admin || account.publisher) && scope.is_none_or(|s| s.admin || s.publisher),
             by_id,
             by_name,
+            scoped: scope.is_some(),
+        })
+    }
+
+    /// The roles this caller carries, as a scope — for a token a scoped token creates, which may
+    /// carry no more than its creator does; `None`: the caller carries all of its user's roles.
+    pub fn narrowed(&self) -> Option<Scope> {
+        self.scoped.then(|| Scope {
+            admin: self.admin,
+            publisher: self.publisher,
+            environments: self.by_id.iter().map(|(id, role)| (*id, *role)).collect(),
         })
     }
 

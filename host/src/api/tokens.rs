@@ -28,7 +28,8 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(create_user_token))
 }
 
-/// What a new token carries: all of its user's roles (no `scope`), or a narrower set.
+/// What a new token carries: all of its user's roles (no `scope`), or a narrower set. A token
+/// made with a scoped token carries no more than that one: its roles without `scope`.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct TokenRequest {
@@ -90,18 +91,17 @@ pub(super) struct TokenList {
     items: Vec<Token>,
 }
 
-/// A new token of the caller's own user.
+/// A new token of the caller's own user. A caller whose token is scoped hands on no more than it
+/// carries: without `scope`, the new token carries the caller's roles.
 #[utoipa::path(post, path = "/tokens", tag = "access", request_body(content = Option<TokenRequest>),
-    responses((status = 201, body = NewToken), (status = 422, description = "A scope wider than the user's roles", body = ErrorBody)))]
+    responses((status = 201, body = NewToken), (status = 422, description = "`invalid_scope`: a scope wider than the user's roles, or than the calling token's", body = ErrorBody)))]
 async fn create_token(
     State(app): State<AppState>,
     Caller(caller): Caller,
     OptionalJson(body): OptionalJson<TokenRequest>,
 ) -> Result<impl IntoResponse> {
     let body = body.unwrap_or_default();
-    let created = app
-        .create_token(&caller.user, body.scope.map(Into::into), &body.description)
-        .await?;
+    let created = app.create_own_token(&caller, body.scope.map(Into::into), &body.description).await?;
     Ok(NewToken::created(created))
 }
 

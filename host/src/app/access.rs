@@ -109,7 +109,8 @@ async fn hash_password(password: String) -> Result<String, AccessError> {
         .map_err(AccessError::Password)
 }
 
-fn new_secret() -> String {
+/// A new secret (a token's, a console session's): `orc_` and 64 hex digits.
+pub(crate) fn new_secret() -> String {
     // Two v4 UUIDs: 244 bits from the operating system's random source.
     format!("orc_{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
 }
@@ -313,6 +314,69 @@ impl App {
         description: &str,
     ) -> Result<(TokenView, String), AccessError> {
         let user = self.user(user).await?;
+        let scope = match scope {
+            Some(request) => Some(self.resolve_scope(&user, request).await?),
+            None => None,
+        };
+        self.issue_token(&user, scope.as_ref(), description).await
+    }
+
+    /// A new token of the caller's own user. A caller whose token is scoped hands on no more
+    /// than it carries: without `scope` the new token carries the caller's roles, and a `scope`
+    /// asking for more is refused, naming the role.
+    pub async fn create_own_token(
+        &self,
+        caller: &Principal,
+        scope: Option<ScopeRequest>,
+        description: &str,
+    ) -> Result<(TokenView, String), AccessError> {
+        let Some(bound) = caller.narrowed() else {
+            return self.create_token(&caller.user, scope, description).await;
+        };
+        let user = self.user(&caller.user).await?;
+        let scope = match scope {
+            None => bound,
+            Some(request) => {
+                let scope = self.resolve_scope(&user, request).await?;
+                self.check_within(&scope, &bound, &caller.user).await?;
+                scope
+            }
+        };
+        self.issue_token(&user, Some(&scope), description).await
+    }
+
+    /// Refuses a scope that asks for a role `bound` (the caller's token's) does not carry.
+    async fn check_within(&self, scope: &Scope, bound: &Scope, user: &str) -> Result<(), AccessError> {
+        let beyond = |what: String| {
+            Err(AccessError::InvalidScope(format!(
+                "{what}, more than the token of user `{user}` making this request carries"
+            )))
+        };
+        if scope.admin && !bound.admin {
+            return beyond("`admin`".into());
+        }
+        if scope.publisher && !(bound.publisher || bound.admin) {
+            return beyond("`publisher`".into());
+        }
+        if bound.admin {
+            return Ok(());
+        }
+        for (id, role) in &scope.environments {
+            if bound.environments.get(id).is_none_or(|held| held < role) {
+                let name = self
+                    .store
+                    .get_environment(id)
+                    .await
+                    .map(|e| e.name)
+                    .unwrap_or_else(|_| id.to_string());
+                return beyond(format!("`{role}` in environment `{name}`"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores a new token of `user` carrying `scope`: the view and the secret.
+    async fn issue_token(&self, user: &UserRecord, scope: Option<&Scope>, description: &str) -> Result<(TokenView, String), AccessError> {
         if user.disabled {
             return Err(AccessError::InvalidUser {
                 field: "user",
@@ -325,15 +389,8 @@ impl App {
                 reason: format!("may have at most {MAX_DESCRIPTION} characters"),
             });
         }
-        let scope = match scope {
-            Some(request) => Some(self.resolve_scope(&user, request).await?),
-            None => None,
-        };
         let secret = new_secret();
-        let record = self
-            .store
-            .insert_token(&hash_token(&secret), &user.id, scope.as_ref(), description)
-            .await?;
+        let record = self.store.insert_token(&hash_token(&secret), &user.id, scope, description).await?;
         tracing::info!(user = %user.name, token = %record.id, scoped = record.scope.is_some(), "token created");
         Ok((self.token_view(record).await?, secret))
     }

@@ -508,9 +508,30 @@ pub async fn a_token_carries_its_users_roles_or_a_narrower_set(backend: Backend)
             "{scope}: {body}"
         );
     }
+    // A scoped token hands on no more than it carries: without a scope, its own; wider, refused.
+    let (status, again) = json_of(call(&host, Some(narrow), Method::POST, "/tokens", Some(&json!({}))).await).await;
+    assert_eq!(status, StatusCode::CREATED, "{again}");
+    assert_eq!(again["scope"]["environments"], json!({"a": "viewer"}), "{again}");
+    let again = again["token"].as_str().unwrap();
+    let (status, body) = json_of(call(&host, Some(again), Method::POST, "/environments/a/halt", None).await).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let wider = json!({"scope": {"environments": {"a": "operator"}}});
+    let (status, body) = json_of(call(&host, Some(narrow), Method::POST, "/tokens", Some(&wider)).await).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_scope")),
+        "{body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("`operator` in environment `a`, more than the token"),
+        "{body}"
+    );
     let (_, listed) = json_of(call(&host, Some(owner), Method::GET, "/tokens", None).await).await;
     let items = listed["items"].as_array().unwrap();
-    assert_eq!(items.len(), 2, "its own only: {listed}");
+    assert_eq!(items.len(), 3, "its own only: {listed}");
     assert!(items.iter().any(|t| t["scope"].is_null()) && items.iter().any(|t| t["scope"]["environments"]["a"] == "viewer"));
     // Another user's token is unknown to it.
     let (_, all) = host.get("/tokens").await;
