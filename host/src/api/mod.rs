@@ -15,7 +15,7 @@ mod environments;
 mod error;
 mod etag;
 pub(crate) mod events;
-mod extract;
+pub(crate) mod extract;
 mod intents;
 mod nodes;
 mod ops;

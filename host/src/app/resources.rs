@@ -3,11 +3,19 @@
 //! scoped to the environment it is asked of.
 
 use super::{App, EnvError};
-use crate::intent::ResourceSpec;
+use crate::intent::{ResourceId, ResourceSpec};
 use crate::store::{
     ActionFilter, ActionPage, DryrunId, DryrunReport, Environment, IntentVersion, LoggedAction, Operation, OperationId, ResourceState,
     StateFilter, StatePage, StoreError, VersionInfo,
 };
+
+/// A resource as the released version wants it, and what waits for it.
+#[derive(Debug, Clone)]
+pub struct DesiredResource {
+    pub spec: ResourceSpec,
+    /// The resources that wait for this one to be deployed before they run.
+    pub dependents: Vec<ResourceId>,
+}
 
 impl App {
     /// Every intent version of `env`, newest first.
@@ -29,11 +37,19 @@ impl App {
     }
 
     /// What the released version of `env` wants of `resource` (its adaptor pinned), if it has it.
-    pub async fn desired_resource(&self, env: &Environment, resource: &str) -> Result<Option<ResourceSpec>, EnvError> {
+    pub async fn desired_resource(&self, env: &Environment, resource: &str) -> Result<Option<DesiredResource>, EnvError> {
+        let Ok(id) = resource.parse::<ResourceId>() else {
+            return Ok(None);
+        };
         let running = self.running(env).await?;
-        Ok(running
-            .released_version()
-            .and_then(|v| v.intent.resources.iter().find(|r| r.id.to_string() == resource).cloned()))
+        let Some(version) = running.released_version() else {
+            return Ok(None);
+        };
+        let resources = &version.intent.resources;
+        Ok(resources.iter().position(|r| r.id == id).map(|index| DesiredResource {
+            spec: resources[index].clone(),
+            dependents: version.dependents(index).iter().map(|&d| resources[d].id.clone()).collect(),
+        }))
     }
 
     /// The `limit` most recent actions of one resource.

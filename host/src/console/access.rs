@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use axum::Extension;
-use axum::extract::{Form, Path, State};
+use axum::extract::State;
+
+use super::extract::{Form, Path};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
@@ -45,7 +47,7 @@ pub async fn create_token(
     let route = (Method::POST, "/tokens");
     let signed_in = authorize_change(&app, &sessions, &headers, form.csrf.as_deref(), route.clone(), None).await?;
     let created = app
-        .create_token(&signed_in.principal.user, None, form.description.trim())
+        .create_own_token(&signed_in.principal, None, form.description.trim())
         .await
         .map_err(ApiError::from);
     audit(&app, &signed_in, route, "/tokens", None, created.as_ref().map(|_| ())).await;

@@ -13,22 +13,27 @@
 //! - Every refusal is shown in words: the API's stable code and its message, on a page.
 
 mod access;
+mod clusters;
+mod extract;
 mod nodes;
 mod operations;
 mod pages;
+mod processes;
 mod session;
 mod settings;
 mod timeline;
+mod users;
 mod versions;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Form, Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
+use extract::{Form, Path, Query};
 use serde::Deserialize;
 
 use crate::access::{Principal, rules};
@@ -57,21 +62,29 @@ pub fn router() -> Router<AppState> {
         .route("/environments/{env}/live", get(live))
         .route("/environments/{env}/versions", get(versions::versions).post(versions::submit))
         .route("/environments/{env}/versions/diff", get(versions::diff))
-        .route("/environments/{env}/versions/{version}/release", post(versions::release))
-        .route("/environments/{env}/versions/{version}/rollback", post(versions::rollback))
+        .route("/environments/{env}/versions/{version}/{switch}", post(versions::switch))
+        // deploy, repair, dryrun, halt, resume
+        .route("/environments/{env}/{action}", post(environment_action))
         .route("/environments/{env}/settings", get(settings::settings).post(settings::change))
-        .route("/environments/{env}/halt", post(settings::halt))
-        .route("/environments/{env}/resume", post(settings::resume))
         .route("/tokens", get(access::tokens).post(access::create_token))
         .route("/tokens/{id}/revoke", post(access::revoke_token))
         .route("/plugins", get(access::plugins))
+        .route("/users", get(users::users).post(users::create_user))
+        .route("/users/{user}/{action}", post(users::change_user))
+        .route("/environments/{env}/members", get(users::members).post(users::set_member))
+        .route("/environments/{env}/processes", get(processes::processes))
+        .route("/environments/{env}/members/{user}/remove", post(users::remove_member))
         .route("/nodes", get(nodes::nodes).post(nodes::register))
         .route("/nodes/{node}/verify", post(nodes::verify))
         .route("/nodes/{node}/accept-host-key", post(nodes::accept_host_key))
         .route("/environments/{env}/timeline", get(timeline::timeline))
-        .route("/environments/{env}/deploy", post(operations::deploy))
-        .route("/environments/{env}/repair", post(operations::repair))
-        .route("/environments/{env}/dryrun", post(operations::dryrun))
+        .route("/environments/{env}/clusters", get(clusters::clusters).post(clusters::create))
+        .route("/environments/{env}/clusters/{name}", get(clusters::cluster))
+        .route("/environments/{env}/clusters/{name}/{operation}", post(clusters::operate))
+        .route(
+            "/environments/{env}/clusters/{name}/services/{service}/{action}",
+            post(clusters::service),
+        )
         .route("/environments/{env}/operations/{id}", get(operations::operation))
         .route("/environments/{env}/dryruns/{id}", get(operations::dryrun_report))
         .route("/console.css", get(|| async { ([(header::CONTENT_TYPE, "text/css")], pages::CSS) }))
@@ -142,7 +155,7 @@ fn count(app: &App, principal: &Principal) -> Result<(), PageError> {
 }
 
 /// Refuses what the API route `method path` would refuse `principal`.
-fn allow(principal: &Principal, method: Method, path: &str, env: Option<&str>) -> Result<(), PageError> {
+pub(super) fn allow(principal: &Principal, method: Method, path: &str, env: Option<&str>) -> Result<(), PageError> {
     let Some(rule) = rules::rule(&method, path) else {
         return Err(refused(ApiError::forbidden(format!("{method} {path} has no authorization rule"))));
     };
@@ -333,7 +346,7 @@ async fn environment(
     State(app): State<AppState>,
     Extension(sessions): Extension<Arc<Sessions>>,
     headers: HeaderMap,
-    axum::extract::Path(key): axum::extract::Path<String>,
+    Path(key): Path<String>,
     Query(query): Query<ResourceQuery>,
 ) -> Result<maud::Markup, PageError> {
     let signed_in = authorize(&app, &sessions, &headers, Method::GET, "/environments/{env}", Some(&key)).await?;
@@ -390,7 +403,7 @@ async fn resource(
     State(app): State<AppState>,
     Extension(sessions): Extension<Arc<Sessions>>,
     headers: HeaderMap,
-    axum::extract::Path(key): axum::extract::Path<String>,
+    Path(key): Path<String>,
     Query(params): Query<ResourceParams>,
 ) -> Result<maud::Markup, PageError> {
     let signed_in = authorize(
@@ -415,6 +428,35 @@ async fn resource(
     Ok(pages::resource(&signed_in, &env, &state, desired.as_ref(), &actions))
 }
 
+/// What an environment's buttons do.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum EnvironmentAction {
+    Deploy,
+    Repair,
+    Dryrun,
+    Halt,
+    Resume,
+}
+
+async fn environment_action(
+    State(app): State<AppState>,
+    Extension(sessions): Extension<Arc<Sessions>>,
+    headers: HeaderMap,
+    Path((key, action)): Path<(String, EnvironmentAction)>,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, PageError> {
+    use operations::Start;
+    let csrf = form.csrf.as_deref();
+    match action {
+        EnvironmentAction::Deploy => operations::start(&app, &sessions, &headers, &key, csrf, Start::Deploy).await,
+        EnvironmentAction::Repair => operations::start(&app, &sessions, &headers, &key, csrf, Start::Repair).await,
+        EnvironmentAction::Dryrun => operations::start(&app, &sessions, &headers, &key, csrf, Start::Dryrun).await,
+        EnvironmentAction::Halt => settings::halt_or_resume(&app, &sessions, &headers, &key, csrf, true).await,
+        EnvironmentAction::Resume => settings::halt_or_resume(&app, &sessions, &headers, &key, csrf, false).await,
+    }
+}
+
 /// Server-sent events for an environment's page: `changed` whenever the scheduler recorded a
 /// batch of its events; the page then fetches itself again and swaps in what changed. Only the
 /// fact is sent: what the page shows is read through the page's own route and rule.
@@ -422,7 +464,7 @@ async fn live(
     State(app): State<AppState>,
     Extension(sessions): Extension<Arc<Sessions>>,
     headers: HeaderMap,
-    axum::extract::Path(key): axum::extract::Path<String>,
+    Path(key): Path<String>,
 ) -> Result<Response, PageError> {
     use futures::StreamExt;
     let signed_in = authorize(&app, &sessions, &headers, Method::GET, "/environments/{env}/events", Some(&key)).await?;
@@ -430,11 +472,15 @@ async fn live(
     // It ends as the API's stream does when access is taken away, and when the session ends.
     let revoked = crate::api::events::revoked(app.clone(), signed_in.principal.clone(), key);
     let ended = async move { sessions.ended(&signed_in).await };
-    let stream = tokio_stream::wrappers::BroadcastStream::new(receiver)
-        .map(|batch| {
+    // A comment first: some browsers (Firefox) say the stream is open only once a byte of it
+    // arrives, and a proxy may hold the headers until then too.
+    let opened =
+        futures::stream::once(async { Ok::<_, std::convert::Infallible>(axum::response::sse::Event::default().comment("following")) });
+    let stream = opened
+        .chain(tokio_stream::wrappers::BroadcastStream::new(receiver).map(|batch| {
             let n = batch.map_or(0, |b| b.len());
             Ok::<_, std::convert::Infallible>(axum::response::sse::Event::default().event("changed").data(n.to_string()))
-        })
+        }))
         .take_until(async move {
             tokio::select! {
                 () = revoked => {}

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Extension;
-use axum::extract::{Form, Path, State};
+use axum::extract::State;
+
+use super::extract::{Form, Path};
 use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};

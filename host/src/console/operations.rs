@@ -6,50 +6,63 @@
 use std::sync::Arc;
 
 use axum::Extension;
-use axum::extract::{Form, Path, State};
+use axum::extract::State;
+
+use super::extract::Path;
 use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 
 use super::pages::{self, layout, path_segment, time};
 use super::session::{Sessions, SignedIn};
-use super::{AppState, CsrfForm, PageError, audit, authorize, authorize_change, refused};
+use super::{AppState, PageError, audit, authorize, authorize_change, refused};
 use crate::api::ApiError;
 use crate::scheduler::dryrun::report::{DryrunResult, Finding};
 use crate::store::{DryrunId, DryrunReport, DryrunStatus, Environment, Operation, OperationId, OperationKind, OperationStatus};
 
-async fn start(
+/// What an environment's button starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Start {
+    Deploy,
+    Repair,
+    Dryrun,
+}
+
+pub(super) async fn start(
     app: &crate::app::App,
     sessions: &Sessions,
     headers: &HeaderMap,
     key: &str,
     csrf: Option<&str>,
-    kind: &str,
+    kind: Start,
 ) -> Result<Response, PageError> {
-    let api_route = match kind {
-        "deploy" => "/environments/{env}/deploy",
-        "repair" => "/environments/{env}/repair",
-        _ => "/environments/{env}/dryrun",
+    let (api_route, segment) = match kind {
+        Start::Deploy => ("/environments/{env}/deploy", "deploy"),
+        Start::Repair => ("/environments/{env}/repair", "repair"),
+        Start::Dryrun => ("/environments/{env}/dryrun", "dryrun"),
     };
     let route = (Method::POST, api_route);
     let signed_in = authorize_change(app, sessions, headers, csrf, route.clone(), Some(key)).await?;
     let author = Some(signed_in.principal.user.as_str());
     let base = format!("/environments/{}", path_segment(key));
     let started = match kind {
-        "deploy" => app
-            .start_operation(key, OperationKind::Deploy, author)
-            .await
-            .map(|o| format!("{base}/operations/{}", o.id)),
-        "repair" => app
-            .start_operation(key, OperationKind::Repair, author)
-            .await
-            .map(|o| format!("{base}/operations/{}", o.id)),
-        _ => app
+        Start::Deploy | Start::Repair => {
+            let op = if kind == Start::Deploy {
+                OperationKind::Deploy
+            } else {
+                OperationKind::Repair
+            };
+            app.start_operation(key, op, author)
+                .await
+                .map(|o| format!("{base}/operations/{}", o.id))
+        }
+        Start::Dryrun => app
             .start_dryrun(key, None, author)
             .await
             .map(|d| format!("{base}/dryruns/{}", d.id)),
     };
-    let path = format!("/environments/{key}/{kind}");
+    let path = format!("/environments/{key}/{segment}");
     match started {
         Ok(location) => {
             audit(app, &signed_in, route, &path, Some(key), Ok(())).await;
@@ -61,36 +74,6 @@ async fn start(
             Ok((e.status, pages::error(&e)).into_response())
         }
     }
-}
-
-pub async fn deploy(
-    State(app): State<AppState>,
-    Extension(sessions): Extension<Arc<Sessions>>,
-    headers: HeaderMap,
-    Path(key): Path<String>,
-    Form(form): Form<CsrfForm>,
-) -> Result<Response, PageError> {
-    start(&app, &sessions, &headers, &key, form.csrf.as_deref(), "deploy").await
-}
-
-pub async fn repair(
-    State(app): State<AppState>,
-    Extension(sessions): Extension<Arc<Sessions>>,
-    headers: HeaderMap,
-    Path(key): Path<String>,
-    Form(form): Form<CsrfForm>,
-) -> Result<Response, PageError> {
-    start(&app, &sessions, &headers, &key, form.csrf.as_deref(), "repair").await
-}
-
-pub async fn dryrun(
-    State(app): State<AppState>,
-    Extension(sessions): Extension<Arc<Sessions>>,
-    headers: HeaderMap,
-    Path(key): Path<String>,
-    Form(form): Form<CsrfForm>,
-) -> Result<Response, PageError> {
-    start(&app, &sessions, &headers, &key, form.csrf.as_deref(), "dryrun").await
 }
 
 fn bad_id(what: &str, id: &str) -> PageError {

@@ -7,7 +7,7 @@ use maud::{DOCTYPE, Markup, html};
 
 use super::session::SignedIn;
 use crate::api::ApiError;
-use crate::intent::ResourceSpec;
+use crate::app::DesiredResource;
 use crate::scheduler::ResourceStatus;
 use crate::store::{Environment, LoggedAction, Millis, ResourceState, StateFilter};
 
@@ -47,6 +47,16 @@ form.filters label { margin: 0; }
 .counts { color: var(--muted); font-size: .9em; }
 pre { background: #fff; border: 1px solid var(--line); padding: .5rem; overflow: auto; max-height: 24rem; }
 .diff-before { background: #fdecee; } .diff-after { background: #e8f5e9; }
+.s-done { background: #2e7d32; } .s-pending { background: #cfd8dc; }
+table.grid th[scope=row] { white-space: nowrap; }
+table.grid td.runs { background: #f1f8f2; }
+table.grid td.absent { color: var(--muted); text-align: center; }
+table.grid caption { text-align: left; color: var(--muted); }
+ul.tasks { list-style: none; margin: .2rem 0 0; padding: 0; font-size: .9em; display: flex; flex-wrap: wrap; gap: .15rem .7rem; }
+ul.tasks li { padding-left: .5rem; border-left: 4px solid transparent; background: none; }
+ul.tasks li.s-done { border-left-color: #2e7d32; } ul.tasks li.s-failed { border-left-color: #c62828; }
+ul.tasks li.s-deploying { border-left-color: #1565c0; } ul.tasks li.s-pending, ul.tasks li.s-available { border-left-color: #90a4ae; }
+.cluster-operations fieldset { max-width: 50rem; }
 "#;
 
 /// The pages' only script: a page with `data-live` follows the environment's events and, a
@@ -66,8 +76,9 @@ pub const SCRIPT: &str = r#"
           var part = fresh.querySelector('[data-part="' + old.getAttribute('data-part') + '"]');
           if (part) old.replaceWith(part);
         });
-        // Finished: the page no longer asks to be followed.
-        if (!fresh.querySelector('[data-live]') && poller) { clearInterval(poller); poller = null; }
+        // Finished: the page no longer asks to be polled.
+        var still = fresh.querySelector('[data-live]');
+        if ((!still || !still.getAttribute('data-poll')) && poller) { clearInterval(poller); poller = null; }
       });
     });
   }
@@ -89,15 +100,15 @@ pub fn path_segment(text: &str) -> String {
     url_encode(text)
 }
 
+/// Everything but RFC 3986's unreserved characters is percent-encoded.
+const RESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
 fn url_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => out.push(b as char),
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
+    percent_encoding::utf8_percent_encode(text, RESERVED).to_string()
 }
 
 fn query(pairs: &BTreeMap<&str, String>) -> String {
@@ -132,7 +143,7 @@ pub(super) fn layout(title: &str, signed_in: Option<&SignedIn>, body: Markup) ->
                     @if let Some(s) = signed_in {
                         nav aria-label="Main" {
                             a href="/environments" { "Environments" }
-                            @if s.principal.is_admin() { " " a href="/nodes" { "Nodes" } }
+                            @if s.principal.is_admin() { " " a href="/nodes" { "Nodes" } " " a href="/users" { "Users" } }
                             " " a href="/plugins" { "Plugins" }
                             " " a href="/tokens" { "Tokens" }
                         }
@@ -286,6 +297,12 @@ pub fn environment(
                 a href=(format!("{base}/settings")) id="settings-link" { "Settings" }
                 " · "
                 a href=(format!("{base}/timeline")) id="timeline-link" { "Timeline" }
+                " · "
+                a href=(format!("{base}/clusters")) id="clusters-link" { "Clusters" }
+                " · "
+                a href=(format!("{base}/processes")) id="processes-link" { "Processes" }
+                " · "
+                a href=(format!("{base}/members")) id="members-link" { "Members" }
             }
             div.operations {
                 @for (action, label, what) in [("deploy", "Deploy", "Deploy now: retry what failed or was skipped"), ("repair", "Repair", "Repair now: re-read every resource and restore what drifted"), ("dryrun", "Dryrun", "Dryrun: compare every resource with the latest version, changing nothing")] {
@@ -343,7 +360,7 @@ pub fn resource(
     signed_in: &SignedIn,
     env: &Environment,
     state: &ResourceState,
-    desired: Option<&ResourceSpec>,
+    desired: Option<&DesiredResource>,
     actions: &[LoggedAction],
 ) -> Markup {
     let base = format!("/environments/{}", path_segment(&env.name));
@@ -363,14 +380,10 @@ pub fn resource(
                 }
             }
             h2 { "Desired" }
-            @if let Some(spec) = desired {
+            @if let Some(DesiredResource { spec, dependents }) = desired {
                 p { "Adaptor " code { (spec.adaptor.to_string()) } @if spec.purged { " · purged" } }
-                @if !spec.requires.is_empty() {
-                    p { "Requires: " @for (i, r) in spec.requires.iter().enumerate() {
-                        @if i > 0 { ", " }
-                        a href=(format!("{base}/resource?id={}", url_encode(&r.to_string()))) { (r.to_string()) }
-                    } }
-                }
+                p #requires { "Requires: " (resource_links(&base, &spec.requires)) }
+                p #dependents { "Waited for by: " (resource_links(&base, dependents)) }
                 pre { (pretty(spec.attributes.as_json())) }
             } @else {
                 p { "Not in the released version." }
@@ -396,6 +409,17 @@ pub fn resource(
             }
         },
     )
+}
+
+/// Resources as links to their pages, or "nothing".
+fn resource_links(base: &str, ids: &[crate::intent::ResourceId]) -> Markup {
+    html! {
+        @if ids.is_empty() { "nothing" }
+        @for (i, r) in ids.iter().enumerate() {
+            @if i > 0 { ", " }
+            a href=(format!("{base}/resource?id={}", url_encode(&r.to_string()))) { (r.to_string()) }
+        }
+    }
 }
 
 /// An action's changes (JSON text) as before/after rows.

@@ -16,11 +16,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, HeaderValue, header};
-use sha2::Digest as _;
+use subtle::ConstantTimeEq as _;
 
 use crate::access::Principal;
 use crate::app::App;
-use crate::store::TokenId;
+use crate::app::new_secret;
+use crate::store::{TokenId, hash_token};
 
 /// The cookie's name.
 pub const COOKIE: &str = "orc_session";
@@ -66,7 +67,7 @@ pub enum Refused {
 impl Sessions {
     /// Starts a session acting with the token whose hash is `token_hash`; the cookie's value.
     pub fn start(&self, token_hash: String, own_token: Option<TokenId>) -> String {
-        let secret = random_secret();
+        let secret = new_secret();
         let mut sessions = self.0.lock().expect("sessions");
         if sessions.len() >= MAX_SESSIONS
             && let Some(oldest) = sessions.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone())
@@ -74,11 +75,11 @@ impl Sessions {
             sessions.remove(&oldest);
         }
         sessions.insert(
-            hash(&secret),
+            hash_token(&secret),
             Session {
                 token_hash,
                 own_token,
-                csrf: random_secret(),
+                csrf: new_secret(),
                 last_used: Instant::now(),
             },
         );
@@ -88,7 +89,7 @@ impl Sessions {
     /// The session of a request's cookie, its principal found again.
     pub async fn find(&self, app: &App, headers: &HeaderMap) -> Result<SignedIn, Refused> {
         let secret = cookie(headers, COOKIE).ok_or(Refused::SignedOut)?;
-        let key = hash(&secret);
+        let key = hash_token(&secret);
         let session = {
             let mut sessions = self.0.lock().expect("sessions");
             let Some(session) = sessions.get_mut(&key) else {
@@ -153,7 +154,7 @@ impl SignedIn {
 
 fn check_csrf(expected: &str, field: Option<&str>) -> Result<(), Refused> {
     match field {
-        Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => Ok(()),
+        Some(given) if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) => Ok(()),
         Some(_) => Err(Refused::Forgery("the form's CSRF field does not match this session")),
         None => Err(Refused::Forgery("the form carries no CSRF field")),
     }
@@ -206,19 +207,6 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         .find(|(k, _)| *k == name)
         .map(|(_, v)| v.to_string())
         .filter(|v| !v.is_empty())
-}
-
-fn hash(secret: &str) -> String {
-    hex::encode(sha2::Sha256::digest(secret.as_bytes()))
-}
-
-fn random_secret() -> String {
-    // Two v4 UUIDs: 244 bits from the operating system's random source.
-    format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use axum::Extension;
-use axum::extract::{Form, Path, State};
+use axum::extract::State;
+
+use super::extract::{Form, Path};
 use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
@@ -13,7 +15,7 @@ use serde::Deserialize;
 
 use super::pages::{self, error_box, layout, path_segment};
 use super::session::{Sessions, SignedIn};
-use super::{AppState, CsrfForm, PageError, audit, authorize, authorize_change, refused};
+use super::{AppState, PageError, audit, authorize, authorize_change, refused};
 use crate::api::ApiError;
 use crate::app::settings_tag;
 use crate::store::Environment;
@@ -67,7 +69,7 @@ pub async fn change(
     }
 }
 
-async fn halt_or_resume(
+pub(super) async fn halt_or_resume(
     app: &crate::app::App,
     sessions: &Sessions,
     headers: &HeaderMap,
@@ -91,26 +93,6 @@ async fn halt_or_resume(
         Ok(()) => Ok(Redirect::to(&format!("/environments/{}/settings", path_segment(key))).into_response()),
         Err(e) => Ok((e.status, pages::error(&e)).into_response()),
     }
-}
-
-pub async fn halt(
-    State(app): State<AppState>,
-    Extension(sessions): Extension<Arc<Sessions>>,
-    headers: HeaderMap,
-    Path(key): Path<String>,
-    Form(form): Form<CsrfForm>,
-) -> Result<Response, PageError> {
-    halt_or_resume(&app, &sessions, &headers, &key, form.csrf.as_deref(), true).await
-}
-
-pub async fn resume(
-    State(app): State<AppState>,
-    Extension(sessions): Extension<Arc<Sessions>>,
-    headers: HeaderMap,
-    Path(key): Path<String>,
-    Form(form): Form<CsrfForm>,
-) -> Result<Response, PageError> {
-    halt_or_resume(&app, &sessions, &headers, &key, form.csrf.as_deref(), false).await
 }
 
 fn page(signed_in: &SignedIn, env: &Environment, error: Option<(&str, &ApiError)>) -> Markup {

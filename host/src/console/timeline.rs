@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Extension;
-use axum::extract::{Path, State};
+use axum::extract::State;
+
+use super::extract::Path;
 use axum::http::{HeaderMap, Method};
 use maud::{Markup, html};
 

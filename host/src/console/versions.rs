@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use axum::Extension;
-use axum::extract::{Form, Multipart, Path, Query, State};
+use axum::extract::{Multipart, State};
+
+use super::extract::{Form, Path, Query};
 use axum::http::{HeaderMap, Method};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
@@ -94,29 +96,32 @@ pub async fn submit(
     }
 }
 
-pub async fn release(
-    State(app): State<AppState>,
-    Extension(sessions): Extension<Arc<Sessions>>,
-    headers: HeaderMap,
-    Path((key, version)): Path<(String, i64)>,
-    Form(form): Form<CsrfForm>,
-) -> Result<Response, PageError> {
-    let route = (Method::POST, "/environments/{env}/intents/{version}/release");
-    let signed_in = authorize_change(&app, &sessions, &headers, form.csrf.as_deref(), route.clone(), Some(&key)).await?;
-    let outcome = app.release(&key, version, Some(&signed_in.principal.user)).await.map(drop);
-    finish(&app, &signed_in, route, &key, outcome.map_err(ApiError::from)).await
+/// What a version's button does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Switch {
+    Release,
+    Rollback,
 }
 
-pub async fn rollback(
+/// Releases a version, or rolls back to it.
+pub async fn switch(
     State(app): State<AppState>,
     Extension(sessions): Extension<Arc<Sessions>>,
     headers: HeaderMap,
-    Path((key, version)): Path<(String, i64)>,
+    Path((key, version, switch)): Path<(String, i64, Switch)>,
     Form(form): Form<CsrfForm>,
 ) -> Result<Response, PageError> {
-    let route = (Method::POST, "/environments/{env}/intents/{version}/rollback");
+    let route = match switch {
+        Switch::Release => (Method::POST, "/environments/{env}/intents/{version}/release"),
+        Switch::Rollback => (Method::POST, "/environments/{env}/intents/{version}/rollback"),
+    };
     let signed_in = authorize_change(&app, &sessions, &headers, form.csrf.as_deref(), route.clone(), Some(&key)).await?;
-    let outcome = app.rollback(&key, version, Some(&signed_in.principal.user)).await.map(drop);
+    let author = Some(signed_in.principal.user.as_str());
+    let outcome = match switch {
+        Switch::Release => app.release(&key, version, author).await.map(drop),
+        Switch::Rollback => app.rollback(&key, version, author).await.map(drop),
+    };
     finish(&app, &signed_in, route, &key, outcome.map_err(ApiError::from)).await
 }
 
@@ -223,7 +228,7 @@ fn versions_page(signed_in: &SignedIn, env: &Environment, list: &[VersionInfo], 
                 @if let Some((_, e)) = error {
                     p id="intent-error" { "Refused: " code { (e.code) } " — " (e.message) }
                 }
-                label { "or a file " input type="file" name="file" accept="application/json,.json"; }
+                label { "or a file " input type="file" name="file" id="intent-file" accept="application/json,.json"; }
                 button type="submit" id="submit-intent" { "Submit" }
             }
         },

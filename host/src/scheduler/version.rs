@@ -51,6 +51,11 @@ impl Version {
     pub fn waits_for(&self, index: usize) -> &[usize] {
         self.waits_for.of(index)
     }
+
+    /// What waits for resource `index` to be deployed before it runs: its dependents.
+    pub fn dependents(&self, index: usize) -> &[usize] {
+        self.blocks.of(index)
+    }
 }
 
 /// The hash of what a resource should be: its adaptor, attributes and purge mark. JSON objects

@@ -1,5 +1,6 @@
-//! A real headless Chromium driven over WebDriver: Debian's `chromedriver` started on a free
-//! loopback port for each browser, and `fantoccini` talking to it. Screenshots go to
+//! A real headless browser driven over WebDriver — Debian's Chromium through `chromedriver`, or
+//! Debian's Firefox ESR through `geckodriver` — the driver started on a free loopback port for
+//! each browser, and `fantoccini` talking to it. Screenshots go to
 //! `target/console-screenshots/<name>.png`.
 
 use std::path::PathBuf;
@@ -14,14 +15,15 @@ pub struct Browser {
     pub client: Client,
     /// Killed when the browser is dropped.
     _driver: tokio::process::Child,
-    /// Chromium's profile: every Chromium process names it, so a test that fails (and never
-    /// closes its session) still leaves none running ([`Drop`]).
+    /// The browser's profile: every process of the browser names it, so a test that fails (and
+    /// never closes its session) still leaves none running ([`Drop`]); its temporary files go
+    /// there too.
     profile: tempfile::TempDir,
 }
 
 impl Drop for Browser {
     fn drop(&mut self) {
-        let marker = format!("--user-data-dir={}", self.profile.path().display());
+        let marker = self.profile.path().display().to_string();
         let _ = std::process::Command::new("pkill").args(["-KILL", "-f", "--", &marker]).status();
     }
 }
@@ -31,16 +33,8 @@ fn free_port() -> u16 {
 }
 
 impl Browser {
+    /// Debian's headless Chromium, through `chromedriver`.
     pub async fn start() -> Browser {
-        let port = free_port();
-        let driver = tokio::process::Command::new("chromedriver")
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("chromedriver (Debian's chromium-driver; .ci/run installs it)");
-        let url = format!("http://127.0.0.1:{port}");
         let profile = tempfile::Builder::new().prefix("orc-console-chromium-").tempdir().unwrap();
         let mut caps = serde_json::Map::new();
         caps.insert(
@@ -49,10 +43,53 @@ impl Browser {
                 "binary": "/usr/bin/chromium",
                 // Root in a container: Chromium's own sandbox cannot start.
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900",
+                         "--disable-background-networking", "--disable-component-update", "--no-first-run",
                          format!("--user-data-dir={}", profile.path().display())]
             }),
         );
-        let deadline = Instant::now() + Duration::from_secs(30);
+        Browser::connect("chromedriver", &[], caps, profile).await
+    }
+
+    /// Debian's headless Firefox ESR, through `geckodriver` (which `.ci/run` installs from
+    /// crates.io), in a profile of its own.
+    pub async fn firefox() -> Browser {
+        let profile = tempfile::Builder::new().prefix("orc-console-firefox-").tempdir().unwrap();
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "moz:firefoxOptions".into(),
+            json!({
+                "binary": "/usr/bin/firefox-esr",
+                "args": ["-headless", "-width", "1280", "-height", "900", "-profile", profile.path().display().to_string()],
+                // This machine reaches nothing beyond itself: no updates, reports or lists.
+                "prefs": {
+                    "app.update.disabledForTesting": true,
+                    "browser.shell.checkDefaultBrowser": false,
+                    "browser.safebrowsing.malware.enabled": false,
+                    "browser.safebrowsing.phishing.enabled": false,
+                    "datareporting.policy.dataSubmissionEnabled": false,
+                    "network.captive-portal-service.enabled": false,
+                    "network.connectivity-service.enabled": false,
+                    "toolkit.telemetry.reportingpolicy.firstRun": false,
+                },
+            }),
+        );
+        Browser::connect("geckodriver", &["--log", "fatal"], caps, profile).await
+    }
+
+    /// Starts `driver` on a free loopback port and a session with `caps`.
+    async fn connect(driver: &str, args: &[&str], caps: serde_json::Map<String, serde_json::Value>, profile: tempfile::TempDir) -> Browser {
+        let port = free_port();
+        let child = tokio::process::Command::new(driver)
+            .arg(format!("--port={port}"))
+            .args(args)
+            .env("TMPDIR", profile.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{driver} (.ci/run installs it): {e}"));
+        let url = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(60);
         let client = loop {
             match ClientBuilder::new(HttpConnector::new())
                 .capabilities(caps.clone())
@@ -61,14 +98,14 @@ impl Browser {
             {
                 Ok(client) => break client,
                 Err(e) => {
-                    assert!(Instant::now() < deadline, "chromedriver on {url} did not start a session: {e}");
+                    assert!(Instant::now() < deadline, "{driver} on {url} did not start a session: {e}");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
         };
         Browser {
             client,
-            _driver: driver,
+            _driver: child,
             profile,
         }
     }
