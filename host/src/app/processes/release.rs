@@ -36,10 +36,12 @@ use crate::store::{Environment, EnvironmentId, StoreError};
 /// The releaser's first wait after a failed release; doubled up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
-/// How long the releaser lets changes gather once one has come in before it releases: a version
-/// is the whole intent, so releasing the changes of a burst together is much cheaper than one
-/// version each, and an operation has answered already (its watcher waits for the version).
+/// How long the releaser lets changes gather once one has come in before it releases: until none
+/// came for [`GATHER`], at most [`MAX_GATHER`]. A version is the whole intent, so releasing the
+/// changes of a burst together is much cheaper than one version each, and an operation has
+/// answered already (its watcher waits for the version).
 const GATHER: Duration = Duration::from_millis(50);
+const MAX_GATHER: Duration = Duration::from_millis(400);
 
 /// Whether `r` is a task of some process.
 pub(crate) fn is_process_task(r: &ResourceSpec) -> bool {
@@ -76,9 +78,23 @@ impl App {
             if *stopping.borrow() {
                 return;
             }
-            tokio::select! {
-                _ = tokio::time::sleep(GATHER) => {}
-                _ = stopping.changed() => return,
+            // Gather: while changes keep coming, within the bound.
+            let started = tokio::time::Instant::now();
+            let mut seen = *changes.borrow();
+            loop {
+                let left = MAX_GATHER.saturating_sub(started.elapsed());
+                if left.is_zero() {
+                    break;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(GATHER.min(left)) => {}
+                    _ = stopping.changed() => return,
+                }
+                let now = *changes.borrow();
+                if now == seen {
+                    break;
+                }
+                seen = now;
             }
             let wanted = *changes.borrow_and_update();
             let result = match self.store.get_environment(&env_id).await {

@@ -4,6 +4,7 @@
 //! last ran) → `failed` or `running` with the failure kept; `terminating` → gone. Watchers are
 //! restarted with the host.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use tracing::Instrument;
 use super::release::is_process_task;
 use super::{decode, plan, state_of};
 use crate::app::App;
-use crate::intent::IntentDocument;
+use crate::intent::{IntentDocument, PluginRef};
 use crate::scheduler::ResourceStatus;
 use crate::services::{ProcessState, ServicesError, set_of};
 use crate::store::{Environment, EnvironmentId, StoreError};
@@ -23,9 +24,15 @@ const TICK: Duration = Duration::from_secs(2);
 
 /// What a watcher does next.
 enum Next {
-    Wait,
+    /// Look again when something may have changed: with `Some`, once each of these tasks (id →
+    /// the desired hash that finishes it) reported itself deployed at that hash, or one of them
+    /// failed; with `None`, at any news of its tasks.
+    Wait(Option<Outstanding>),
     Done,
 }
+
+/// A watcher's tasks not done at its last look: id → the desired hash that finishes each.
+type Outstanding = HashMap<String, String>;
 
 impl App {
     /// Follows process `name`'s operation `generation` until it is over.
@@ -60,13 +67,16 @@ impl App {
                     continue;
                 }
             };
-            match self.process_step(&env, &name, generation).await {
+            let mut outstanding = match self.process_step(&env, &name, generation).await {
                 Ok(Next::Done) => return,
-                Ok(Next::Wait) => {}
-                Err(e) => tracing::warn!(error = %error_chain(&e), "process step failed; trying again"),
-            }
+                Ok(Next::Wait(outstanding)) => outstanding,
+                Err(e) => {
+                    tracing::warn!(error = %error_chain(&e), "process step failed; trying again");
+                    None
+                }
+            };
             tokio::select! {
-                _ = concerning(&mut events, &needle) => tokio::time::sleep(Duration::from_millis(50)).await,
+                _ = concerning(&mut events, &needle, &mut outstanding) => tokio::time::sleep(Duration::from_millis(50)).await,
                 _ = tokio::time::sleep(TICK) => {}
                 _ = stopping.changed() => return,
             }
@@ -89,7 +99,7 @@ impl App {
         let set = set_of(name);
         if !App::tasks_recorded(&running, &set, &doc.tasks) {
             // Its tasks are not released yet (or their states not recorded): nothing to judge.
-            return Ok(Next::Wait);
+            return Ok(Next::Wait(None));
         }
         let progress = self.task_progress(env, &doc.tasks, doc.max_attempts).await?;
         let state = state_of(&record);
@@ -146,7 +156,20 @@ impl App {
                 self.settle_process(env, &record, doc, ProcessState::Failed).await?;
                 Ok(Next::Done)
             }
-            _ => Ok(Next::Wait),
+            _ => {
+                // Still under way: what is left, for the events to tick off.
+                let outstanding = doc
+                    .tasks
+                    .iter()
+                    .zip(&progress.tasks)
+                    .filter(|(_, view)| view.status != "done")
+                    .map(|(task, _)| match &task.adaptor {
+                        PluginRef::Digest(digest) => Some((task.id.to_string(), crate::scheduler::desired_hash(task, digest).to_string())),
+                        _ => None,
+                    })
+                    .collect::<Option<Outstanding>>();
+                Ok(Next::Wait(outstanding))
+            }
         }
     }
 
@@ -233,16 +256,29 @@ impl App {
     }
 }
 
-/// Waits for a batch of events that may move a process on: one that mentions `needle` (or that
-/// some were missed). With hundreds of processes changing at once, a watcher wakes for its own
-/// tasks, not for everyone's; and not for a task becoming `available` or `deploying`, which
-/// neither finishes nor fails an operation (the tick looks again anyway).
-async fn concerning(events: &mut tokio::sync::broadcast::Receiver<crate::scheduler::events::Batch>, needle: &str) {
+/// Waits for a batch of events that may move a process on. With hundreds of processes changing at
+/// once, a watcher wakes for its own tasks, not for everyone's (`needle` is in its tasks' ids), and
+/// not for a task becoming `available` or `deploying`, which neither finishes nor fails an
+/// operation. Knowing what is `outstanding`, it wakes once every one of those tasks reported
+/// itself deployed at the hash that finishes it, or one of them failed (or was skipped), not at
+/// each task done; without, at any other news of its tasks. Missed events (a lagging receiver)
+/// wake it too, and the tick looks again anyway: events only say when to look, the step reads the
+/// states.
+async fn concerning(
+    events: &mut tokio::sync::broadcast::Receiver<crate::scheduler::events::Batch>,
+    needle: &str,
+    outstanding: &mut Option<Outstanding>,
+) {
     use tokio::sync::broadcast::error::RecvError;
     loop {
         match events.recv().await {
-            Ok(batch) if batch.iter().any(|e| e.data.contains(needle) && !under_way(e)) => return,
-            Ok(_) => {}
+            Ok(batch) => {
+                for event in batch.iter().filter(|e| e.data.contains(needle)) {
+                    if news(event, outstanding) {
+                        return;
+                    }
+                }
+            }
             Err(RecvError::Lagged(_)) => return,
             // The stream ended (the environment stopped): the tick looks again.
             Err(RecvError::Closed) => std::future::pending::<()>().await,
@@ -250,15 +286,78 @@ async fn concerning(events: &mut tokio::sync::broadcast::Receiver<crate::schedul
     }
 }
 
-/// Whether `event` only says a task is waiting or running.
-fn under_way(event: &crate::scheduler::events::Published) -> bool {
+/// Whether `event` (about one of the watcher's tasks) is worth a look; ticks off a task that
+/// finished.
+fn news(event: &crate::scheduler::events::Published, outstanding: &mut Option<Outstanding>) -> bool {
     #[derive(serde::Deserialize)]
-    struct Status {
-        status: Option<ResourceStatus>,
+    struct State {
+        resource: String,
+        status: ResourceStatus,
+        deployed_hash: Option<String>,
     }
-    event.name == "state"
-        && matches!(
-            serde_json::from_str::<Status>(&event.data).map(|s| s.status),
-            Ok(Some(ResourceStatus::Available | ResourceStatus::Deploying))
-        )
+    if event.name != "state" {
+        // An action's report or a release: its state event says what matters.
+        return outstanding.is_none() && event.name != "released";
+    }
+    let Ok(state) = serde_json::from_str::<State>(&event.data) else {
+        return true;
+    };
+    match (state.status, outstanding) {
+        (ResourceStatus::Available | ResourceStatus::Deploying, _) => false,
+        (_, None) => true,
+        (ResourceStatus::Deployed, Some(left)) => {
+            if left
+                .get(&state.resource)
+                .is_some_and(|hash| state.deployed_hash.as_ref() == Some(hash))
+            {
+                left.remove(&state.resource);
+                return left.is_empty();
+            }
+            // Deployed at another plan's hash, or a task done already.
+            false
+        }
+        (_, Some(_)) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::events::Published;
+
+    fn state(resource: &str, status: &str, deployed: Option<&str>) -> Published {
+        Published {
+            name: "state",
+            data: serde_json::json!({"resource": resource, "status": status, "deployed_hash": deployed, "version": 1}).to_string(),
+        }
+    }
+
+    #[test]
+    fn a_watcher_wakes_when_its_last_task_is_done_or_one_fails() {
+        let mut left: Option<Outstanding> = Some([("a".to_string(), "h1".to_string()), ("b".to_string(), "h2".to_string())].into());
+        assert!(!news(&state("a", "deploying", None), &mut left));
+        assert!(!news(&state("a", "deployed", Some("old")), &mut left), "another plan's hash");
+        assert!(!news(&state("a", "deployed", Some("h1")), &mut left));
+        assert!(!news(&state("a", "deployed", Some("h1")), &mut left), "done already");
+        assert!(news(&state("b", "failed", None), &mut left));
+        assert!(news(&state("b", "deployed", Some("h2")), &mut left), "the last one");
+        // Not knowing what is left: any news but `available` and `deploying`.
+        let mut unknown = None;
+        assert!(!news(&state("a", "available", None), &mut unknown));
+        assert!(news(&state("a", "deployed", Some("x")), &mut unknown));
+        let report = Published {
+            name: "action",
+            data: "{}".into(),
+        };
+        assert!(news(&report, &mut unknown));
+        let mut known: Option<Outstanding> = Some([("a".to_string(), "h".to_string())].into());
+        assert!(!news(&report, &mut known), "an action's report waits for its state");
+        assert!(news(
+            &Published {
+                name: "state",
+                data: "not json".into()
+            },
+            &mut known
+        ));
+    }
 }
