@@ -22,16 +22,21 @@ impl<S: Send + Sync> FromRequest<S> for Body {
     async fn from_request(req: Request, state: &S) -> Result<Body, ApiError> {
         Bytes::from_request(req, state).await.map(Body).map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    "the request body is larger than this host accepts (`max_body_bytes`)",
-                )
+                too_large()
             } else {
                 ApiError::bad_request("invalid_body", e.body_text())
             }
         })
     }
+}
+
+/// 413 `too_large`: a body past the limit (the host's, or the environment's).
+pub(crate) fn too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        "the request body is larger than this host accepts (`max_body_bytes`)",
+    )
 }
 
 /// Whether `Content-Type` says JSON: `application/json` or `application/<anything>+json`, with

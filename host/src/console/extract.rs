@@ -50,11 +50,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Form<T> {
             .map(|f| Form(f.0))
             .map_err(|e| {
                 PageError::Refused(if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::new(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "too_large",
-                        "the form is larger than this host accepts (`max_body_bytes`)",
-                    )
+                    crate::api::extract::too_large()
                 } else {
                     ApiError::bad_request("invalid_form", e.body_text())
                 })

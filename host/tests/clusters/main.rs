@@ -107,6 +107,21 @@ async fn wait_gone(host: &Host, name: &str) {
     .await;
 }
 
+/// The ids of the released version's resources that hold `needle`, sorted.
+async fn released_ids(host: &Host, needle: &str) -> Vec<String> {
+    let (_, env) = host.get(&format!("/environments/{ENV}")).await;
+    let (_, version) = host.get(&format!("/environments/{ENV}/intents/{}", env["released_version"])).await;
+    let mut ids: Vec<String> = version["intent"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .filter(|id| id.contains(needle))
+        .collect();
+    ids.sort();
+    ids
+}
+
 /// The layout as node → services.
 fn layout(cluster: &Value) -> BTreeMap<String, BTreeSet<String>> {
     serde_json::from_value(cluster["layout"].clone()).unwrap()

@@ -892,16 +892,7 @@ async fn converged(host: &Host, work: &std::path::Path, seed: u64) -> Vec<Value>
     rows.sort();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let (_, env) = host.get(&format!("/environments/{ENV}")).await;
-        let (_, version) = host.get(&format!("/environments/{ENV}/intents/{}", env["released_version"])).await;
-        let mut released: Vec<String> = version["intent"]["resources"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["id"].as_str().unwrap().to_string())
-            .filter(|id| id.contains(",process."))
-            .collect();
-        released.sort();
+        let released = super::released_ids(host, ",process.").await;
         if released == rows {
             break;
         }

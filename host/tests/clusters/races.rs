@@ -159,22 +159,13 @@ async fn concurrent_cluster_operations_start_one_at_a_time() {
             after["revision"].as_i64().unwrap() >= revision + accepted,
             "round {round} (ORC_TEST_SEED={seed}): {accepted} accepted from revision {revision}: {after:#}"
         );
-        let (_, env) = host.get(&format!("/environments/{ENV}")).await;
-        let (_, version) = host.get(&format!("/environments/{ENV}/intents/{}", env["released_version"])).await;
-        let mut released: Vec<String> = version["intent"]["resources"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["id"].as_str().unwrap().to_string())
-            .filter(|id| id.contains(",race/"))
-            .collect();
+        let released = super::released_ids(&host, ",race/").await;
         let mut tasks: Vec<String> = after["tasks"]
             .as_array()
             .unwrap()
             .iter()
             .map(|t| t["id"].as_str().unwrap().to_string())
             .collect();
-        released.sort();
         tasks.sort();
         assert_eq!(released, tasks, "round {round} (ORC_TEST_SEED={seed})");
     }
