@@ -74,8 +74,6 @@ pub struct App {
     stopping: tokio::sync::watch::Sender<bool>,
     /// Principals by token hash, and the generation of users, roles and tokens.
     access: access::AccessCache,
-    /// Process rows decoded, by environment and name.
-    process_docs: processes::DocCache,
     /// Service versions read from the catalog (immutable once published).
     service_docs: services::ServiceDocs,
 }
@@ -131,7 +129,6 @@ impl App {
             metrics: Arc::new(Metrics::new()),
             stopping: tokio::sync::watch::channel(false).0,
             access: access::AccessCache::new(config.token_requests_per_s, config.token_burst),
-            process_docs: processes::DocCache::default(),
             service_docs: services::ServiceDocs::default(),
         };
         for env in environments.store.list_environments().await? {

@@ -49,6 +49,8 @@ pub(crate) struct Running {
     /// Counts the changes to process rows; the process releaser releases them in one version,
     /// whatever number came in while it released the last (see `app::processes::release`).
     pub(crate) process_changes: tokio::sync::watch::Sender<u64>,
+    /// The environment's process rows and connections, as stored (`app::processes::table`).
+    pub(crate) processes: crate::app::processes::ProcessTable,
     /// Whether the process releaser runs.
     pub(crate) process_releaser: std::sync::atomic::AtomicBool,
     /// Why the process releaser's last attempt failed, while it has not succeeded since.
@@ -282,6 +284,7 @@ impl App {
             scheduler,
             releases: Mutex::new(()),
             services: Mutex::new(()),
+            processes: Default::default(),
             ctx: std::sync::RwLock::new(ctx),
             capabilities: std::sync::Mutex::new(env.settings.capabilities),
             stream,

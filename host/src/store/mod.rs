@@ -85,7 +85,7 @@ pub use ids::*;
 pub use kv::DbKv;
 pub use model::*;
 pub use nodes::{NodeDeletion, NodePatched};
-pub use processes::{ConnectionRecord, ProcessHead, ProcessRecord};
+pub use processes::{ConnectionRecord, ProcessRecord};
 pub use tokens::hash_token;
 pub use users::UserChange;
 

@@ -62,24 +62,6 @@ pub struct ProcessRecord {
     pub updated_at: Millis,
 }
 
-/// What tells one stored state of a process row from another, without its document: each write
-/// moves `revision` on and sets `updated_at`, and a row made again after a delete starts anew at
-/// revision 1 with its own `created_at`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProcessHead {
-    pub name: String,
-    pub revision: i64,
-    pub created_at: Millis,
-    pub updated_at: Millis,
-}
-
-impl ProcessRecord {
-    /// Whether `head` names this very state of the row.
-    pub fn is(&self, head: &ProcessHead) -> bool {
-        self.name == head.name && self.revision == head.revision && self.created_at == head.created_at && self.updated_at == head.updated_at
-    }
-}
-
 type ProcessRow = (String, String, String, i64, i64, i64);
 
 macro_rules! process_columns {
@@ -158,27 +140,6 @@ impl Store {
                 .map_err(backend_with(|| format!("reading process `{name}` in environment {env}")))?
         });
         Ok(row.map(process))
-    }
-
-    /// Every process of the environment, by name, without its document: what says which rows
-    /// changed since they were last read.
-    pub async fn list_process_heads(&self, env: &EnvironmentId) -> Result<Vec<ProcessHead>> {
-        let rows: Vec<(String, i64, i64, i64)> = on_pool!(self, pool => {
-            sqlx::query_as("SELECT name, revision, created_at, updated_at FROM processes WHERE environment_id = $1 ORDER BY name")
-                .bind(env.to_string())
-                .fetch_all(pool)
-                .await
-                .map_err(backend_with(|| format!("listing the processes of environment {env}")))?
-        });
-        Ok(rows
-            .into_iter()
-            .map(|(name, revision, created_at, updated_at)| ProcessHead {
-                name,
-                revision,
-                created_at,
-                updated_at,
-            })
-            .collect())
     }
 
     /// Every process of the environment, by name.
@@ -299,39 +260,6 @@ impl Store {
                 .map_err(backend_with(|| format!("listing the connections of environment {env}")))?
         });
         Ok(rows.into_iter().map(connection).collect())
-    }
-
-    /// The connections with `process` at either end, oldest first: what one process's view,
-    /// configuration or operation needs, read without the environment's other connections.
-    pub async fn connections_of(&self, env: &EnvironmentId, process: &str) -> Result<Vec<ConnectionRecord>> {
-        let rows: Vec<ConnectionRow> = on_pool!(self, pool => {
-            sqlx::query_as(concat!(
-                "SELECT ", connection_columns!(), " FROM connections \
-                 WHERE environment_id = $1 AND (from_process = $2 OR to_process = $2) ORDER BY created_at, id"
-            ))
-            .bind(env.to_string())
-            .bind(process)
-            .fetch_all(pool)
-            .await
-            .map_err(backend_with(|| format!("listing the connections of process `{process}` in environment {env}")))?
-        });
-        Ok(rows.into_iter().map(connection).collect())
-    }
-
-    /// Connection `id`; `None` when there is none.
-    pub async fn find_connection(&self, env: &EnvironmentId, id: &str) -> Result<Option<ConnectionRecord>> {
-        if id.contains('\0') {
-            return Ok(None);
-        }
-        let row: Option<ConnectionRow> = on_pool!(self, pool => {
-            sqlx::query_as(concat!("SELECT ", connection_columns!(), " FROM connections WHERE environment_id = $1 AND id = $2"))
-                .bind(env.to_string())
-                .bind(id)
-                .fetch_optional(pool)
-                .await
-                .map_err(backend_with(|| format!("reading connection `{id}` in environment {env}")))?
-        });
-        Ok(row.map(connection))
     }
 
     /// Deletes connection `id`; `None` when there is none.

@@ -67,6 +67,6 @@ on_both_backends!(
         expired_cluster_leases,
         deleting_an_environment_removes_its_clusters,
         processes_are_revision_checked,
-        connections_are_found_by_either_end,
+        connections_are_listed_oldest_first,
     ],
 );

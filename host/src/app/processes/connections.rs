@@ -14,7 +14,7 @@ use orc_cluster::service::{Mismatch, Role, negotiate};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{decode, plan, state_of};
+use super::{plan, state_of};
 use crate::app::App;
 use crate::app::clusters::TaskView;
 use crate::services::{ProcessState, ServicesError, set_of};
@@ -137,7 +137,7 @@ impl App {
         }
         let mut sides = Vec::new();
         for (field, end) in [("from", &req.from), ("to", &req.to)] {
-            let record = self.store.find_process(&env.id, &end.process).await?.ok_or_else(|| {
+            let (record, doc) = self.find_process(&env, &end.process).await?.ok_or_else(|| {
                 ServicesError::UnknownPeer(format!(
                     "{field}.process: `{}` is no process of environment `{}`",
                     clip(&end.process),
@@ -152,7 +152,6 @@ impl App {
                     operation: "be connected",
                 });
             }
-            let doc = self.process_doc(&env, &record)?;
             let (_, service) = self.service(&doc.target.service, &doc.target.version).await?;
             let interface = service.interface(&end.interface).cloned().ok_or_else(|| {
                 ServicesError::UnknownInterface(format!(
@@ -189,8 +188,8 @@ impl App {
             ))
         })?;
         // Every connection a check below looks at has `from` at one end, or `to`.
-        let mut existing = self.store.connections_of(&env.id, &req.from.process).await?;
-        for c in self.store.connections_of(&env.id, &req.to.process).await? {
+        let mut existing = self.connections_of(&env, &req.from.process).await?;
+        for c in self.connections_of(&env, &req.to.process).await? {
             if !existing.iter().any(|e| e.id == c.id) {
                 existing.push(c);
             }
@@ -237,12 +236,14 @@ impl App {
             created_by: author.map(str::to_string),
             created_at: now_ms(),
         };
-        match self.store.insert_connection(&env.id, &record).await {
+        let inserted = self.store.insert_connection(&env.id, &record).await;
+        match App::table_write(&running, inserted, |rows, _| rows.put_connection(record.clone())) {
             Err(StoreError::Conflict { what }) => return Err(ServicesError::ConnectionExists(what)),
             other => other?,
         }
         if let Err(e) = self.redeliver(&env, &[req.from.process.clone(), req.to.process.clone()]).await {
-            let _ = self.store.delete_connection(&env.id, &record.id).await;
+            let deleted = self.store.delete_connection(&env.id, &record.id).await;
+            let _ = App::table_write(&running, deleted, |rows, _| rows.remove_connection(&record.id));
             return Err(e);
         }
         tracing::info!(environment = %env.name, connection = %record.id, from = %format!("{}.{}", record.from_process, record.from_interface),
@@ -252,7 +253,7 @@ impl App {
 
     pub async fn connections(&self, key: &str) -> Result<Vec<ConnectionView>, ServicesError> {
         let env = self.get(key).await?;
-        Ok(self.store.list_connections(&env.id).await?.into_iter().map(Into::into).collect())
+        Ok(self.all_connections(&env).await?.into_iter().map(Into::into).collect())
     }
 
     /// Deletes a connection and tells both processes.
@@ -271,7 +272,7 @@ impl App {
         {
             // Refused before anything is deleted; a connection that does not exist is still
             // answered `unknown_connection`.
-            if self.store.find_connection(&env.id, id).await?.is_none() {
+            if !self.table_read(&env, |rows| rows.connections().any(|c| c.id == id)).await? {
                 return Err(ServicesError::UnknownConnection(clip(id)));
             }
             return Err(ServicesError::VersionConflict {
@@ -280,10 +281,8 @@ impl App {
                 current: CONNECTION_REVISION,
             });
         }
-        let record = self
-            .store
-            .delete_connection(&env.id, id)
-            .await?
+        let deleted = self.store.delete_connection(&env.id, id).await;
+        let record = App::table_write(&running, deleted, |rows, _| rows.remove_connection(id))?
             .ok_or_else(|| ServicesError::UnknownConnection(clip(id)))?;
         self.redeliver(&env, &[record.from_process.clone(), record.to_process.clone()])
             .await?;
@@ -294,9 +293,11 @@ impl App {
     /// Drops every connection of `process` and tells its peers. The caller holds the services
     /// lock.
     pub(crate) async fn drop_connections_of(self: &Arc<Self>, env: &Environment, process: &str) -> Result<(), ServicesError> {
+        let running = self.running(env).await?;
         let mut peers = Vec::new();
-        for c in self.store.connections_of(&env.id, process).await? {
-            self.store.delete_connection(&env.id, &c.id).await?;
+        for c in self.connections_of(env, process).await? {
+            let deleted = self.store.delete_connection(&env.id, &c.id).await;
+            App::table_write(&running, deleted, |rows, _| rows.remove_connection(&c.id))?;
             peers.push(if c.from_process == process { c.to_process } else { c.from_process });
         }
         peers.sort();
@@ -307,8 +308,7 @@ impl App {
     /// The processes connected to `process`.
     pub(crate) async fn peers_of(&self, env: &Environment, process: &str) -> Result<Vec<String>, ServicesError> {
         let mut peers: Vec<String> = self
-            .store
-            .connections_of(&env.id, process)
+            .connections_of(env, process)
             .await?
             .into_iter()
             .filter_map(|c| {
@@ -330,8 +330,7 @@ impl App {
     pub async fn pending(&self, key: &str) -> Result<PendingList, ServicesError> {
         let env = self.get(key).await?;
         let mut items = Vec::new();
-        for record in self.store.list_processes(&env.id).await? {
-            let doc = self.process_doc(&env, &record)?;
+        for (record, doc) in self.current_processes(&env).await? {
             let progress = self.task_progress(&env, &doc.tasks, doc.max_attempts).await?;
             let changes = pending_of(&progress.tasks, doc.changed_at);
             if !changes.is_empty() {
@@ -349,7 +348,7 @@ impl App {
     /// id, peer process and interface, the peer's node and its address, the port a provider
     /// listens on, the agreed version).
     pub(crate) async fn delivered_connections(&self, env: &Environment, process: &str) -> Result<Value, ServicesError> {
-        let connections: Vec<ConnectionRecord> = self.store.connections_of(&env.id, process).await?;
+        let connections: Vec<ConnectionRecord> = self.connections_of(env, process).await?;
         if connections.is_empty() {
             return Ok(json!({}));
         }
@@ -368,10 +367,9 @@ impl App {
             } else {
                 (c.to_interface.clone(), c.from_process.clone(), c.from_interface.clone())
             };
-            let Some(peer_record) = self.store.find_process(&env.id, &peer).await? else {
+            let Some((_, peer_doc)) = self.find_process(env, &peer).await? else {
                 continue;
             };
-            let peer_doc = self.process_doc(env, &peer_record)?;
             // Where the peer runs: what last ran (a moving peer is told to its peers once moved).
             let at = peer_doc.active.as_ref().unwrap_or(&peer_doc.target);
             let (_, service) = self.service(&at.service, &at.version).await?;
@@ -399,13 +397,13 @@ impl App {
     pub(crate) async fn redeliver(self: &Arc<Self>, env: &Environment, processes: &[String]) -> Result<(), ServicesError> {
         let mut changed = false;
         for name in processes {
-            let Some(record) = self.store.find_process(&env.id, name).await? else {
+            let Some((record, doc)) = self.find_process(env, name).await? else {
                 continue;
             };
             if matches!(state_of(&record), ProcessState::Terminating | ProcessState::Failed) {
                 continue;
             }
-            let mut doc = decode(&record)?;
+            let mut doc = crate::services::ProcessDoc::clone(&doc);
             let connections = self.delivered_connections(env, name).await?;
             let tasks = plan(&set_of(name), Some(&doc.target), &doc.tasks, &connections)?;
             if tasks == doc.tasks {
@@ -413,7 +411,7 @@ impl App {
             }
             doc.tasks = tasks;
             doc.changed_at = now_ms();
-            self.write_process(env, &record, state_of(&record), &doc).await?;
+            self.write_process(env, &record, state_of(&record), &Arc::new(doc)).await?;
             changed = true;
         }
         if changed {

@@ -10,10 +10,13 @@
 
 mod connections;
 mod release;
+mod table;
 mod watch;
 
 pub(crate) use connections::CONNECTION_REVISION;
 pub use connections::{ConnectRequest, ConnectionView, Endpoint, PendingChange, PendingList};
+use table::Decoded;
+pub(crate) use table::ProcessTable;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -159,7 +162,7 @@ impl App {
         if req.max_attempts == Some(0) {
             return Err(ServicesError::Invalid("max_attempts: at least 1".into()));
         }
-        if self.store.find_process(&env.id, &req.name).await?.is_some() {
+        if self.find_process(&env, &req.name).await?.is_some() {
             return Err(ServicesError::ProcessExists(req.name));
         }
         let doc = self.catalog_document(&req.service).await?;
@@ -181,11 +184,12 @@ impl App {
             changed_at: now,
         };
         self.check_tasks(&env, &running, &process.tasks).await?;
-        let record = match self
+        let process = Arc::new(process);
+        let inserted = self
             .store
             .insert_process(&env.id, &req.name, ProcessState::Creating.as_str(), &encode(&process))
-            .await
-        {
+            .await;
+        let record = match App::table_write(&running, inserted, |rows, record| rows.put_process(record.clone(), process.clone())) {
             Err(StoreError::Conflict { .. }) => return Err(ServicesError::ProcessExists(req.name)),
             other => other?,
         };
@@ -199,8 +203,7 @@ impl App {
         let env = self.get(key).await?;
         let mut views = Vec::new();
         let mut shared = self.view_context(&env, None).await?;
-        for record in self.store.list_processes(&env.id).await? {
-            let doc = self.process_doc(&env, &record)?;
+        for (record, doc) in self.current_processes(&env).await? {
             views.push(self.view_with(&env, &record, &doc, &mut shared).await?);
         }
         Ok(views)
@@ -208,8 +211,7 @@ impl App {
 
     pub async fn process(&self, key: &str, name: &str) -> Result<ProcessView, ServicesError> {
         let env = self.get(key).await?;
-        let record = self.process_record(&env, name).await?;
-        let doc = self.process_doc(&env, &record)?;
+        let (record, doc) = self.process_record(&env, name).await?;
         let mut view = self.process_view(&env, &record, &doc).await?;
         let mut recent = Vec::new();
         for t in &doc.tasks {
@@ -249,9 +251,9 @@ impl App {
         let env = self.get(key).await?;
         let running = self.running(&env).await?;
         let _services = running.services.lock().await;
-        let record = self.process_record(&env, name).await?;
+        let (record, doc) = self.process_record(&env, name).await?;
         check_if_match(name, &record, if_match)?;
-        let mut doc = decode(&record)?;
+        let mut doc = ProcessDoc::clone(&doc);
         let state = state_of(&record);
         ensure_allows(name, state, Operation::Update)?;
         let service = match &req.service {
@@ -292,10 +294,10 @@ impl App {
         let env = self.get(key).await?;
         let running = self.running(&env).await?;
         let _services = running.services.lock().await;
-        let record = self.process_record(&env, name).await?;
+        let (record, doc) = self.process_record(&env, name).await?;
         check_if_match(name, &record, if_match)?;
         ensure_allows(name, state_of(&record), Operation::Move)?;
-        let mut doc = decode(&record)?;
+        let mut doc = ProcessDoc::clone(&doc);
         let from = doc.target.node.clone();
         if node.as_deref() == Some(from.as_str()) {
             return Err(ServicesError::Invalid(format!("node: process `{name}` runs on `{from}` already")));
@@ -328,10 +330,10 @@ impl App {
         let env = self.get(key).await?;
         let running = self.running(&env).await?;
         let _services = running.services.lock().await;
-        let record = self.process_record(&env, name).await?;
+        let (record, doc) = self.process_record(&env, name).await?;
         check_if_match(name, &record, if_match)?;
         ensure_allows(name, state_of(&record), Operation::Terminate)?;
-        let mut doc = decode(&record)?;
+        let mut doc = ProcessDoc::clone(&doc);
         let previous = std::mem::take(&mut doc.tasks);
         doc.tasks = plan(&set_of(name), None, &previous, &empty_object())?;
         self.check_tasks(&env, &running, &doc.tasks).await?;
@@ -339,7 +341,7 @@ impl App {
         // before its own, so no version stops it before its peers are told. Under the services
         // lock, with its tasks checked, the row written next cannot be refused.
         self.drop_connections_of(&env, name).await?;
-        let record = self.process_record(&env, name).await?;
+        let (record, _) = self.process_record(&env, name).await?;
         self.begin_process(&env, &record, doc, ProcessState::Terminating, author).await
     }
 
@@ -363,6 +365,7 @@ impl App {
         }
         let running = self.running(env).await?;
         self.check_tasks(env, &running, &doc.tasks).await?;
+        let doc = Arc::new(doc);
         let stored = self.write_process(env, record, state, &doc).await?;
         self.request_process_release(&env.id, &running);
         tracing::info!(environment = %env.name, process = %record.name, state = state.as_str(), tasks = doc.tasks.len(), "process operation");
@@ -376,15 +379,16 @@ impl App {
         env: &Environment,
         record: &ProcessRecord,
         state: ProcessState,
-        doc: &ProcessDoc,
+        doc: &Arc<ProcessDoc>,
     ) -> Result<ProcessRecord, ServicesError> {
-        match self
+        let running = self.running(env).await?;
+        let written = self
             .store
             .update_process(&env.id, &record.name, record.revision, state.as_str(), &encode(doc))
-            .await
-        {
+            .await;
+        match App::table_write(&running, written, |rows, stored| rows.put_process(stored.clone(), doc.clone())) {
             Err(StoreError::Conflict { .. }) => {
-                let current = self.store.find_process(&env.id, &record.name).await?.map_or(0, |r| r.revision);
+                let current = self.find_process(env, &record.name).await?.map_or(0, |(r, _)| r.revision);
                 Err(ServicesError::VersionConflict {
                     what: format!("process `{}`", record.name),
                     expected: record.revision.to_string(),
@@ -409,9 +413,8 @@ impl App {
         Ok(tasks)
     }
 
-    pub(crate) async fn process_record(&self, env: &Environment, name: &str) -> Result<ProcessRecord, ServicesError> {
-        self.store
-            .find_process(&env.id, name)
+    pub(crate) async fn process_record(&self, env: &Environment, name: &str) -> Result<Decoded, ServicesError> {
+        self.find_process(env, name)
             .await?
             .ok_or_else(|| ServicesError::UnknownProcess(name.chars().filter(|c| !c.is_control()).take(100).collect()))
     }
@@ -568,8 +571,8 @@ impl App {
         let release_error = running.process_release_error.lock().expect("release error").clone();
         Ok(ViewContext {
             connections: match only {
-                Some(process) => self.store.connections_of(&env.id, process).await?,
-                None => self.store.list_connections(&env.id).await?,
+                Some(process) => self.connections_of(env, process).await?,
+                None => self.all_connections(env).await?,
             },
             schemas: BTreeMap::new(),
             running,
@@ -777,70 +780,6 @@ pub(crate) fn state_of(record: &ProcessRecord) -> ProcessState {
 
 pub(crate) fn encode(doc: &ProcessDoc) -> String {
     serde_json::to_string(doc).expect("a process serialises")
-}
-
-/// Process rows decoded, by environment and name, each with the text it was decoded from: a
-/// row whose text is the same is not parsed again (a list, the releaser and the port check read
-/// every row of an environment; a document holds its tasks' whole configuration).
-#[derive(Default)]
-pub(crate) struct DocCache(std::sync::Mutex<std::collections::HashMap<DocKey, Decoded>>);
-
-/// A process row: its environment and name.
-type DocKey = (crate::store::EnvironmentId, String);
-
-/// A row as last read and what it decodes to.
-type Decoded = (Arc<ProcessRecord>, Arc<ProcessDoc>);
-
-impl App {
-    /// `record`'s document, decoded once per stored state of the row (its revision and times).
-    pub(crate) fn process_doc(&self, env: &Environment, record: &ProcessRecord) -> Result<Arc<ProcessDoc>, ServicesError> {
-        let key = (env.id, record.name.clone());
-        if let Some((cached, doc)) = self.process_docs.0.lock().expect("process docs").get(&key)
-            && **cached == *record
-        {
-            return Ok(doc.clone());
-        }
-        let doc = Arc::new(decode(record)?);
-        let mut cache = self.process_docs.0.lock().expect("process docs");
-        cache.insert(key, (Arc::new(record.clone()), doc.clone()));
-        Ok(doc)
-    }
-
-    /// Every process row of `env` and its decoded document, by name. Only the rows' heads are
-    /// read from the store, then the documents of rows that changed since they were last
-    /// decoded: with hundreds of processes, each release and each port check would otherwise
-    /// read every document again. Forgets the rows that are gone.
-    pub(crate) async fn current_processes(&self, env: &Environment) -> Result<Vec<Decoded>, ServicesError> {
-        let heads = self.store.list_process_heads(&env.id).await?;
-        let mut out = Vec::with_capacity(heads.len());
-        for head in &heads {
-            let key = (env.id, head.name.clone());
-            let cached = self.process_docs.0.lock().expect("process docs").get(&key).cloned();
-            match cached {
-                Some((record, doc)) if record.is(head) => out.push((record, doc)),
-                _ => {
-                    // Changed since, or never read; gone meanwhile: left out, as a list read a
-                    // moment later would.
-                    let Some(record) = self.store.find_process(&env.id, &head.name).await? else {
-                        continue;
-                    };
-                    let doc = self.process_doc(env, &record)?;
-                    out.push((Arc::new(record), doc));
-                }
-            }
-        }
-        self.forget_process_docs(env, &heads.iter().map(|h| h.name.as_str()).collect());
-        Ok(out)
-    }
-
-    /// Forgets the decoded rows of `env` that are not in `names` (rows deleted).
-    pub(crate) fn forget_process_docs(&self, env: &Environment, names: &BTreeSet<&str>) {
-        self.process_docs
-            .0
-            .lock()
-            .expect("process docs")
-            .retain(|(e, name), _| *e != env.id || names.contains(name.as_str()));
-    }
 }
 
 pub(crate) fn decode(record: &ProcessRecord) -> Result<ProcessDoc, ServicesError> {

@@ -16,6 +16,7 @@ use super::{decode, plan, state_of};
 use crate::app::App;
 use crate::intent::{IntentDocument, PluginRef};
 use crate::scheduler::ResourceStatus;
+use crate::services::ProcessDoc;
 use crate::services::{ProcessState, ServicesError, set_of};
 use crate::store::{Environment, EnvironmentId, StoreError};
 
@@ -89,30 +90,32 @@ impl App {
     async fn process_step(self: &Arc<Self>, env: &Environment, name: &str, generation: u64) -> Result<Next, ServicesError> {
         let running = self.running(env).await?;
         let _services = running.services.lock().await;
-        let Some(record) = self.store.find_process(&env.id, name).await? else {
+        let Some((record, current)) = self.find_process(env, name).await? else {
             return Ok(Next::Done);
         };
-        let mut doc = decode(&record)?;
-        if doc.generation != generation {
+        if current.generation != generation {
             return Ok(Next::Done);
         }
         let set = set_of(name);
-        if !App::tasks_recorded(&running, &set, &doc.tasks) {
+        if !App::tasks_recorded(&running, &set, &current.tasks) {
             // Its tasks are not released yet (or their states not recorded): nothing to judge.
             return Ok(Next::Wait(None));
         }
-        let progress = self.task_progress(env, &doc.tasks, doc.max_attempts).await?;
+        let progress = self.task_progress(env, &current.tasks, current.max_attempts).await?;
         let state = state_of(&record);
+        let doc = || ProcessDoc::clone(&current);
         match state {
             ProcessState::Running | ProcessState::Failed => Ok(Next::Done),
             ProcessState::Terminating if progress.done => {
                 // Revision-checked: a row that moved on meanwhile is looked at again.
-                self.store.delete_process(&env.id, name, record.revision).await?;
+                let deleted = self.store.delete_process(&env.id, name, record.revision).await;
+                App::table_write(&running, deleted, |rows, _| rows.remove_process(name))?;
                 self.request_process_release(&env.id, &running);
                 tracing::info!(environment = %env.name, process = %name, "process terminated");
                 Ok(Next::Done)
             }
             ProcessState::Creating | ProcessState::Updating if progress.done => {
+                let mut doc = doc();
                 doc.active = Some(doc.target.clone());
                 self.settle_process(env, &record, doc, ProcessState::Running).await?;
                 tracing::info!(environment = %env.name, process = %name, "process running");
@@ -120,6 +123,7 @@ impl App {
             }
             ProcessState::Moving if progress.done => {
                 // It runs on its new node and no more on the old one: its peers are told.
+                let mut doc = doc();
                 doc.active = Some(doc.target.clone());
                 self.settle_process(env, &record, doc, ProcessState::Running).await?;
                 let peers = self.peers_of(env, name).await?;
@@ -128,6 +132,7 @@ impl App {
                 Ok(Next::Done)
             }
             ProcessState::RollingBack if progress.done => {
+                let doc = doc();
                 let state = if doc.active.is_some() {
                     ProcessState::Running
                 } else {
@@ -139,6 +144,7 @@ impl App {
             }
             ProcessState::Creating | ProcessState::Updating | ProcessState::Moving if progress.failed.is_some() => {
                 tracing::warn!(environment = %env.name, process = %name, failure = ?progress.failed, "process operation failed; rolling back");
+                let mut doc = doc();
                 doc.failure = progress.failed;
                 let previous = std::mem::take(&mut doc.tasks);
                 if let Some(active) = doc.active.clone() {
@@ -151,14 +157,14 @@ impl App {
                 self.begin_process(env, &record, doc, ProcessState::RollingBack, None).await?;
                 Ok(Next::Done)
             }
-            ProcessState::RollingBack if progress.failed.is_some() && doc.active.is_none() => {
+            ProcessState::RollingBack if progress.failed.is_some() && current.active.is_none() => {
                 // Undoing a failed create failed too: keep the first failure, stop watching.
-                self.settle_process(env, &record, doc, ProcessState::Failed).await?;
+                self.settle_process(env, &record, doc(), ProcessState::Failed).await?;
                 Ok(Next::Done)
             }
             _ => {
                 // Still under way: what is left, for the events to tick off.
-                let outstanding = doc
+                let outstanding = current
                     .tasks
                     .iter()
                     .zip(&progress.tasks)
@@ -192,11 +198,10 @@ impl App {
             }
             _ => Vec::new(),
         };
+        let changed = doc.tasks != before;
         // Revision-checked: a row that moved on meanwhile is looked at again.
-        self.store
-            .update_process(&env.id, &record.name, record.revision, state.as_str(), &super::encode(&doc))
-            .await?;
-        if doc.tasks != before {
+        self.write_process(env, record, state, &Arc::new(doc)).await?;
+        if changed {
             // Removals done are dropped from the released version too.
             let running = self.running(env).await?;
             self.request_process_release(&env.id, &running);

@@ -1,0 +1,218 @@
+//! The process table: one environment's process rows, decoded, and its connections, kept in
+//! memory beside the store so that reading them costs no statement and no parsing.
+//!
+//! The store stays the truth; the table is its copy, right because every write to these rows goes
+//! through this host ([`App`]'s process and connection operations and the process watchers, under
+//! the environment's services lock) and an environment is served by one host (ARCHITECTURE.md's
+//! kv invariant says the same of plugin state). A writer writes the store first and then the
+//! table ([`App::table_write`]); a write whose outcome is unknown (a store error) drops the table,
+//! and the next reader loads it again. A load that raced a write is not kept: every write moves
+//! the table's epoch on, and a load is installed only if the epoch it started at is still the
+//! table's. Dropped with the environment's [`Running`], so a restart loads afresh.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use super::decode;
+use crate::app::App;
+use crate::app::running::Running;
+use crate::services::{ProcessDoc, ServicesError};
+use crate::store::{ConnectionRecord, Environment, ProcessRecord};
+
+/// A process row as stored and what its document decodes to.
+pub(crate) type Decoded = (Arc<ProcessRecord>, Arc<ProcessDoc>);
+
+/// One environment's table (in [`Running`]).
+#[derive(Default)]
+pub(crate) struct ProcessTable(Mutex<TableState>);
+
+#[derive(Default)]
+struct TableState {
+    /// Moves on at every write, loaded or not.
+    epoch: u64,
+    /// `None`: not loaded (yet, or again after a write of unknown outcome).
+    rows: Option<Rows>,
+}
+
+/// The rows, in the store's orders.
+#[derive(Default)]
+pub(crate) struct Rows {
+    /// By name.
+    processes: BTreeMap<String, Decoded>,
+    /// By `(created_at, id)`, the order the store lists connections in.
+    connections: BTreeMap<(i64, String), ConnectionRecord>,
+}
+
+impl Rows {
+    pub(crate) fn process(&self, name: &str) -> Option<Decoded> {
+        self.processes.get(name).cloned()
+    }
+
+    pub(crate) fn processes(&self) -> impl Iterator<Item = &Decoded> {
+        self.processes.values()
+    }
+
+    pub(crate) fn connections(&self) -> impl Iterator<Item = &ConnectionRecord> {
+        self.connections.values()
+    }
+
+    /// The connections with `process` at either end, oldest first.
+    pub(crate) fn connections_of(&self, process: &str) -> Vec<ConnectionRecord> {
+        self.connections()
+            .filter(|c| c.from_process == process || c.to_process == process)
+            .cloned()
+            .collect()
+    }
+
+    pub(crate) fn put_process(&mut self, record: ProcessRecord, doc: Arc<ProcessDoc>) {
+        self.processes.insert(record.name.clone(), (Arc::new(record), doc));
+    }
+
+    pub(crate) fn remove_process(&mut self, name: &str) {
+        self.processes.remove(name);
+    }
+
+    pub(crate) fn put_connection(&mut self, c: ConnectionRecord) {
+        self.connections.insert((c.created_at, c.id.clone()), c);
+    }
+
+    pub(crate) fn remove_connection(&mut self, id: &str) {
+        self.connections.retain(|_, c| c.id != id);
+    }
+}
+
+impl ProcessTable {
+    fn state(&self) -> std::sync::MutexGuard<'_, TableState> {
+        self.0.lock().expect("process table")
+    }
+
+    /// Installs `rows`, loaded from the store since `epoch`, unless a write came in meanwhile
+    /// (or another load was installed); whether it did.
+    fn install(&self, epoch: u64, rows: Rows) -> bool {
+        let mut state = self.state();
+        let fresh = state.epoch == epoch && state.rows.is_none();
+        if fresh {
+            state.rows = Some(rows);
+        }
+        fresh
+    }
+
+    /// After a write to the store (`Ok`: done; `Err`: its outcome is unknown): `write` applied,
+    /// or the table dropped for the next reader to load. The epoch moves on either way.
+    pub(crate) fn after_write<T, E>(&self, result: &Result<T, E>, write: impl FnOnce(&mut Rows, &T)) {
+        let mut state = self.state();
+        state.epoch += 1;
+        match (result, &mut state.rows) {
+            (Ok(value), Some(rows)) => write(rows, value),
+            (Ok(_), None) => {}
+            (Err(_), rows) => *rows = None,
+        }
+    }
+}
+
+impl App {
+    /// Reads `env`'s table with `read`, loading it from the store first if it is not loaded.
+    pub(crate) async fn table_read<R>(&self, env: &Environment, read: impl Fn(&Rows) -> R) -> Result<R, ServicesError> {
+        let running = self.running(env).await?;
+        loop {
+            let epoch = {
+                let state = running.processes.state();
+                if let Some(rows) = &state.rows {
+                    return Ok(read(rows));
+                }
+                state.epoch
+            };
+            let mut rows = Rows::default();
+            for record in self.store.list_processes(&env.id).await? {
+                let doc = Arc::new(decode(&record)?);
+                rows.put_process(record, doc);
+            }
+            for c in self.store.list_connections(&env.id).await? {
+                rows.put_connection(c);
+            }
+            // Not installed if a write came in while loading: loaded again.
+            running.processes.install(epoch, rows);
+        }
+    }
+
+    /// After a write to the store of `running`'s rows, makes the table say what the store does
+    /// (see [`ProcessTable::after_write`]). Passes `result` on.
+    pub(crate) fn table_write<T, E>(running: &Running, result: Result<T, E>, write: impl FnOnce(&mut Rows, &T)) -> Result<T, E> {
+        running.processes.after_write(&result, write);
+        result
+    }
+
+    /// Process `name` of `env`, if there is one.
+    pub(crate) async fn find_process(&self, env: &Environment, name: &str) -> Result<Option<Decoded>, ServicesError> {
+        self.table_read(env, |rows| rows.process(name)).await
+    }
+
+    /// Every process of `env`, by name.
+    pub(crate) async fn current_processes(&self, env: &Environment) -> Result<Vec<Decoded>, ServicesError> {
+        self.table_read(env, |rows| rows.processes().cloned().collect()).await
+    }
+
+    /// The connections of `process` in `env`, oldest first.
+    pub(crate) async fn connections_of(&self, env: &Environment, process: &str) -> Result<Vec<ConnectionRecord>, ServicesError> {
+        self.table_read(env, |rows| rows.connections_of(process)).await
+    }
+
+    /// Every connection of `env`, oldest first.
+    pub(crate) async fn all_connections(&self, env: &Environment) -> Result<Vec<ConnectionRecord>, ServicesError> {
+        self.table_read(env, |rows| rows.connections().cloned().collect()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connection(id: &str, at: i64, from: &str, to: &str) -> ConnectionRecord {
+        ConnectionRecord {
+            id: id.into(),
+            from_process: from.into(),
+            from_interface: "i".into(),
+            to_process: to.into(),
+            to_interface: "i".into(),
+            version: "1".into(),
+            interface_id: "sha256:x".into(),
+            created_by: None,
+            created_at: at,
+        }
+    }
+
+    #[test]
+    fn connections_are_listed_as_the_store_orders_them() {
+        let mut rows = Rows::default();
+        rows.put_connection(connection("b", 2, "p", "q"));
+        rows.put_connection(connection("z", 1, "r", "p"));
+        rows.put_connection(connection("a", 2, "q", "r"));
+        let ids = |cs: Vec<ConnectionRecord>| cs.into_iter().map(|c| c.id).collect::<Vec<_>>();
+        assert_eq!(ids(rows.connections().cloned().collect()), ["z", "a", "b"]);
+        assert_eq!(ids(rows.connections_of("p")), ["z", "b"]);
+        rows.remove_connection("z");
+        assert_eq!(ids(rows.connections_of("p")), ["b"]);
+    }
+
+    #[test]
+    fn a_write_of_unknown_outcome_drops_the_table_and_any_write_moves_the_epoch() {
+        let table = ProcessTable::default();
+        table.state().rows = Some(Rows::default());
+        let put = |rows: &mut Rows, c: &ConnectionRecord| rows.put_connection(c.clone());
+        let apply = |table: &ProcessTable, result: Result<ConnectionRecord, ()>| table.after_write(&result, put);
+        apply(&table, Ok(connection("a", 1, "p", "q")));
+        assert_eq!(table.state().epoch, 1);
+        assert_eq!(table.state().rows.as_ref().map(|r| r.connections().count()), Some(1));
+        apply(&table, Err(()));
+        assert!(table.state().rows.is_none(), "dropped, to be loaded again");
+        let epoch = table.state().epoch;
+        apply(&table, Ok(connection("b", 2, "p", "q")));
+        assert!(table.state().rows.is_none(), "a write to an unloaded table is the store's only");
+        assert!(
+            !table.install(epoch, Rows::default()),
+            "a load begun before a write is not installed"
+        );
+        assert!(table.install(epoch + 1, Rows::default()));
+        assert!(!table.install(epoch + 1, Rows::default()), "loaded already");
+    }
+}
