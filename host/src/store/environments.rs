@@ -88,6 +88,10 @@ impl Store {
     }
 
     pub async fn get_environment(&self, id: &EnvironmentId) -> Result<Environment> {
+        let miss = match self.caches.environments.get(id) {
+            Ok(env) => return Ok(env),
+            Err(miss) => miss,
+        };
         let row: Option<Row> = on_pool!(self, pool => {
             sqlx::query_as(concat!("SELECT ", columns!(), " FROM environments WHERE id = $1"))
                 .bind(id.to_string())
@@ -95,7 +99,9 @@ impl Store {
                 .await
                 .map_err(backend_with(|| format!("reading environment {id}")))?
         });
-        environment(row.ok_or_else(|| environment_not_found(id))?)
+        let env = environment(row.ok_or_else(|| environment_not_found(id))?)?;
+        self.caches.environments.install(miss, *id, env.clone());
+        Ok(env)
     }
 
     pub async fn find_environment_by_name(&self, name: &str) -> Result<Option<Environment>> {
@@ -103,6 +109,10 @@ impl Store {
         if name.contains('\0') {
             return Ok(None);
         }
+        let miss = match self.caches.environments.find(|e| e.name == name) {
+            Ok(env) => return Ok(Some(env)),
+            Err(miss) => miss,
+        };
         let row: Option<Row> = on_pool!(self, pool => {
             sqlx::query_as(concat!("SELECT ", columns!(), " FROM environments WHERE name = $1"))
                 .bind(name)
@@ -110,10 +120,17 @@ impl Store {
                 .await
                 .map_err(backend_with(|| format!("looking up environment `{name}`")))?
         });
-        row.map(environment).transpose()
+        let env = row.map(environment).transpose()?;
+        if let Some(env) = &env {
+            self.caches.environments.install(miss, env.id, env.clone());
+        }
+        Ok(env)
     }
 
     pub async fn rename_environment(&self, id: &EnvironmentId, name: &str) -> Result<Environment> {
+        let _writing = self.caches.environments.writing(Some(*id));
+        // Its private nodes' rows name it.
+        let _nodes = self.caches.nodes.writing(None);
         let row = on_pool!(self, pool => {
             sqlx::query_as(concat!(
                 "UPDATE environments SET name = $2, updated_at = $3 WHERE id = $1 RETURNING ", columns!()
@@ -129,6 +146,7 @@ impl Store {
     }
 
     pub async fn update_settings(&self, id: &EnvironmentId, settings: &EnvironmentSettings) -> Result<Environment> {
+        let _writing = self.caches.environments.writing(Some(*id));
         let row: Option<Row> = on_pool!(self, pool => {
             sqlx::query_as(concat!(
                 "UPDATE environments SET settings = $2, updated_at = $3 WHERE id = $1 RETURNING ", columns!()
@@ -145,6 +163,7 @@ impl Store {
 
     /// Halts (`true`) or resumes (`false`) the environment's scheduler.
     pub async fn set_halted(&self, id: &EnvironmentId, halted: bool) -> Result<Environment> {
+        let _writing = self.caches.environments.writing(Some(*id));
         let row: Option<Row> = on_pool!(self, pool => {
             sqlx::query_as(concat!(
                 "UPDATE environments SET halted = $2, updated_at = $3 WHERE id = $1 RETURNING ", columns!()
@@ -161,6 +180,9 @@ impl Store {
 
     /// Deletes the environment and everything in it: versions, states, actions, reports.
     pub async fn delete_environment(&self, id: &EnvironmentId) -> Result<()> {
+        let _writing = self.caches.environments.writing(Some(*id));
+        // Its private nodes go with it.
+        let _nodes = self.caches.nodes.writing(None);
         let deleted = on_pool!(self, pool => {
             sqlx::query("DELETE FROM environments WHERE id = $1")
                 .bind(id.to_string())

@@ -31,6 +31,7 @@ impl Store {
     /// Stores `document` (JSON text) as the environment's next version, made by `author` (a
     /// user's name; `None`: the host itself).
     pub async fn submit_version(&self, env: &EnvironmentId, document: &str, author: Option<&str>) -> Result<VersionInfo> {
+        let _writing = self.caches.environments.writing(Some(*env));
         let now = now_ms();
         let context = || format!("submitting a version to environment {env}");
         let version: i64 = on_pool!(self, pool => {
@@ -123,6 +124,7 @@ impl Store {
     /// Makes `version` the environment's released version (also an older one: a rollback) and
     /// stamps its `released_at`.
     pub async fn release_version(&self, env: &EnvironmentId, version: i64) -> Result<VersionInfo> {
+        let _writing = self.caches.environments.writing(Some(*env));
         let now = now_ms();
         let context = || format!("releasing version {version} of environment {env}");
         let row: Option<(i64, Option<i64>, Option<String>)> = on_pool!(self, pool => {

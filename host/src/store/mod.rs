@@ -65,6 +65,7 @@ macro_rules! on_pool {
 
 mod actions;
 mod audit;
+mod cache;
 mod clusters;
 mod environments;
 mod error;
@@ -135,6 +136,8 @@ impl Default for StoreOptions {
 #[derive(Debug, Clone)]
 pub struct Store {
     pub(crate) db: Db,
+    /// Environments and nodes as last read (`cache.rs`).
+    caches: Arc<cache::Caches>,
 }
 
 #[derive(Debug, Clone)]
@@ -200,7 +203,10 @@ impl Store {
             .connect_with(connect.application_name("orc-host"))
             .await
             .map_err(backend("connecting to PostgreSQL"))?;
-        let store = Store { db: Db::Postgres(pool) };
+        let store = Store {
+            db: Db::Postgres(pool),
+            caches: Default::default(),
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -231,7 +237,10 @@ impl Store {
             .connect_with(connect)
             .await
             .map_err(backend("opening the SQLite database"))?;
-        let store = Store { db: Db::Sqlite(pool) };
+        let store = Store {
+            db: Db::Sqlite(pool),
+            caches: Default::default(),
+        };
         store.migrate().await?;
         Ok(store)
     }

@@ -3,6 +3,7 @@
 //! credential, sealed by the node registry before it reaches the store.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::error::backend_with;
 use super::{
@@ -168,6 +169,7 @@ fn status_param(status: NodeStatus) -> &'static str {
 impl Store {
     /// Stores a new `unidentified` node and its sealed credential.
     pub async fn insert_node(&self, node: &NewNode, credential: &SealedCredential) -> Result<NodeRecord> {
+        let _writing = self.caches.nodes.writing(None);
         let now = now_ms();
         let context = || format!("registering node `{}`", node.name);
         let labels = serde_json::to_string(&node.labels).expect("labels serialise");
@@ -218,6 +220,9 @@ impl Store {
     }
 
     pub async fn find_node(&self, name: &str) -> Result<Option<NodeRecord>> {
+        if let Ok(all) = self.caches.nodes.get(&()) {
+            return Ok(all.iter().find(|n| n.name == name).cloned());
+        }
         let row: Option<Row> = on_pool!(self, pool => {
             sqlx::query_as(concat!(select!(), " WHERE n.name = $1"))
                 .bind(name)
@@ -230,13 +235,19 @@ impl Store {
 
     /// Every node, by name.
     pub async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
+        let miss = match self.caches.nodes.get(&()) {
+            Ok(all) => return Ok(all.to_vec()),
+            Err(miss) => miss,
+        };
         let rows: Vec<Row> = on_pool!(self, pool => {
             sqlx::query_as(concat!(select!(), " ORDER BY n.name"))
                 .fetch_all(pool)
                 .await
                 .map_err(backend_with(|| "listing nodes".to_string()))?
         });
-        rows.into_iter().map(record).collect()
+        let all: Vec<NodeRecord> = rows.into_iter().map(record).collect::<Result<_>>()?;
+        self.caches.nodes.install(miss, (), Arc::new(all.clone()));
+        Ok(all)
     }
 
     /// The node's sealed credential (for the registry to open and log in with).
@@ -254,6 +265,7 @@ impl Store {
 
     /// Records what reaching the node found.
     pub async fn observe_node(&self, name: &str, seen: &NodeObservation) -> Result<NodeRecord> {
+        let _writing = self.caches.nodes.writing(None);
         let facts = seen.facts.as_ref().map(|f| f.to_string());
         let updated = on_pool!(self, pool => {
             sqlx::query(concat!(
@@ -284,6 +296,7 @@ impl Store {
     /// Pins `host_key` (an operator accepted it) and clears the refused one; the node is
     /// `unidentified` until verified with it.
     pub async fn accept_node_host_key(&self, name: &str, host_key: &str) -> Result<NodeRecord> {
+        let _writing = self.caches.nodes.writing(None);
         let updated = on_pool!(self, pool => {
             sqlx::query(
                 "UPDATE nodes SET host_key = $1, presented_host_key = NULL, status = 'unidentified', last_error = NULL, \
@@ -308,6 +321,7 @@ impl Store {
     /// Making the node private to an environment is refused while another environment's released
     /// version has resources on it.
     pub async fn patch_node(&self, name: &str, patch: &NodePatch) -> Result<NodePatched> {
+        let _writing = self.caches.nodes.writing(None);
         let now = now_ms();
         let labels = patch.labels.as_ref().map(|l| serde_json::to_string(l).expect("labels serialise"));
         // `Err(environments)`: refused, those use the node.
@@ -381,6 +395,7 @@ impl Store {
     /// Deletes the node and its credential unless the released version of some environment has
     /// resources on it.
     pub async fn delete_node(&self, name: &str) -> Result<NodeDeletion> {
+        let _writing = self.caches.nodes.writing(None);
         let context = || format!("deleting node `{name}`");
         let (users, deleted): (Vec<String>, u64) = on_pool!(self, pool => {
             async {
