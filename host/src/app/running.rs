@@ -51,6 +51,8 @@ pub(crate) struct Running {
     pub(crate) process_changes: tokio::sync::watch::Sender<u64>,
     /// The environment's process rows and connections, as stored (`app::processes::table`).
     pub(crate) processes: crate::app::processes::ProcessTable,
+    /// Its process tasks' states, for the watchers of their processes (`app::processes::news`).
+    pub(crate) process_news: Arc<crate::app::processes::ProcessNews>,
     /// Whether the process releaser runs.
     pub(crate) process_releaser: std::sync::atomic::AtomicBool,
     /// Why the process releaser's last attempt failed, while it has not succeeded since.
@@ -257,14 +259,18 @@ impl App {
         let counts = Arc::new(StatusCounts::seed(
             resumed.states.iter().map(|s| (s.resource_id.as_str(), s.status, s.version)),
         ));
-        let sink = Arc::new(EnvironmentSink::new(
-            StoreSink::new(self.store.clone(), env.id)
-                .after_plugin_state(self.kv.clone())
-                .after_nodes(nodes),
-            stream.clone(),
-            observers,
-            counts.clone(),
-        ));
+        let process_news = Arc::new(crate::app::processes::ProcessNews::default());
+        let sink = Arc::new(
+            EnvironmentSink::new(
+                StoreSink::new(self.store.clone(), env.id)
+                    .after_plugin_state(self.kv.clone())
+                    .after_nodes(nodes),
+                stream.clone(),
+                observers,
+                counts.clone(),
+            )
+            .followed_by(process_news.clone()),
+        );
         let metrics = self.metrics.clone();
         let name = env.name.clone();
         let scheduler = Scheduler::start(
@@ -285,6 +291,7 @@ impl App {
             releases: Mutex::new(()),
             services: Mutex::new(()),
             processes: Default::default(),
+            process_news,
             ctx: std::sync::RwLock::new(ctx),
             capabilities: std::sync::Mutex::new(env.settings.capabilities),
             stream,

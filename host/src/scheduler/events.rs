@@ -32,6 +32,16 @@ pub trait Observer: Send + Sync + 'static {
     fn observe(&self, events: &[Event]);
 }
 
+/// Something told of a batch once it is persisted, without serialising it: it picks what it
+/// wants from the batch before the store takes it, and the delivery it returns runs after the
+/// write (whether the write succeeded or was given up, as the stream is sent either way).
+pub trait Follower: Send + Sync + 'static {
+    fn pick(&self, events: &[Event]) -> Option<Delivery>;
+}
+
+/// What a [`Follower`] does once the batch it picked from is persisted.
+pub type Delivery = Box<dyn FnOnce() + Send>;
+
 /// The event stream of one environment.
 #[derive(Clone)]
 pub struct EventStream {
@@ -177,11 +187,12 @@ impl Counted {
     }
 }
 
-/// The sink of a server-side scheduler: store, then stream and observers.
+/// The sink of a server-side scheduler: store, then stream and followers.
 pub struct EnvironmentSink {
     store: StoreSink,
     stream: EventStream,
     observers: Vec<Arc<dyn Observer>>,
+    followers: Vec<Arc<dyn Follower>>,
     counts: Arc<StatusCounts>,
 }
 
@@ -191,8 +202,15 @@ impl EnvironmentSink {
             store,
             stream,
             observers,
+            followers: Vec::new(),
             counts,
         }
+    }
+
+    /// Tells `follower` of every batch once it is persisted.
+    pub fn followed_by(mut self, follower: Arc<dyn Follower>) -> EnvironmentSink {
+        self.followers.push(follower);
+        self
     }
 }
 
@@ -204,11 +222,15 @@ impl Sink for EnvironmentSink {
             }
             // Serialised before the write (which consumes the events), sent after it.
             let batch = self.stream.prepare(&events);
+            let deliveries: Vec<Delivery> = self.followers.iter().filter_map(|f| f.pick(&events)).collect();
             let staged = self.counts.stage(&events);
             if self.store.persist(events).await {
                 self.counts.persisted(staged);
             } else {
                 self.counts.lost();
+            }
+            for delivery in deliveries {
+                delivery();
             }
             if let Some(batch) = batch {
                 let _ = self.stream.sender.send(batch);

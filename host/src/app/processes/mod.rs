@@ -9,12 +9,14 @@
 //! process's tasks from the rows, never loses one, and a burst of operations shares versions.
 
 mod connections;
+mod news;
 mod release;
 mod table;
 mod watch;
 
 pub(crate) use connections::CONNECTION_REVISION;
 pub use connections::{ConnectRequest, ConnectionView, Endpoint, PendingChange, PendingList};
+pub(crate) use news::ProcessNews;
 use table::Decoded;
 pub(crate) use table::ProcessTable;
 

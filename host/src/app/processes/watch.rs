@@ -8,9 +8,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use orc_manifest::error_chain;
+use orc_manifest::{Digest, error_chain};
 use tracing::Instrument;
 
+use super::news::{Subscription, TaskNews};
 use super::release::is_process_task;
 use super::{decode, plan, state_of};
 use crate::app::App;
@@ -33,7 +34,7 @@ enum Next {
 }
 
 /// A watcher's tasks not done at its last look: id → the desired hash that finishes each.
-type Outstanding = HashMap<String, String>;
+type Outstanding = HashMap<String, Digest>;
 
 impl App {
     /// Follows process `name`'s operation `generation` until it is over.
@@ -45,8 +46,6 @@ impl App {
 
     async fn watch_process(self: Arc<Self>, env_id: EnvironmentId, name: String, generation: u64) {
         let mut stopping = self.stopping.subscribe();
-        // Its tasks' ids hold `,process.<name>/`: a batch without one is not this process's news.
-        let needle = format!(",{}/", set_of(&name));
         loop {
             if *stopping.borrow() {
                 return;
@@ -60,8 +59,9 @@ impl App {
                     continue;
                 }
             };
-            let mut events = match self.running(&env).await {
-                Ok(r) => r.stream.subscribe(),
+            // Subscribed before the step looks, so that what is persisted after its look wakes it.
+            let mut news = match self.running(&env).await {
+                Ok(r) => r.process_news.subscribe(&name),
                 Err(e) => {
                     tracing::warn!(error = %error_chain(&e), "environment not running");
                     tokio::time::sleep(TICK).await;
@@ -77,7 +77,7 @@ impl App {
                 }
             };
             tokio::select! {
-                _ = concerning(&mut events, &needle, &mut outstanding) => tokio::time::sleep(Duration::from_millis(50)).await,
+                _ = concerning(&mut news, &mut outstanding) => tokio::time::sleep(Duration::from_millis(50)).await,
                 _ = tokio::time::sleep(TICK) => {}
                 _ = stopping.changed() => return,
             }
@@ -170,7 +170,7 @@ impl App {
                     .zip(&progress.tasks)
                     .filter(|(_, view)| view.status != "done")
                     .map(|(task, _)| match &task.adaptor {
-                        PluginRef::Digest(digest) => Some((task.id.to_string(), crate::scheduler::desired_hash(task, digest).to_string())),
+                        PluginRef::Digest(digest) => Some((task.id.to_string(), crate::scheduler::desired_hash(task, digest))),
                         _ => None,
                     })
                     .collect::<Option<Outstanding>>();
@@ -261,61 +261,31 @@ impl App {
     }
 }
 
-/// Waits for a batch of events that may move a process on. With hundreds of processes changing at
-/// once, a watcher wakes for its own tasks, not for everyone's (`needle` is in its tasks' ids), and
-/// not for a task becoming `available` or `deploying`, which neither finishes nor fails an
-/// operation. Knowing what is `outstanding`, it wakes once every one of those tasks reported
-/// itself deployed at the hash that finishes it, or one of them failed (or was skipped), not at
-/// each task done; without, at any other news of its tasks. Missed events (a lagging receiver)
-/// wake it too, and the tick looks again anyway: events only say when to look, the step reads the
-/// states.
-async fn concerning(
-    events: &mut tokio::sync::broadcast::Receiver<crate::scheduler::events::Batch>,
-    needle: &str,
-    outstanding: &mut Option<Outstanding>,
-) {
-    use tokio::sync::broadcast::error::RecvError;
+/// Waits for news that may move a process on: not a task becoming `available` or `deploying`,
+/// which neither finishes nor fails an operation. Knowing what is `outstanding`, it waits until
+/// every one of those tasks reported itself deployed at the hash that finishes it, or one of them
+/// failed (or was skipped), not for each task done; without, for any other news of its tasks.
+/// The tick looks again anyway: news only says when to look, the step reads the states.
+async fn concerning(news: &mut Subscription, outstanding: &mut Option<Outstanding>) {
     loop {
-        match events.recv().await {
-            Ok(batch) => {
-                for event in batch.iter().filter(|e| e.data.contains(needle)) {
-                    if news(event, outstanding) {
-                        return;
-                    }
-                }
-            }
-            Err(RecvError::Lagged(_)) => return,
-            // The stream ended (the environment stopped): the tick looks again.
-            Err(RecvError::Closed) => std::future::pending::<()>().await,
+        if worth_a_look(&news.next().await, outstanding) {
+            return;
         }
     }
 }
 
-/// Whether `event` (about one of the watcher's tasks) is worth a look; ticks off a task that
+/// Whether `news` (of one of the watcher's tasks) is worth a look; ticks off a task that
 /// finished.
-fn news(event: &crate::scheduler::events::Published, outstanding: &mut Option<Outstanding>) -> bool {
-    #[derive(serde::Deserialize)]
-    struct State {
-        resource: String,
-        status: ResourceStatus,
-        deployed_hash: Option<String>,
-    }
-    if event.name != "state" {
-        // An action's report or a release: its state event says what matters.
-        return outstanding.is_none() && event.name != "released";
-    }
-    let Ok(state) = serde_json::from_str::<State>(&event.data) else {
-        return true;
-    };
-    match (state.status, outstanding) {
+fn worth_a_look(news: &TaskNews, outstanding: &mut Option<Outstanding>) -> bool {
+    match (news.status, outstanding) {
         (ResourceStatus::Available | ResourceStatus::Deploying, _) => false,
         (_, None) => true,
         (ResourceStatus::Deployed, Some(left)) => {
             if left
-                .get(&state.resource)
-                .is_some_and(|hash| state.deployed_hash.as_ref() == Some(hash))
+                .get(&news.resource)
+                .is_some_and(|hash| news.deployed_hash.as_ref() == Some(hash))
             {
-                left.remove(&state.resource);
+                left.remove(&news.resource);
                 return left.is_empty();
             }
             // Deployed at another plan's hash, or a task done already.
@@ -328,41 +298,30 @@ fn news(event: &crate::scheduler::events::Published, outstanding: &mut Option<Ou
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::events::Published;
 
-    fn state(resource: &str, status: &str, deployed: Option<&str>) -> Published {
-        Published {
-            name: "state",
-            data: serde_json::json!({"resource": resource, "status": status, "deployed_hash": deployed, "version": 1}).to_string(),
+    fn news(resource: &str, status: ResourceStatus, deployed: Option<&Digest>) -> TaskNews {
+        TaskNews {
+            resource: resource.into(),
+            status,
+            deployed_hash: deployed.copied(),
         }
     }
 
     #[test]
     fn a_watcher_wakes_when_its_last_task_is_done_or_one_fails() {
-        let mut left: Option<Outstanding> = Some([("a".to_string(), "h1".to_string()), ("b".to_string(), "h2".to_string())].into());
-        assert!(!news(&state("a", "deploying", None), &mut left));
-        assert!(!news(&state("a", "deployed", Some("old")), &mut left), "another plan's hash");
-        assert!(!news(&state("a", "deployed", Some("h1")), &mut left));
-        assert!(!news(&state("a", "deployed", Some("h1")), &mut left), "done already");
-        assert!(news(&state("b", "failed", None), &mut left));
-        assert!(news(&state("b", "deployed", Some("h2")), &mut left), "the last one");
+        use ResourceStatus::*;
+        let (h1, h2, old) = (Digest::of(b"1"), Digest::of(b"2"), Digest::of(b"old"));
+        let mut left: Option<Outstanding> = Some([("a".to_string(), h1), ("b".to_string(), h2)].into());
+        assert!(!worth_a_look(&news("a", Deploying, None), &mut left));
+        assert!(!worth_a_look(&news("a", Deployed, Some(&old)), &mut left), "another plan's hash");
+        assert!(!worth_a_look(&news("a", Deployed, Some(&h1)), &mut left));
+        assert!(!worth_a_look(&news("a", Deployed, Some(&h1)), &mut left), "done already");
+        assert!(worth_a_look(&news("b", Failed, None), &mut left));
+        assert!(worth_a_look(&news("b", Deployed, Some(&h2)), &mut left), "the last one");
         // Not knowing what is left: any news but `available` and `deploying`.
         let mut unknown = None;
-        assert!(!news(&state("a", "available", None), &mut unknown));
-        assert!(news(&state("a", "deployed", Some("x")), &mut unknown));
-        let report = Published {
-            name: "action",
-            data: "{}".into(),
-        };
-        assert!(news(&report, &mut unknown));
-        let mut known: Option<Outstanding> = Some([("a".to_string(), "h".to_string())].into());
-        assert!(!news(&report, &mut known), "an action's report waits for its state");
-        assert!(news(
-            &Published {
-                name: "state",
-                data: "not json".into()
-            },
-            &mut known
-        ));
+        assert!(!worth_a_look(&news("a", Available, None), &mut unknown));
+        assert!(worth_a_look(&news("a", Deployed, Some(&old)), &mut unknown));
+        assert!(worth_a_look(&news("a", Skipped, None), &mut unknown));
     }
 }
