@@ -41,7 +41,7 @@ use sqlx::{PgConnection, QueryBuilder, Row as _, Sqlite, SqliteConnection};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use super::error::backend_with;
-use super::{BeginWrite as _, Store, StoreError, now_ms, sqlite_rows_per_statement};
+use super::{BeginWrite as _, Store, StoreError, now_ms, sqlite_keeps_prepared, sqlite_rows_per_statement};
 
 /// Most writes committed together.
 const MAX_WRITE_BATCH: usize = 4096;
@@ -555,8 +555,7 @@ async fn fetch(store: &Store, scope: &str, keys: &[&str]) -> Result<HashMap<Stri
                     list.push_bind(*key);
                 }
                 q.push(")");
-                // Not cached: the text varies with the number of keys.
-                for row in q.build().persistent(false).fetch_all(pool).await? {
+                for row in q.build().persistent(sqlite_keeps_prepared(chunk.len())).fetch_all(pool).await? {
                     found.insert(row.try_get("key")?, row.try_get("value")?);
                 }
             }
@@ -781,7 +780,7 @@ async fn apply_run_sqlite(conn: &mut SqliteConnection, run: &[Write], now: i64) 
             row.push_bind(*scope).push_bind(*key).push_bind(*value).push_bind(now);
         });
         q.push(on_conflict!());
-        q.build().persistent(false).execute(&mut *conn).await?;
+        q.build().persistent(sqlite_keeps_prepared(chunk.len())).execute(&mut *conn).await?;
     }
     let deletes: Vec<(&str, &str)> = run
         .iter()
@@ -800,7 +799,7 @@ async fn apply_run_sqlite(conn: &mut SqliteConnection, run: &[Write], now: i64) 
                 .push_unseparated(")");
         }
         q.push(")");
-        q.build().persistent(false).execute(&mut *conn).await?;
+        q.build().persistent(sqlite_keeps_prepared(chunk.len())).execute(&mut *conn).await?;
     }
     Ok(())
 }

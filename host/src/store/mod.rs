@@ -380,6 +380,15 @@ impl BeginWrite for PgPool {
 /// SQLite's default limit on bound parameters per statement (`SQLITE_MAX_VARIABLE_NUMBER`).
 pub(crate) const SQLITE_MAX_PARAMS: usize = 32_766;
 
+/// Whether a multi-row SQLite statement of `rows` rows is kept prepared by its connection
+/// (sqlx's statement cache). Its text varies with the row count, so a batch of any size kept
+/// would keep every size (~250 MB at 100,000 rows); but small batches — one action's states, a
+/// process's tasks, a plugin's few keys — come again and again in a few shapes, and preparing
+/// each anew was a fifth of SQLite's work in `service-bench`.
+pub(crate) const fn sqlite_keeps_prepared(rows: usize) -> bool {
+    rows <= 16
+}
+
 /// Rows per multi-row SQLite statement with `columns` parameters per row.
 pub(crate) const fn sqlite_rows_per_statement(columns: usize) -> usize {
     SQLITE_MAX_PARAMS / columns

@@ -16,7 +16,7 @@ use super::environments::environment_not_found;
 use super::error::backend_with;
 use super::{
     ActionRecord, Attempts, BeginWrite, Db, EnvironmentId, ResourceState, Result, StateFilter, StatePage, StatusChange, Store, StoreError,
-    error_info, now_ms, page_size, parse_name, sqlite_rows_per_statement,
+    error_info, now_ms, page_size, parse_name, sqlite_keeps_prepared, sqlite_rows_per_statement,
 };
 use crate::scheduler::ResourceStatus;
 
@@ -173,10 +173,8 @@ pub(super) async fn upsert_sqlite(conn: &mut SqliteConnection, env: &Environment
                 .push_bind(now);
         });
         q.push(times.conflict_clause());
-        // Batch statements are not cached (`persistent(false)`): their text varies with the chunk
-        // size, and sqlx would keep each variant prepared per connection (~250 MB at 100,000 rows).
         q.build()
-            .persistent(false)
+            .persistent(sqlite_keeps_prepared(chunk.len()))
             .execute(&mut *conn)
             .await
             .map_err(backend_with(context))?;
@@ -345,7 +343,7 @@ impl Store {
                         .push(SET_STATUS_MATCH);
                     changed += q
                         .build()
-                        .persistent(false)
+                        .persistent(sqlite_keeps_prepared(chunk.len()))
                         .execute(&mut *tx)
                         .await
                         .map_err(backend_with(context))?
@@ -431,7 +429,7 @@ impl Store {
                     q.push(")");
                     rows.extend(
                         q.build_query_as::<Row>()
-                            .persistent(false)
+                            .persistent(sqlite_keeps_prepared(chunk.len()))
                             .fetch_all(pool)
                             .await
                             .map_err(backend_with(context))?,
@@ -591,7 +589,7 @@ impl Store {
                     q.push(")");
                     deleted += q
                         .build()
-                        .persistent(false)
+                        .persistent(sqlite_keeps_prepared(chunk.len()))
                         .execute(&mut *tx)
                         .await
                         .map_err(backend_with(context))?
