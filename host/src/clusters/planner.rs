@@ -94,6 +94,9 @@ pub struct PlanInput<'a> {
     pub config: &'a BTreeMap<String, Value>,
     /// The layout to reach.
     pub layout: &'a Layout,
+    /// Per service, configuration only the steps that see the layout (`configure`, `start`) get,
+    /// merged over `config`: a process's connections, which change without its install changing.
+    pub late_config: &'a BTreeMap<String, serde_json::Map<String, Value>>,
     /// Services the operator stopped.
     pub stopped: &'a BTreeSet<String>,
     /// The cluster's tasks in the plan deployed so far: those the new layout no longer has are
@@ -154,6 +157,9 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Vec<ResourceSpec>, PlanError> {
                 });
                 if step.sees_layout() {
                     attributes["layout"] = layout_json.clone();
+                    if let (Some(late), Value::Object(config)) = (input.late_config.get(&service), &mut attributes["config"]) {
+                        config.extend(late.clone());
+                    }
                 }
                 tasks.push(ResourceSpec {
                     id: task_id(input.cluster, node, &service, step),
@@ -208,6 +214,7 @@ mod tests {
             template: &t,
             config: &config,
             layout,
+            late_config: &BTreeMap::new(),
             stopped: &stopped,
             previous,
             keep_removals,
@@ -252,6 +259,35 @@ mod tests {
         assert!(attrs("task[n2,c1/web/configure]")["layout"]["n1"].is_array());
         assert!(attrs("task[n2,c1/web/install]").get("layout").is_none());
         assert_eq!(attrs("task[n2,c1/web/start]")["action"], "start");
+    }
+
+    #[test]
+    fn late_configuration_is_seen_by_configure_and_start_only() {
+        let t = template();
+        let l = layout(&[("n1", &["base", "db"])]);
+        let config: BTreeMap<String, Value> = [("db".to_string(), json!({"size": 1}))].into();
+        let late = [("db".to_string(), json!({"peers": ["p"]}).as_object().unwrap().clone())].into();
+        let tasks = plan(&PlanInput {
+            cluster: "c1",
+            template: &t,
+            config: &config,
+            layout: &l,
+            late_config: &late,
+            stopped: &BTreeSet::new(),
+            previous: &[],
+            keep_removals: true,
+        })
+        .unwrap();
+        let config_of = |step: &str| {
+            let id = format!("task[n1,c1/db/{step}]");
+            tasks.iter().find(|t| t.id.to_string() == id).unwrap().attributes.to_value()["config"].clone()
+        };
+        for step in ["configure", "start"] {
+            assert_eq!(config_of(step), json!({"size": 1, "peers": ["p"]}), "{step}");
+        }
+        for step in ["bootstrap", "install", "initialize"] {
+            assert_eq!(config_of(step), json!({"size": 1}), "{step}");
+        }
     }
 
     #[test]

@@ -154,10 +154,11 @@ impl Deployment {
         format!("{}@{}", self.service, self.version)
     }
 
-    /// What the automator is handed: the service's base configuration with the operator's
-    /// merged over it, each port under its key and, when the service takes them, the process's
-    /// `connections` (interface → peers).
-    pub fn effective_config(&self, connections: &Value) -> Value {
+    /// What the automator is handed at every step: the service's base configuration with the
+    /// operator's merged over it and each port under its key. Not the connections, which only
+    /// the steps that see the layout get ([`Deployment::late_config`]), so that a connection made
+    /// or dropped re-runs a peer's `configure` and `start`, not its `bootstrap` and `install`.
+    pub fn effective_config(&self) -> Value {
         let mut config = match &self.base_config {
             Value::Object(_) => self.base_config.clone(),
             _ => Value::Object(Default::default()),
@@ -170,10 +171,16 @@ impl Deployment {
                 }
             }
             if let Some(key) = &self.connections_key {
-                map.insert(key.clone(), connections.clone());
+                map.remove(key);
             }
         }
         config
+    }
+
+    /// What the steps that see the layout (`configure`, `start`) get besides: when the service
+    /// takes them, the process's `connections` (interface → peers) under its `connections_key`.
+    pub fn late_config(&self, connections: &Value) -> serde_json::Map<String, Value> {
+        self.connections_key.iter().map(|key| (key.clone(), connections.clone())).collect()
     }
 }
 
@@ -304,18 +311,22 @@ mod tests {
             base_config: serde_json::json!({"maxmemory": "1mb", "bind": "127.0.0.1"}),
             connections_key: None,
         };
-        let none = serde_json::json!({});
         assert_eq!(
-            d.effective_config(&none),
+            d.effective_config(),
             serde_json::json!({"maxmemory": "10mb", "bind": "127.0.0.1", "port": 6380})
         );
         let peers = serde_json::json!({"kv": [{"peer": "cache"}]});
         let with = Deployment {
             connections_key: Some("connections".into()),
+            config: serde_json::json!({"maxmemory": "10mb", "connections": "the operator's"}),
             ..d.clone()
         };
-        assert_eq!(with.effective_config(&peers)["connections"], peers);
-        assert!(d.effective_config(&peers).get("connections").is_none());
+        assert_eq!(with.late_config(&peers)["connections"], peers);
+        assert!(
+            with.effective_config().get("connections").is_none(),
+            "the key is the connections', seen where they are"
+        );
+        assert!(d.late_config(&peers).is_empty(), "a service without the key is not told");
         assert_eq!(d.reference(), "redis@1.0.0");
     }
 }

@@ -954,7 +954,11 @@ impl App {
     }
 
     /// The states of `tasks` that have one, by resource id.
-    async fn task_states(&self, env: &Environment, tasks: &[ResourceSpec]) -> Result<HashMap<String, ResourceState>, ClusterError> {
+    pub(crate) async fn task_states(
+        &self,
+        env: &Environment,
+        tasks: &[ResourceSpec],
+    ) -> Result<HashMap<String, ResourceState>, ClusterError> {
         let ids: Vec<String> = tasks.iter().map(|t| t.id.to_string()).collect();
         let states = self.store.states_of(&env.id, &ids).await?;
         Ok(states.into_iter().map(|s| (s.resource_id.clone(), s)).collect())
@@ -974,48 +978,7 @@ impl App {
         max_attempts: u32,
     ) -> Result<Progress, ClusterError> {
         let states = self.task_states(env, planned).await?;
-        let mut done = true;
-        let mut failed = None;
-        let mut tasks = Vec::with_capacity(planned.len());
-        for t in planned {
-            let PluginRef::Digest(digest) = &t.adaptor else {
-                return Err(ClusterError::Invalid(format!("task `{}` is not pinned", t.id)));
-            };
-            let expected = crate::scheduler::desired_hash(t, digest).to_string();
-            let state = states.get(&t.id.to_string());
-            let (service, step) = planner::parse_task_key(&t.id.key)
-                .map(|(_, s, step)| (s.to_string(), step.as_str()))
-                .unwrap_or_default();
-            let mut view = TaskView {
-                id: t.id.to_string(),
-                node: t.id.node.clone(),
-                service,
-                step: step.to_string(),
-                purged: t.purged,
-                status: "pending".into(),
-                attempts: 0,
-                last_error: None,
-            };
-            match state {
-                Some(s) if s.desired_hash == expected => {
-                    let finished = s.status == ResourceStatus::Deployed && s.deployed_hash.as_deref() == Some(expected.as_str());
-                    view.status = if finished { "done".into() } else { s.status.as_str().to_string() };
-                    view.attempts = s.attempts;
-                    view.last_error = s.last_error.as_ref().map(|e| format!("{}: {}", e.code, e.message));
-                    done &= finished;
-                    if s.status == ResourceStatus::Failed && s.attempts >= i64::from(max_attempts) && failed.is_none() {
-                        failed = Some(ClusterFailure {
-                            task: Some(t.id.to_string()),
-                            code: s.last_error.as_ref().map_or("failed".into(), |e| e.code.clone()),
-                            message: s.last_error.as_ref().map_or_else(String::new, |e| e.message.clone()),
-                        });
-                    }
-                }
-                _ => done = false,
-            }
-            tasks.push(view);
-        }
-        Ok(Progress { done, failed, tasks })
+        progress_of(planned, max_attempts, &states)
     }
 
     async fn view(&self, env: &Environment, record: &ClusterRecord, doc: &ClusterDoc) -> Result<ClusterView, ClusterError> {
@@ -1136,6 +1099,7 @@ pub(crate) fn plan_for(
         template,
         config: &config,
         layout: &doc.layout,
+        late_config: &BTreeMap::new(),
         stopped: &doc.stopped,
         previous,
         keep_removals,
@@ -1180,4 +1144,56 @@ pub(crate) fn has_removals(doc: &ClusterDoc) -> bool {
                 step != Step::Start || !doc.layout.services_on(&t.id.node).is_some_and(|s| s.contains(service))
             })
     })
+}
+
+/// How far the plan `planned` (one resource set's tasks) is by `states` (resource id → state);
+/// a task failed `max_attempts` times fails it.
+pub(crate) fn progress_of(
+    planned: &[ResourceSpec],
+    max_attempts: u32,
+    states: &HashMap<String, ResourceState>,
+) -> Result<Progress, ClusterError> {
+    let mut done = true;
+
+    let mut failed = None;
+    let mut tasks = Vec::with_capacity(planned.len());
+    for t in planned {
+        let PluginRef::Digest(digest) = &t.adaptor else {
+            return Err(ClusterError::Invalid(format!("task `{}` is not pinned", t.id)));
+        };
+        let expected = crate::scheduler::desired_hash(t, digest).to_string();
+        let state = states.get(&t.id.to_string());
+        let (service, step) = planner::parse_task_key(&t.id.key)
+            .map(|(_, s, step)| (s.to_string(), step.as_str()))
+            .unwrap_or_default();
+        let mut view = TaskView {
+            id: t.id.to_string(),
+            node: t.id.node.clone(),
+            service,
+            step: step.to_string(),
+            purged: t.purged,
+            status: "pending".into(),
+            attempts: 0,
+            last_error: None,
+        };
+        match state {
+            Some(s) if s.desired_hash == expected => {
+                let finished = s.status == ResourceStatus::Deployed && s.deployed_hash.as_deref() == Some(expected.as_str());
+                view.status = if finished { "done".into() } else { s.status.as_str().to_string() };
+                view.attempts = s.attempts;
+                view.last_error = s.last_error.as_ref().map(|e| format!("{}: {}", e.code, e.message));
+                done &= finished;
+                if s.status == ResourceStatus::Failed && s.attempts >= i64::from(max_attempts) && failed.is_none() {
+                    failed = Some(ClusterFailure {
+                        task: Some(t.id.to_string()),
+                        code: s.last_error.as_ref().map_or("failed".into(), |e| e.code.clone()),
+                        message: s.last_error.as_ref().map_or_else(String::new, |e| e.message.clone()),
+                    });
+                }
+            }
+            _ => done = false,
+        }
+        tasks.push(view);
+    }
+    Ok(Progress { done, failed, tasks })
 }

@@ -330,8 +330,11 @@ impl App {
     pub async fn pending(&self, key: &str) -> Result<PendingList, ServicesError> {
         let env = self.get(key).await?;
         let mut items = Vec::new();
-        for (record, doc) in self.current_processes(&env).await? {
-            let progress = self.task_progress(&env, &doc.tasks, doc.max_attempts).await?;
+        let processes = self.current_processes(&env).await?;
+        let tasks: Vec<_> = processes.iter().flat_map(|(_, doc)| doc.tasks.iter().cloned()).collect();
+        let states = self.task_states(&env, &tasks).await?;
+        for (record, doc) in processes {
+            let progress = crate::app::clusters::progress_of(&doc.tasks, doc.max_attempts, &states)?;
             let changes = pending_of(&progress.tasks, doc.changed_at);
             if !changes.is_empty() {
                 items.push(PendingProcess {

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::app::App;
-use crate::app::clusters::{Progress, TaskView};
+use crate::app::clusters::{Progress, TaskView, progress_of};
 use crate::clusters::ClusterFailure;
 use crate::clusters::planner::{self, PlanInput};
 use crate::intent::ResourceSpec;
@@ -132,6 +132,8 @@ pub struct RecentAction {
 /// What the views of one environment's processes share.
 struct ViewContext {
     connections: Vec<crate::store::ConnectionRecord>,
+    /// The states of the viewed processes' tasks, by resource id (read in one go).
+    states: std::collections::HashMap<String, crate::store::ResourceState>,
     /// Each service version's configuration schema, by `name@version`.
     schemas: BTreeMap<String, Value>,
     running: Arc<crate::app::running::Running>,
@@ -204,9 +206,10 @@ impl App {
     pub async fn processes(&self, key: &str) -> Result<Vec<ProcessView>, ServicesError> {
         let env = self.get(key).await?;
         let mut views = Vec::new();
-        let mut shared = self.view_context(&env, None).await?;
-        for (record, doc) in self.current_processes(&env).await? {
-            views.push(self.view_with(&env, &record, &doc, &mut shared).await?);
+        let processes = self.current_processes(&env).await?;
+        let mut shared = self.view_context(&env, None, processes.iter().map(|(_, doc)| doc.as_ref())).await?;
+        for (record, doc) in processes {
+            views.push(self.view_with(&record, &doc, &mut shared).await?);
         }
         Ok(views)
     }
@@ -562,13 +565,20 @@ impl App {
     }
 
     async fn process_view(&self, env: &Environment, record: &ProcessRecord, doc: &ProcessDoc) -> Result<ProcessView, ServicesError> {
-        let mut shared = self.view_context(env, Some(&record.name)).await?;
-        self.view_with(env, record, doc, &mut shared).await
+        let mut shared = self.view_context(env, Some(&record.name), [doc]).await?;
+        self.view_with(record, doc, &mut shared).await
     }
 
-    /// What the views of an environment's processes share, read once for a list; for one
-    /// process (`only`), its own connections only.
-    async fn view_context(&self, env: &Environment, only: Option<&str>) -> Result<ViewContext, ServicesError> {
+    /// What the views of an environment's processes share, read once for a list: the states of
+    /// the tasks of `docs`, and the connections (for one process, `only`, its own).
+    async fn view_context(
+        &self,
+        env: &Environment,
+        only: Option<&str>,
+        docs: impl IntoIterator<Item = &ProcessDoc>,
+    ) -> Result<ViewContext, ServicesError> {
+        let tasks: Vec<ResourceSpec> = docs.into_iter().flat_map(|d| d.tasks.iter().cloned()).collect();
+        let states = self.task_states(env, &tasks).await?;
         let running = self.running(env).await?;
         let release_error = running.process_release_error.lock().expect("release error").clone();
         Ok(ViewContext {
@@ -576,21 +586,16 @@ impl App {
                 Some(process) => self.connections_of(env, process).await?,
                 None => self.all_connections(env).await?,
             },
+            states,
             schemas: BTreeMap::new(),
             running,
             release_error,
         })
     }
 
-    async fn view_with(
-        &self,
-        env: &Environment,
-        record: &ProcessRecord,
-        doc: &ProcessDoc,
-        shared: &mut ViewContext,
-    ) -> Result<ProcessView, ServicesError> {
+    async fn view_with(&self, record: &ProcessRecord, doc: &ProcessDoc, shared: &mut ViewContext) -> Result<ProcessView, ServicesError> {
         let set = set_of(&record.name);
-        let Progress { tasks, .. } = self.task_progress(env, &doc.tasks, doc.max_attempts).await?;
+        let Progress { tasks, .. } = progress_of(&doc.tasks, doc.max_attempts, &shared.states)?;
         let mut progress = BTreeMap::new();
         for t in &tasks {
             *progress.entry(t.status.clone()).or_insert(0) += 1;
@@ -657,11 +662,12 @@ pub(crate) fn plan(
     previous: &[ResourceSpec],
     connections: &Value,
 ) -> Result<Vec<ResourceSpec>, ServicesError> {
-    let (template, layout, config) = match target {
+    let (template, layout, config, late_config) = match target {
         Some(t) => (
             single_service(&t.service, t.automator, &Needs::default()),
             [(t.node.clone(), [t.service.clone()])].into_iter().collect::<Layout>(),
-            [(t.service.clone(), t.effective_config(connections))].into_iter().collect(),
+            [(t.service.clone(), t.effective_config())].into_iter().collect(),
+            [(t.service.clone(), t.late_config(connections))].into_iter().collect(),
         ),
         None => {
             let service = previous
@@ -679,6 +685,7 @@ pub(crate) fn plan(
                 single_service(&service, automator, &Needs::default()),
                 Layout::default(),
                 BTreeMap::new(),
+                BTreeMap::new(),
             )
         }
     };
@@ -687,6 +694,7 @@ pub(crate) fn plan(
         template: &template,
         config: &config,
         layout: &layout,
+        late_config: &late_config,
         stopped: &BTreeSet::new(),
         previous,
         keep_removals: true,
