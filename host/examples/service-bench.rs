@@ -91,14 +91,29 @@ async fn settled(host: &Host, env: &str, started: Instant) -> Result<Vec<Value>>
         let busy: u64 = counts.iter().filter(|(k, _)| k.as_str() != "deployed").map(|(_, v)| v).sum();
         ensure!(counts.get("failed").copied().unwrap_or(0) == 0, "tasks failed: {counts:?}");
         if busy == 0 {
-            let (status, list) = host.get(&format!("/api/v1/environments/{env}/processes")).await?;
-            ensure!(status == StatusCode::OK, "{status} {list}");
-            let items = list["items"].as_array().cloned().unwrap_or_default();
-            if items
-                .iter()
-                .all(|p| p["state"] == "running" && p["pending"].as_array().is_some_and(Vec::is_empty))
-            {
-                return Ok(items);
+            // Cheap questions first: no process whose operation is under way (or failed), then
+            // nothing pending; the whole list once it has settled.
+            let path = format!("/api/v1/environments/{env}/processes");
+            let (status, unsettled) = host
+                .get(&format!("{path}?state=creating,updating,moving,rolling_back,terminating,failed"))
+                .await?;
+            ensure!(status == StatusCode::OK, "{status} {unsettled}");
+            let unsettled = unsettled["items"].as_array().cloned().unwrap_or_default();
+            ensure!(!unsettled.iter().any(|p| p["state"] == "failed"), "a process failed: {unsettled:?}");
+            if unsettled.is_empty() {
+                let (status, pending) = host.get(&format!("/api/v1/environments/{env}/pending")).await?;
+                ensure!(status == StatusCode::OK, "{status} {pending}");
+                if pending["items"].as_array().is_some_and(Vec::is_empty) {
+                    let (status, list) = host.get(&path).await?;
+                    ensure!(status == StatusCode::OK, "{status} {list}");
+                    let items = list["items"].as_array().cloned().unwrap_or_default();
+                    if items
+                        .iter()
+                        .all(|p| p["state"] == "running" && p["pending"].as_array().is_some_and(Vec::is_empty))
+                    {
+                        return Ok(items);
+                    }
+                }
             }
         }
         ensure!(Instant::now() < deadline, "not settled after 1200 s: {counts:?}");
@@ -155,16 +170,27 @@ async fn latest_version(host: &Host) -> Result<i64> {
     Ok(env["latest_version"].as_i64().unwrap_or(0))
 }
 
+/// With `ORC_BENCH_MARKS` set, the wall-clock time of a phase's start or end on stderr (to cut a
+/// profile taken with `perf record -k CLOCK_REALTIME` by phase).
+fn mark(phase: &str, what: &str) {
+    if std::env::var_os("ORC_BENCH_MARKS").is_some() {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        eprintln!("mark {phase} {what} {:.6}", now.as_secs_f64());
+    }
+}
+
 /// Runs one phase: `requests` sent in turn, then waits until settled; prints and returns.
 async fn phase(host: &Host, name: &str, count: usize, requests: impl AsyncFnOnce() -> Result<()>) -> Result<Vec<Value>> {
     let versions_before = latest_version(host).await?;
     let cpu = host.cpu()?;
     let started = Instant::now();
+    mark(name, "start");
     requests().await?;
     let answered = started.elapsed();
     let processes = settled(host, ENV, started).await?;
     let took = started.elapsed();
     let host_cpu = host.cpu()? - cpu;
+    mark(name, "end");
     let versions = latest_version(host).await? - versions_before;
     println!(
         "  {name:<7} {:>7.3} s wall ({:.3} s answering the requests), host CPU {:>6.2} ms per process, {versions} intent versions",

@@ -8,14 +8,14 @@
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
-use utoipa::ToSchema;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::auth::Caller;
 use super::etag::{etag, if_match};
-use super::extract::{Json, Path};
+use super::extract::{Json, Path, Query};
 use super::{AppState, ErrorBody, Result};
 use crate::app::processes::{CONNECTION_REVISION, ConnectRequest, ConnectionView, CreateProcess, PendingList, ProcessView, UpdateProcess};
 
@@ -149,12 +149,26 @@ async fn create_process(
     ))
 }
 
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(super) struct ProcessQuery {
+    /// Only processes in these states, comma-separated (`creating,moving`); every process when
+    /// absent.
+    state: Option<String>,
+}
+
 #[utoipa::path(get, path = "/environments/{env}/processes", tag = "services",
-    params(("env" = String, Path, description = "Environment name or id")),
-    responses((status = 200, body = ProcessList), (status = 404, body = ErrorBody)))]
-async fn list_processes(State(app): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<ProcessList>> {
+    params(("env" = String, Path, description = "Environment name or id"), ProcessQuery),
+    responses((status = 200, body = ProcessList), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody)))]
+async fn list_processes(
+    State(app): State<AppState>,
+    Path(env): Path<String>,
+    Query(q): Query<ProcessQuery>,
+) -> Result<axum::Json<ProcessList>> {
+    let states = q.state.as_deref().map(crate::app::processes::parse_states).transpose()?;
     Ok(axum::Json(ProcessList {
-        items: app.processes(&env).await?,
+        items: app.processes(&env, states.as_deref()).await?,
     }))
 }
 

@@ -27,7 +27,7 @@ pub async fn processes(
     let signed_in = authorize(&app, &sessions, &headers, Method::GET, "/environments/{env}/processes", Some(&key)).await?;
     allow(&signed_in.principal, Method::GET, "/environments/{env}/connections", Some(&key))?;
     let env = app.get(&key).await.map_err(refused)?;
-    let list = app.processes(&key).await.map_err(refused)?;
+    let list = app.processes(&key, None).await.map_err(refused)?;
     let connections = app.connections(&key).await.map_err(refused)?;
     Ok(page(&signed_in, &env.name, &list, &connections))
 }

@@ -203,10 +203,14 @@ impl App {
         self.process_view(&env, &record, &process).await
     }
 
-    pub async fn processes(&self, key: &str) -> Result<Vec<ProcessView>, ServicesError> {
+    /// The environment's processes, by name; with `states`, only those in one of them.
+    pub async fn processes(&self, key: &str, states: Option<&[ProcessState]>) -> Result<Vec<ProcessView>, ServicesError> {
         let env = self.get(key).await?;
         let mut views = Vec::new();
-        let processes = self.current_processes(&env).await?;
+        let mut processes = self.current_processes(&env).await?;
+        if let Some(states) = states {
+            processes.retain(|(record, _)| states.contains(&state_of(record)));
+        }
         let mut shared = self.view_context(&env, None, processes.iter().map(|(_, doc)| doc.as_ref())).await?;
         for (record, doc) in processes {
             views.push(self.view_with(&record, &doc, &mut shared).await?);
@@ -782,6 +786,20 @@ fn ensure_allows(name: &str, state: ProcessState, operation: Operation) -> Resul
             operation: operation.as_str(),
         })
     }
+}
+
+/// `creating,moving` → those states; an unknown one is refused, naming it.
+pub fn parse_states(list: &str) -> Result<Vec<ProcessState>, ServicesError> {
+    list.split(',')
+        .map(|s| {
+            ProcessState::parse(s.trim()).ok_or_else(|| {
+                ServicesError::Invalid(format!(
+                    "state: `{}` is not a process state (creating, running, updating, moving, rolling_back, terminating, failed)",
+                    s.chars().filter(|c| !c.is_control()).take(40).collect::<String>()
+                ))
+            })
+        })
+        .collect()
 }
 
 pub(crate) fn state_of(record: &ProcessRecord) -> ProcessState {
