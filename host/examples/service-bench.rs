@@ -174,7 +174,9 @@ async fn latest_version(host: &Host) -> Result<i64> {
 /// profile taken with `perf record -k CLOCK_REALTIME` by phase).
 fn mark(phase: &str, what: &str) {
     if std::env::var_os("ORC_BENCH_MARKS").is_some() {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
         eprintln!("mark {phase} {what} {:.6}", now.as_secs_f64());
     }
 }

@@ -187,13 +187,23 @@ async fn a_redis_process_is_created_updated_rolled_back_and_terminated() {
     wait_state(&host, "placed", "running").await;
     assert_eq!(ping(p2).await.as_deref(), Some("+PONG"));
     // The list by state; an unknown state is refused, naming it.
-    let names = |list: &Value| list["items"].as_array().unwrap().iter().map(|p| p["name"].clone()).collect::<Vec<_>>();
+    let names = |list: &Value| {
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].clone())
+            .collect::<Vec<_>>()
+    };
     let (_, all) = host.get(&format!("{processes}?state=running,failed")).await;
     assert_eq!(names(&all), [json!("cache"), json!("placed")], "{all}");
     let (_, busy) = host.get(&format!("{processes}?state=creating,moving")).await;
     assert_eq!(names(&busy), Vec::<Value>::new(), "{busy}");
     let (status, answer) = host.get(&format!("{processes}?state=running,asleep")).await;
-    assert_eq!((status, answer["code"].as_str()), (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_process_request")));
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_process_request"))
+    );
     assert!(answer["message"].as_str().unwrap().contains("`asleep`"), "{answer}");
 
     // An update naming a stale revision is refused; with the current one it applies.
