@@ -328,21 +328,9 @@ mod tests {
     use super::*;
     use crate::executor::{ActionReport, Mode};
     use crate::scheduler::ResourceState;
-    use orc_manifest::Digest;
 
     fn state(resource: &str, status: ResourceStatus) -> Event {
-        Event::State(ResourceState {
-            resource: resource.to_string(),
-            version: 1,
-            status,
-            desired_hash: Digest::of(b"desired"),
-            deployed_hash: None,
-            attempts: 0,
-            last_error: None,
-            last_deploy_at: None,
-            last_verified_at: None,
-            next_retry_at: None,
-        })
+        ResourceState::event(resource, 1, status)
     }
 
     fn action(resource: &str, trigger: Trigger, outcome: Outcome, millis: u64) -> Event {

@@ -244,21 +244,9 @@ mod tests {
     use super::*;
     use crate::scheduler::ResourceState;
     use ResourceStatus::{Available, Deployed, Deploying, Failed};
-    use orc_manifest::Digest;
 
     fn state(resource: &str, version: u64, status: ResourceStatus) -> Event {
-        Event::State(ResourceState {
-            resource: resource.to_string(),
-            version,
-            status,
-            desired_hash: Digest::of(b"desired"),
-            deployed_hash: None,
-            attempts: 0,
-            last_error: None,
-            last_deploy_at: None,
-            last_verified_at: None,
-            next_retry_at: None,
-        })
+        ResourceState::event(resource, version, status)
     }
 
     fn record(counts: &StatusCounts, events: &[Event]) {

@@ -105,6 +105,25 @@ pub struct ResourceState {
     pub next_retry_at: Option<i64>,
 }
 
+impl ResourceState {
+    /// A state event of `resource` at `version` in `status` (tests' shorthand).
+    #[cfg(test)]
+    pub(crate) fn event(resource: &str, version: u64, status: Status) -> Event {
+        Event::State(ResourceState {
+            resource: resource.to_string(),
+            version,
+            status,
+            desired_hash: Digest::of(b"desired"),
+            deployed_hash: None,
+            attempts: 0,
+            last_error: None,
+            last_deploy_at: None,
+            last_verified_at: None,
+            next_retry_at: None,
+        })
+    }
+}
+
 /// What the scheduler hands to its sink, in order.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]

@@ -141,18 +141,7 @@ mod tests {
     use crate::scheduler::ResourceState;
 
     fn state(resource: &str, status: ResourceStatus) -> Event {
-        Event::State(ResourceState {
-            resource: resource.into(),
-            version: 1,
-            status,
-            desired_hash: Digest::of(b"d"),
-            deployed_hash: None,
-            attempts: 0,
-            last_error: None,
-            last_deploy_at: None,
-            last_verified_at: None,
-            next_retry_at: None,
-        })
+        ResourceState::event(resource, 1, status)
     }
 
     #[test]
