@@ -6,7 +6,7 @@ use sqlx::{PgConnection, Postgres, QueryBuilder, Sqlite, SqliteConnection};
 use super::error::{backend, backend_with};
 use super::{
     ActionFilter, ActionPage, ActionRecord, BeginWrite, Db, EnvironmentId, LoggedAction, Result, Store, StoreError, error_info, page_size,
-    parse_id, parse_name, sqlite_keeps_prepared, sqlite_rows_per_statement,
+    parse_id, parse_name, sqlite_rows_per_statement,
 };
 
 type Row = (
@@ -76,7 +76,7 @@ pub(super) async fn insert_sqlite(conn: &mut SqliteConnection, actions: &[Action
                 .push_bind(a.error.as_ref().map(|e| e.message.as_str()));
         });
         q.build()
-            .persistent(sqlite_keeps_prepared(chunk.len()))
+            .persistent(false)
             .execute(&mut *conn)
             .await
             .map_err(backend_with(context))?;

@@ -780,7 +780,7 @@ async fn apply_run_sqlite(conn: &mut SqliteConnection, run: &[Write], now: i64) 
             row.push_bind(*scope).push_bind(*key).push_bind(*value).push_bind(now);
         });
         q.push(on_conflict!());
-        q.build().persistent(sqlite_keeps_prepared(chunk.len())).execute(&mut *conn).await?;
+        q.build().persistent(false).execute(&mut *conn).await?;
     }
     let deletes: Vec<(&str, &str)> = run
         .iter()
@@ -799,7 +799,7 @@ async fn apply_run_sqlite(conn: &mut SqliteConnection, run: &[Write], now: i64) 
                 .push_unseparated(")");
         }
         q.push(")");
-        q.build().persistent(sqlite_keeps_prepared(chunk.len())).execute(&mut *conn).await?;
+        q.build().persistent(false).execute(&mut *conn).await?;
     }
     Ok(())
 }

@@ -380,11 +380,12 @@ impl BeginWrite for PgPool {
 /// SQLite's default limit on bound parameters per statement (`SQLITE_MAX_VARIABLE_NUMBER`).
 pub(crate) const SQLITE_MAX_PARAMS: usize = 32_766;
 
-/// Whether a multi-row SQLite statement of `rows` rows is kept prepared by its connection
-/// (sqlx's statement cache). Its text varies with the row count, so a batch of any size kept
-/// would keep every size (~250 MB at 100,000 rows); but small batches — one action's states, a
-/// process's tasks, a plugin's few keys — come again and again in a few shapes, and preparing
-/// each anew was a fifth of SQLite's work in `service-bench`.
+/// Whether a SQLite read by a list of `rows` keys is kept prepared by its connection (sqlx's
+/// statement cache). Its text varies with the key count, so a list of any size kept would keep
+/// every size; but a process's tasks' states and a plugin's few keys are read again and again in a
+/// few shapes, and preparing each anew was much of SQLite's work in `service-bench`. Multi-row
+/// writes are not kept: measured with `api-bench`, keeping their small shapes made its deploy
+/// ~10% slower.
 pub(crate) const fn sqlite_keeps_prepared(rows: usize) -> bool {
     rows <= 16
 }

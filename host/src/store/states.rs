@@ -173,8 +173,10 @@ pub(super) async fn upsert_sqlite(conn: &mut SqliteConnection, env: &Environment
                 .push_bind(now);
         });
         q.push(times.conflict_clause());
+        // Batch statements are not cached (`persistent(false)`): their text varies with the chunk
+        // size, and sqlx would keep each variant prepared per connection (~250 MB at 100,000 rows).
         q.build()
-            .persistent(sqlite_keeps_prepared(chunk.len()))
+            .persistent(false)
             .execute(&mut *conn)
             .await
             .map_err(backend_with(context))?;
@@ -343,7 +345,7 @@ impl Store {
                         .push(SET_STATUS_MATCH);
                     changed += q
                         .build()
-                        .persistent(sqlite_keeps_prepared(chunk.len()))
+                        .persistent(false)
                         .execute(&mut *tx)
                         .await
                         .map_err(backend_with(context))?
@@ -589,7 +591,7 @@ impl Store {
                     q.push(")");
                     deleted += q
                         .build()
-                        .persistent(sqlite_keeps_prepared(chunk.len()))
+                        .persistent(false)
                         .execute(&mut *tx)
                         .await
                         .map_err(backend_with(context))?
