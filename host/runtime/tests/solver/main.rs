@@ -99,12 +99,25 @@ impl Solver {
 
     /// One call; a layout is checked against the template before it is returned.
     pub async fn solve(&self, template: &Template, size: u32, nodes: &[NodeInfo], existing: &Layout) -> Answer {
+        match self.solve_within_budget(template, size, nodes, existing).await {
+            Some(answer) => answer,
+            None => panic!("the solver's search gave up"),
+        }
+    }
+
+    /// Like [`Solver::solve`], but a search that gave up at its step budget (the solver's
+    /// documented answer for an instance too large to settle: `permanent`, "gave up after N
+    /// steps") is `None`; any other failure still panics.
+    pub async fn solve_within_budget(&self, template: &Template, size: u32, nodes: &[NodeInfo], existing: &Layout) -> Option<Answer> {
         let text = serde_json::to_string(template).expect("template JSON");
-        let answer = self.solve_raw(text, size, nodes, existing).await.expect("solve call");
+        let answer = match self.solve_raw(text, size, nodes, existing).await {
+            Err(CallError::Failed { error, .. }) if error.message.contains("gave up after") => return None,
+            other => other.expect("solve call"),
+        };
         if let Answer::Layout(l) = &answer {
             check_layout(template, size, nodes, l).unwrap_or_else(|v| panic!("invalid layout {l:?}: {v}"));
         }
-        answer
+        Some(answer)
     }
 }
 

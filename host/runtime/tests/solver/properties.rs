@@ -243,17 +243,27 @@ fn tiny_instances_are_solved_whenever_a_layout_exists() {
 fn every_layout_is_valid_and_stable() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let solver = Solver::load();
-    let solved = Cell::new(0);
+    let (solved, gave_up) = (Cell::new(0), Cell::new(0));
     runner(150)
         .run(&spec(3..=10, 1..=30), |spec| {
-            if let (_, _, _, Answer::Layout(_)) = check(&rt, &solver, &spec)? {
+            // Up to 30 nodes, a search may end at the solver's step budget without an answer
+            // (its documented `permanent` error): nothing to check then, but it must stay rare.
+            let (t, size, nodes) = (spec.template(), spec.size(), spec.nodes());
+            let Some(answer) = rt.block_on(solver.solve_within_budget(&t, size, &nodes, &Layout::default())) else {
+                gave_up.set(gave_up.get() + 1);
+                return Ok(());
+            };
+            if let Answer::Layout(l) = &answer {
+                let again = rt.block_on(solver.solve(&t, size, &nodes, l));
+                prop_assert_eq!(&again, &answer, "re-solving from its own layout changed it");
                 solved.set(solved.get() + 1);
             }
             Ok(())
         })
         .unwrap();
-    let solved = solved.get();
+    let (solved, gave_up) = (solved.get(), gave_up.get());
     assert!(solved > 30, "{solved} of 150 solved");
+    assert!(gave_up <= 5, "the search gave up on {gave_up} of 150 instances");
 }
 
 #[test]
