@@ -2,6 +2,7 @@
 //! status counts and release turn), started and resumed from the store on first use; where its
 //! local node lives on the host; the scheduler's settings from the environment's.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +22,34 @@ use crate::scheduler::{Scheduler, Settings, Start, Unavailable, Version};
 use crate::store::{Environment, EnvironmentId};
 
 /// One environment's running parts.
+/// A released version whose states are recorded, with its tasks by resource set (a process's
+/// watcher looks up its own at every step, not through the whole version).
+pub(crate) struct Recorded {
+    pub(crate) version: Arc<Version>,
+    /// Set name (`process.NAME`, a cluster's name) → the indices of its tasks in the version.
+    pub(crate) sets: HashMap<String, Vec<usize>>,
+}
+
+impl Recorded {
+    fn new(version: Arc<Version>) -> Recorded {
+        let mut sets: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, r) in version.intent.resources.iter().enumerate() {
+            if r.id.resource_type == crate::clusters::planner::TASK_TYPE
+                && let Some((set, _)) = r.id.key.split_once('/')
+            {
+                sets.entry(set.to_string()).or_default().push(i);
+            }
+        }
+        Recorded { version, sets }
+    }
+
+    /// The tasks of set `set` in the version.
+    pub(crate) fn tasks_of(&self, set: &str) -> impl Iterator<Item = &crate::intent::ResourceSpec> {
+        let indices = self.sets.get(set).map(Vec::as_slice).unwrap_or_default();
+        indices.iter().map(|&i| &self.version.intent.resources[i])
+    }
+}
+
 pub(crate) struct Running {
     /// The environment's name.
     pub(super) name: String,
@@ -45,7 +74,7 @@ pub(crate) struct Running {
     pub(super) released: std::sync::Mutex<Option<Arc<Version>>>,
     /// The version last released whose states are recorded: what a process watcher may judge
     /// its tasks' progress by (before, a task's state may still be the previous version's).
-    pub(super) recorded: std::sync::Mutex<Option<Arc<Version>>>,
+    pub(super) recorded: std::sync::Mutex<Option<Arc<Recorded>>>,
     /// Counts the changes to process rows; the process releaser releases them in one version,
     /// whatever number came in while it released the last (see `app::processes::release`).
     pub(crate) process_changes: tokio::sync::watch::Sender<u64>,
@@ -99,7 +128,7 @@ impl Running {
     }
 
     /// The released version whose states are recorded.
-    pub(crate) fn recorded_version(&self) -> Option<Arc<Version>> {
+    pub(crate) fn recorded(&self) -> Option<Arc<Recorded>> {
         self.recorded.lock().expect("recorded version").clone()
     }
 
@@ -118,7 +147,12 @@ impl Running {
     fn set_recorded(&self, version: Arc<Version>) {
         let released = self.released_version();
         if released.as_ref().is_some_and(|r| Arc::ptr_eq(r, &version)) {
-            *self.recorded.lock().expect("recorded version") = Some(version);
+            let recorded = Arc::new(Recorded::new(version));
+            let mut slot = self.recorded.lock().expect("recorded version");
+            // A later release may have been recorded while this one was indexed.
+            if self.released_version().is_some_and(|r| Arc::ptr_eq(&r, &recorded.version)) {
+                *slot = Some(recorded);
+            }
         }
     }
 
@@ -259,7 +293,7 @@ impl App {
         let counts = Arc::new(StatusCounts::seed(
             resumed.states.iter().map(|s| (s.resource_id.as_str(), s.status, s.version)),
         ));
-        let process_news = Arc::new(crate::app::processes::ProcessNews::default());
+        let process_news = Arc::new(crate::app::processes::ProcessNews::seeded(&resumed.states));
         let sink = Arc::new(
             EnvironmentSink::new(
                 StoreSink::new(self.store.clone(), env.id)

@@ -39,8 +39,9 @@ pub trait Follower: Send + Sync + 'static {
     fn pick(&self, events: &[Event]) -> Option<Delivery>;
 }
 
-/// What a [`Follower`] does once the batch it picked from is persisted.
-pub type Delivery = Box<dyn FnOnce() + Send>;
+/// What a [`Follower`] does once the batch it picked from is written: called with whether the
+/// store took it (`false`: given up, what the store holds is not known).
+pub type Delivery = Box<dyn FnOnce(bool) + Send>;
 
 /// The event stream of one environment.
 #[derive(Clone)]
@@ -224,13 +225,14 @@ impl Sink for EnvironmentSink {
             let batch = self.stream.prepare(&events);
             let deliveries: Vec<Delivery> = self.followers.iter().filter_map(|f| f.pick(&events)).collect();
             let staged = self.counts.stage(&events);
-            if self.store.persist(events).await {
+            let persisted = self.store.persist(events).await;
+            if persisted {
                 self.counts.persisted(staged);
             } else {
                 self.counts.lost();
             }
             for delivery in deliveries {
-                delivery();
+                delivery(persisted);
             }
             if let Some(batch) = batch {
                 let _ = self.stream.sender.send(batch);

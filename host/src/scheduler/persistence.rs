@@ -92,25 +92,7 @@ impl StoreSink {
         for event in events {
             match event {
                 Event::State(s) => {
-                    let (resource_type, node) = split_id(&s.resource);
-                    let previous = states.get(&s.resource);
-                    let state = ResourceState {
-                        resource_type,
-                        node,
-                        desired_hash: s.desired_hash.to_string(),
-                        deployed_hash: s.deployed_hash.map(|d| d.to_string()),
-                        status: s.status,
-                        version: s.version as i64,
-                        last_deploy_at: s.last_deploy_at.or(previous.and_then(|p| p.last_deploy_at)),
-                        last_verified_at: s.last_verified_at.or(previous.and_then(|p| p.last_verified_at)),
-                        attempts: i64::from(s.attempts),
-                        last_error: s.last_error.map(|e| ErrorInfo {
-                            code: e.code,
-                            message: e.message,
-                        }),
-                        next_retry_at: s.next_retry_at,
-                        resource_id: s.resource.clone(),
-                    };
+                    let state = stored_state(&s, states.get(&s.resource));
                     states.insert(s.resource, state);
                 }
                 Event::Action { version, trigger, report } => actions.push(ActionRecord {
@@ -208,6 +190,29 @@ impl Sink for StoreSink {
         Box::pin(async move {
             self.persist(events).await;
         })
+    }
+}
+
+/// A scheduler's state as the store keeps it; `previous` is what the store holds for the
+/// resource, whose times a state that leaves them unchanged (`None`) keeps.
+pub(crate) fn stored_state(s: &crate::scheduler::ResourceState, previous: Option<&ResourceState>) -> ResourceState {
+    let (resource_type, node) = split_id(&s.resource);
+    ResourceState {
+        resource_id: s.resource.clone(),
+        resource_type,
+        node,
+        desired_hash: s.desired_hash.to_string(),
+        deployed_hash: s.deployed_hash.map(|d| d.to_string()),
+        status: s.status,
+        version: s.version as i64,
+        last_deploy_at: s.last_deploy_at.or(previous.and_then(|p| p.last_deploy_at)),
+        last_verified_at: s.last_verified_at.or(previous.and_then(|p| p.last_verified_at)),
+        attempts: i64::from(s.attempts),
+        last_error: s.last_error.as_ref().map(|e| ErrorInfo {
+            code: e.code.clone(),
+            message: e.message.clone(),
+        }),
+        next_retry_at: s.next_retry_at,
     }
 }
 

@@ -953,13 +953,20 @@ impl App {
         Ok(tasks)
     }
 
-    /// The states of `tasks` that have one, by resource id.
+    /// The states of `tasks` that have one, by resource id: a process's tasks' as the
+    /// environment keeps them in memory while it knows them (`app::processes::news`), others'
+    /// from the store.
     pub(crate) async fn task_states(
         &self,
         env: &Environment,
-        tasks: &[ResourceSpec],
+        tasks: &[&ResourceSpec],
     ) -> Result<HashMap<String, ResourceState>, ClusterError> {
         let ids: Vec<String> = tasks.iter().map(|t| t.id.to_string()).collect();
+        if tasks.iter().all(|t| crate::app::processes::is_process_task(t))
+            && let Some(states) = self.running(env).await?.process_news.states_of(ids.iter().map(String::as_str))
+        {
+            return Ok(states);
+        }
         let states = self.store.states_of(&env.id, &ids).await?;
         Ok(states.into_iter().map(|s| (s.resource_id.clone(), s)).collect())
     }
@@ -977,7 +984,7 @@ impl App {
         planned: &[ResourceSpec],
         max_attempts: u32,
     ) -> Result<Progress, ClusterError> {
-        let states = self.task_states(env, planned).await?;
+        let states = self.task_states(env, &planned.iter().collect::<Vec<_>>()).await?;
         progress_of(planned, max_attempts, &states)
     }
 

@@ -331,7 +331,7 @@ impl App {
         let env = self.get(key).await?;
         let mut items = Vec::new();
         let processes = self.current_processes(&env).await?;
-        let tasks: Vec<_> = processes.iter().flat_map(|(_, doc)| doc.tasks.iter().cloned()).collect();
+        let tasks: Vec<_> = processes.iter().flat_map(|(_, doc)| doc.tasks.iter()).collect();
         let states = self.task_states(&env, &tasks).await?;
         for (record, doc) in processes {
             let progress = crate::app::clusters::progress_of(&doc.tasks, doc.max_attempts, &states)?;

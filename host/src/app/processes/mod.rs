@@ -17,6 +17,7 @@ mod watch;
 pub(crate) use connections::CONNECTION_REVISION;
 pub use connections::{ConnectRequest, ConnectionView, Endpoint, PendingChange, PendingList};
 pub(crate) use news::ProcessNews;
+pub(crate) use release::is_process_task;
 use table::Decoded;
 pub(crate) use table::ProcessTable;
 
@@ -581,7 +582,7 @@ impl App {
         only: Option<&str>,
         docs: impl IntoIterator<Item = &ProcessDoc>,
     ) -> Result<ViewContext, ServicesError> {
-        let tasks: Vec<ResourceSpec> = docs.into_iter().flat_map(|d| d.tasks.iter().cloned()).collect();
+        let tasks: Vec<&ResourceSpec> = docs.into_iter().flat_map(|d| d.tasks.iter()).collect();
         let states = self.task_states(env, &tasks).await?;
         let running = self.running(env).await?;
         let release_error = running.process_release_error.lock().expect("release error").clone();

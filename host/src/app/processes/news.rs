@@ -1,5 +1,7 @@
 //! News of process tasks for their watchers: the environment's scheduler sink hands each
-//! persisted batch's task states to the watcher of the process they belong to, and to no other.
+//! persisted batch's task states to the watcher of the process they belong to, and to no other;
+//! and the process tasks' states as persisted, kept in memory for the watchers' steps and the
+//! process views (see [`ProcessNews::states_of`]).
 //!
 //! With hundreds of operations under way, each watcher reading the environment's whole event
 //! stream (every batch woke every watcher, which searched every event's JSON for its own tasks)
@@ -7,6 +9,19 @@
 //! batch before the store takes it ([`Follower::pick`], no serialising), and after the write
 //! sends each to the watchers subscribed to its process at that moment. A watcher subscribes
 //! before it looks at the store, so a state persisted after its look reaches it.
+//!
+//! Each watcher's step and each view of a process read its tasks' states: with hundreds of
+//! operations under way, a statement each was a fifth of the host's work on SQLite. The states
+//! of process tasks are kept here as the store holds them, the way [`StatusCounts`] keeps the
+//! counts: seeded from the states read when the environment starts, moved by each batch once it
+//! is persisted (a state replaces its resource's row, keeping the stored times where it leaves
+//! them unchanged; a release removes the rows of every other version), before the batch's news
+//! is sent, so what a watcher reads is never behind the news it waits for. A batch the store
+//! could not take leaves them unknown: readers go to the store from then on. The scheduler's
+//! sink is the only writer of an environment's states after it starts, so nothing else moves
+//! the rows under them.
+//!
+//! [`StatusCounts`]: crate::scheduler::events::StatusCounts
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,8 +32,10 @@ use tokio::sync::mpsc;
 
 use crate::intent::ResourceId;
 use crate::scheduler::events::{Delivery, Follower};
+use crate::scheduler::persistence::stored_state;
 use crate::scheduler::{Event, ResourceStatus};
 use crate::services::SET_PREFIX;
+use crate::store::ResourceState;
 
 /// A state of one of a process's tasks, as persisted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,11 +48,16 @@ pub(crate) struct TaskNews {
 
 type Subscribers = HashMap<String, Vec<(u64, mpsc::UnboundedSender<TaskNews>)>>;
 
-/// One environment's watchers by process name (in `Running`, and its sink's follower).
+/// The process tasks' states as persisted, by resource id; `None`: not known (a batch was lost).
+type States = Option<HashMap<String, ResourceState>>;
+
+/// One environment's watchers by process name, and its process tasks' states (in `Running`, and
+/// its sink's follower).
 #[derive(Default)]
 pub(crate) struct ProcessNews {
     subscribers: Arc<Mutex<Subscribers>>,
     next: AtomicU64,
+    states: Arc<Mutex<States>>,
 }
 
 /// A watcher's subscription to its process's news; unsubscribed when dropped.
@@ -47,6 +69,33 @@ pub(crate) struct Subscription {
 }
 
 impl ProcessNews {
+    /// News for an environment whose stored states are `stored` (read when it starts, before its
+    /// scheduler writes any).
+    pub(crate) fn seeded<'a>(stored: impl IntoIterator<Item = &'a ResourceState>) -> ProcessNews {
+        let states = stored
+            .into_iter()
+            .filter(|s| process_of(&s.resource_id).is_some())
+            .map(|s| (s.resource_id.clone(), s.clone()))
+            .collect();
+        ProcessNews {
+            states: Arc::new(Mutex::new(Some(states))),
+            ..ProcessNews::default()
+        }
+    }
+
+    /// The persisted states of `resources` (process tasks) that have one, by resource id, as
+    /// [`crate::store::Store::states_of`] would answer; `None` if they are not known here.
+    pub(crate) fn states_of<'a>(&self, resources: impl IntoIterator<Item = &'a str>) -> Option<HashMap<String, ResourceState>> {
+        let states = self.states.lock().expect("process task states");
+        let states = states.as_ref()?;
+        Some(
+            resources
+                .into_iter()
+                .filter_map(|id| states.get(id).map(|s| (id.to_string(), s.clone())))
+                .collect(),
+        )
+    }
+
     pub(crate) fn subscribe(self: &Arc<Self>, process: &str) -> Subscription {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (sender, receiver) = mpsc::unbounded_channel();
@@ -93,6 +142,10 @@ fn lock(subscribers: &Mutex<Subscribers>) -> std::sync::MutexGuard<'_, Subscribe
 
 /// The process a task's resource id belongs to: `task[node,process.NAME/service/step]`.
 fn process_of(resource: &str) -> Option<String> {
+    // Most resources of a large environment are not tasks: no parse for them.
+    if !resource.starts_with(crate::clusters::planner::TASK_TYPE) {
+        return None;
+    }
     let id: ResourceId = resource.parse().ok()?;
     if id.resource_type != crate::clusters::planner::TASK_TYPE {
         return None;
@@ -103,32 +156,52 @@ fn process_of(resource: &str) -> Option<String> {
 
 impl Follower for ProcessNews {
     fn pick(&self, events: &[Event]) -> Option<Delivery> {
-        if self.subscribers().is_empty() {
+        let mut picked = Vec::new();
+        let mut released = None;
+        for event in events {
+            match event {
+                Event::State(s) => {
+                    if let Some(process) = process_of(&s.resource) {
+                        picked.push((process, s.clone()));
+                    }
+                }
+                Event::Released { version, .. } => released = Some(*version as i64),
+                Event::Action { .. } => {}
+            }
+        }
+        if picked.is_empty() && released.is_none() {
             return None;
         }
-        let picked: Vec<(String, TaskNews)> = events
-            .iter()
-            .filter_map(|event| match event {
-                Event::State(s) => Some((
-                    process_of(&s.resource)?,
-                    TaskNews {
+        let (subscribers, states) = (self.subscribers.clone(), self.states.clone());
+        Some(Box::new(move |persisted| {
+            {
+                // The states first: a watcher woken by the news reads them.
+                let mut states = states.lock().expect("process task states");
+                match (persisted, states.as_mut()) {
+                    (true, Some(known)) => {
+                        for (_, s) in &picked {
+                            let state = stored_state(s, known.get(&s.resource));
+                            known.insert(s.resource.clone(), state);
+                        }
+                        if let Some(version) = released {
+                            known.retain(|_, s| s.version == version);
+                        }
+                    }
+                    (true, None) => {}
+                    (false, _) => *states = None,
+                }
+            }
+            let subscribers = lock(&subscribers);
+            if subscribers.is_empty() {
+                return;
+            }
+            for (process, s) in picked {
+                for (_, sender) in subscribers.get(&process).into_iter().flatten() {
+                    let _ = sender.send(TaskNews {
                         resource: s.resource.clone(),
                         status: s.status,
                         deployed_hash: s.deployed_hash,
-                    },
-                )),
-                _ => None,
-            })
-            .collect();
-        if picked.is_empty() {
-            return None;
-        }
-        let subscribers = self.subscribers.clone();
-        Some(Box::new(move || {
-            let subscribers = lock(&subscribers);
-            for (process, item) in picked {
-                for (_, sender) in subscribers.get(&process).into_iter().flatten() {
-                    let _ = sender.send(item.clone());
+                    });
                 }
             }
         }))
@@ -146,13 +219,13 @@ mod tests {
 
     #[test]
     fn a_task_state_reaches_the_watchers_of_its_process_only_after_the_write() {
-        let news = Arc::new(ProcessNews::default());
+        let news = Arc::new(ProcessNews::seeded([]));
         let follower: &dyn Follower = &*news;
         assert!(
             follower
-                .pick(&[state("task[n1,process.a/s/start]", ResourceStatus::Deployed)])
+                .pick(&[state("file[n1,/etc/process.a/x]", ResourceStatus::Deployed)])
                 .is_none(),
-            "nobody watches"
+            "nothing of a process"
         );
         let mut a = news.subscribe("a");
         let mut b = news.subscribe("b");
@@ -164,9 +237,10 @@ mod tests {
         ];
         let delivery = follower.pick(&batch).expect("news for a and b");
         assert!(a.receiver.try_recv().is_err(), "nothing before the delivery (the write)");
+        assert_eq!(news.states_of(["task[n1,process.a/s/start]"]).map(|s| s.len()), Some(0));
         // A watcher that subscribes between the pick and the delivery gets it too.
         let mut late = news.subscribe("a");
-        delivery();
+        delivery(true);
         assert_eq!(
             a.receiver.try_recv().map(|n| n.resource).as_deref(),
             Ok("task[n1,process.a/s/start]")
@@ -177,17 +251,111 @@ mod tests {
         );
         assert_eq!(late.receiver.try_recv().map(|n| n.status), Ok(ResourceStatus::Deployed));
         assert_eq!(b.receiver.try_recv().map(|n| n.status), Ok(ResourceStatus::Failed));
+        let known = news
+            .states_of(["task[n1,process.a/s/start]", "task[n1,cluster.a/s/start]"])
+            .expect("known");
+        assert_eq!(
+            known.keys().collect::<Vec<_>>(),
+            ["task[n1,process.a/s/start]"],
+            "only processes' tasks are kept"
+        );
         drop(a);
         drop(late);
         assert!(!news.subscribers().contains_key("a"), "unsubscribed when dropped");
-        assert!(
-            follower
-                .pick(&[state("task[n1,process.a/s/start]", ResourceStatus::Deployed)])
-                .is_some_and(|d| {
-                    d();
-                    true
-                })
-        );
+        let delivery = follower.pick(&[state("task[n1,process.a/s/start]", ResourceStatus::Deployed)]);
+        delivery.expect("a state of a process task")(true);
         assert!(b.receiver.try_recv().is_err());
+        // A batch the store did not take: the states are not known any more.
+        follower
+            .pick(&[state("task[n1,process.a/s/start]", ResourceStatus::Failed)])
+            .expect("picked")(false);
+        assert!(news.states_of(["task[n1,process.a/s/start]"]).is_none());
+    }
+
+    /// A small deterministic generator (xorshift), so that a failing case can be re-run.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// Model-based: random batches of states (process tasks and others, times left unchanged or
+    /// not, errors) and releases, written through the real store sink into SQLite; after each
+    /// batch, what the news keeps for the process tasks is exactly what the store answers.
+    #[tokio::test]
+    async fn the_kept_states_are_the_stored_ones_after_every_batch() {
+        use crate::executor::ActionError;
+        use crate::scheduler::ResourceState as SchedulerState;
+        use crate::scheduler::persistence::StoreSink;
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::Store::open_sqlite(dir.path().join("orc.db")).await.unwrap();
+        let env = store
+            .create_environment("mirrored", &crate::policy::settings::EnvironmentSettings::default())
+            .await
+            .unwrap();
+        let sink = StoreSink::new(store.clone(), env.id);
+        let ids = [
+            "task[n1,process.a/s/start]",
+            "task[n1,process.a/s/install]",
+            "task[n2,process.b/s/configure]",
+            "task[n2,process.b-c/t/start]",
+            "task[n1,cluster.a/s/start]",
+            "file[n1,/tmp/process.a/x]",
+        ];
+        for seed in 1..=12u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let news = ProcessNews::seeded(&store.load_states(&env.id).await.unwrap());
+            let mut version = 1 + seed * 100;
+            for _ in 0..30 {
+                let mut batch = Vec::new();
+                for _ in 0..1 + rng.below(6) {
+                    if rng.below(8) == 0 {
+                        version += 1;
+                        batch.push(Event::Released {
+                            version,
+                            dropped: Vec::new(),
+                        });
+                        continue;
+                    }
+                    let time = |rng: &mut Rng| (rng.below(2) == 0).then(|| rng.below(1_000_000) as i64);
+                    batch.push(Event::State(SchedulerState {
+                        resource: ids[rng.below(ids.len() as u64) as usize].to_string(),
+                        version: version - rng.below(2),
+                        status: ResourceStatus::ALL[rng.below(ResourceStatus::ALL.len() as u64) as usize],
+                        desired_hash: Digest::of(&[rng.below(3) as u8]),
+                        deployed_hash: (rng.below(2) == 0).then(|| Digest::of(&[rng.below(3) as u8])),
+                        attempts: rng.below(4) as u32,
+                        last_error: (rng.below(3) == 0).then(|| ActionError {
+                            code: "retryable".into(),
+                            message: format!("try {}", rng.below(9)),
+                        }),
+                        last_deploy_at: time(&mut rng),
+                        last_verified_at: time(&mut rng),
+                        next_retry_at: time(&mut rng),
+                    }));
+                }
+                let delivery = (&news as &dyn Follower).pick(&batch);
+                let persisted = sink.persist(batch).await;
+                assert!(persisted);
+                if let Some(delivery) = delivery {
+                    delivery(persisted);
+                }
+                let process_ids: Vec<String> = ids.iter().filter(|id| process_of(id).is_some()).map(|id| id.to_string()).collect();
+                let stored: HashMap<String, crate::store::ResourceState> = store
+                    .states_of(&env.id, &process_ids)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|s| (s.resource_id.clone(), s))
+                    .collect();
+                let kept = news.states_of(ids).expect("known");
+                assert_eq!(kept, stored, "seed {seed}");
+            }
+        }
     }
 }

@@ -156,15 +156,10 @@ impl App {
     /// Whether the version last released with its states recorded holds exactly `tasks` as set
     /// `set`'s: until then, the tasks' states are not theirs to judge.
     pub(crate) fn tasks_recorded(running: &Running, set: &str, tasks: &[ResourceSpec]) -> bool {
-        let Some(version) = running.recorded_version() else {
+        let Some(recorded) = running.recorded() else {
             return tasks.is_empty();
         };
-        let mut recorded: Vec<&ResourceSpec> = version
-            .intent
-            .resources
-            .iter()
-            .filter(|r| planner::is_task_of(&r.id, set))
-            .collect();
+        let mut recorded: Vec<&ResourceSpec> = recorded.tasks_of(set).collect();
         let mut wanted: Vec<&ResourceSpec> = tasks.iter().collect();
         recorded.sort_by(|a, b| a.id.cmp(&b.id));
         wanted.sort_by(|a, b| a.id.cmp(&b.id));
