@@ -5,7 +5,8 @@
 //! A cluster task (resource type `task`, handled by an automator plugin) runs the same way
 //! with the automator's `check` in place of read + diff and `perform` in place of apply; a
 //! purged `start` task performs `stop`, a purged `install` task performs `remove`, and the other
-//! purged steps have nothing to undo.
+//! purged steps have nothing to undo (the planner leaves them out; one in a version stored before
+//! that succeeds without calling the automator).
 
 use std::future::Future;
 use std::time::{Duration, Instant};

@@ -10,16 +10,18 @@
 //!
 //! Removal is the same tasks marked `purged`: the scheduler removes purged resources dependents
 //! first (the edges between two purged resources are reversed), and the executor turns a purged
-//! `start` into the automator's `stop` and a purged `install` into `remove` (purged bootstrap,
-//! configure and initialize have nothing to undo). So a node leaving the cluster stops its
-//! services in reverse run-time order, then removes them in reverse install order. A service the
-//! operator stopped keeps its other tasks and has its `start` tasks purged.
+//! `start` into the automator's `stop` and a purged `install` into `remove`. Removed bootstrap,
+//! configure and initialize steps have nothing to undo and are left out of the plan (each would
+//! cost an action that does nothing); the removals keep the order the steps in between gave
+//! them. So a node leaving the cluster stops its services in reverse run-time order, then removes
+//! them in reverse install order. A service the operator stopped keeps its other tasks and has
+//! its `start` tasks purged.
 //!
 //! Task ids are `task[<node>,<cluster>/<service>/<step>]`; the attributes carry the cluster, the
 //! service, the step, the service's configuration and, for `configure` and `start`, the layout
 //! (so a changed layout reconfigures and restarts the services that may depend on their peers).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use orc_cluster::{Layout, Template};
 use orc_manifest::Digest;
@@ -113,8 +115,38 @@ pub enum PlanError {
     Unpinned { service: String, reference: String },
 }
 
+/// Whether removing task `t` does something: a removed `install` (`remove`) or `start` (`stop`);
+/// removed `bootstrap`, `configure` and `initialize` steps have nothing to undo.
+fn undoes(t: &ResourceSpec) -> bool {
+    parse_task_key(&t.id.key).is_none_or(|(_, _, step)| matches!(step, Step::Install | Step::Start))
+}
+
+/// What removal `t` requires: its requirements still planned or removed, and, through a removed
+/// step that is not planned (nothing to undo), the removals that one required, so that the order
+/// the removals run in (each requirement between two purged tasks reversed by the scheduler) is
+/// the order the full chain gave: `stop` before `remove`, dependents' before their
+/// requirements'. Only removals are reached through a step left out: between a purged task and
+/// a planned one, the left-out step ordered nothing.
+fn removal_requires(t: &ResourceSpec, planned: &HashSet<ResourceId>, removed: &HashMap<&ResourceId, &ResourceSpec>) -> Vec<ResourceId> {
+    let mut requires = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack: Vec<(&ResourceId, bool)> = t.requires.iter().rev().map(|r| (r, true)).collect();
+    while let Some((r, direct)) = stack.pop() {
+        if !seen.insert(r) {
+            continue;
+        }
+        match removed.get(r) {
+            Some(d) if undoes(d) => requires.push(r.clone()),
+            Some(d) => stack.extend(d.requires.iter().rev().map(|r| (r, false))),
+            None if direct && planned.contains(r) => requires.push(r.clone()),
+            None => {}
+        }
+    }
+    requires
+}
+
 /// The cluster's tasks for `input`: the layout's tasks with their dependencies, then the removed
-/// ones (purged). Deterministic: same input, same plan, same order.
+/// ones that have something to undo (purged). Deterministic: same input, same plan, same order.
 pub fn plan(input: &PlanInput<'_>) -> Result<Vec<ResourceSpec>, PlanError> {
     let layout_json = serde_json::to_value(input.layout).expect("a layout serialises");
     let mut automators = BTreeMap::new();
@@ -174,12 +206,16 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Vec<ResourceSpec>, PlanError> {
     }
     if input.keep_removals {
         let planned: HashSet<ResourceId> = tasks.iter().map(|t| t.id.clone()).collect();
-        let removed: Vec<&ResourceSpec> = input.previous.iter().filter(|t| !planned.contains(&t.id)).collect();
-        let all: HashSet<&ResourceId> = planned.iter().chain(removed.iter().map(|t| &t.id)).collect();
-        for t in removed {
+        let removed: HashMap<&ResourceId, &ResourceSpec> = input
+            .previous
+            .iter()
+            .filter(|t| !planned.contains(&t.id))
+            .map(|t| (&t.id, t))
+            .collect();
+        for t in input.previous.iter().filter(|t| removed.contains_key(&t.id) && undoes(t)) {
             let mut t = t.clone();
             t.purged = true;
-            t.requires.retain(|r| all.contains(r));
+            t.requires = removal_requires(&t, &planned, &removed);
             tasks.push(t);
         }
     }
@@ -297,8 +333,16 @@ mod tests {
         let after = layout(&[("n1", &["base", "db"]), ("n2", &["base", "web"])]);
         let second = plan_of(&after, &first, &[], true);
         let purged: Vec<String> = second.iter().filter(|t| t.purged).map(|t| t.id.to_string()).collect();
-        assert_eq!(purged.len(), 10, "{purged:?}");
-        assert!(purged.iter().all(|p| p.starts_with("task[n3,")));
+        // Only what undoes something: `stop` (a purged start) and `remove` (a purged install).
+        assert_eq!(
+            purged,
+            [
+                "task[n3,c1/base/install]",
+                "task[n3,c1/base/start]",
+                "task[n3,c1/web/install]",
+                "task[n3,c1/web/start]"
+            ]
+        );
         // Kept tasks unchanged, except those that see the layout.
         for t in &second {
             if let Some(old) = first.iter().find(|o| o.id == t.id)
@@ -308,12 +352,24 @@ mod tests {
                 assert_eq!(old.attributes == t.attributes, !step.sees_layout(), "{}", t.id);
             }
         }
-        // Purged tasks keep their requirements among themselves (the scheduler reverses them).
-        assert_eq!(requires(&second, "task[n3,c1/web/start]"), ["task[n3,c1/web/initialize]"]);
+        // Purged tasks keep the order the steps left out gave them (the scheduler reverses
+        // requirements between purged tasks): stop before remove; a planned requirement of the
+        // removal itself is kept, one of a left-out step (web's initialize → db's start) is not.
+        assert_eq!(requires(&second, "task[n3,c1/web/start]"), ["task[n3,c1/web/install]"]);
         assert_eq!(
-            requires(&second, "task[n3,c1/web/initialize]"),
-            ["task[n1,c1/db/start]", "task[n3,c1/web/configure]",]
+            requires(&second, "task[n3,c1/web/install]"),
+            ["task[n1,c1/base/install]", "task[n2,c1/base/install]", "task[n3,c1/base/install]"]
         );
+        assert_eq!(requires(&second, "task[n3,c1/base/start]"), ["task[n3,c1/base/install]"]);
+        crate::intent::Intent::validate(crate::intent::IntentDocument { resources: second.clone() }).unwrap();
+        // Removed together, a run-time dependency orders the stops: web's before db's.
+        let only_base = layout(&[("n3", &["base"])]);
+        let gone = plan_of(&only_base, &first, &[], true);
+        assert_eq!(
+            requires(&gone, "task[n2,c1/web/start]"),
+            ["task[n1,c1/db/start]", "task[n2,c1/web/install]"]
+        );
+        assert_eq!(requires(&gone, "task[n1,c1/db/start]"), ["task[n1,c1/db/install]"]);
         let third = plan_of(&after, &second, &[], false);
         assert_eq!(third.len(), 20);
         assert!(third.iter().all(|t| !t.purged));

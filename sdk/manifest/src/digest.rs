@@ -24,7 +24,16 @@ impl Digest {
 
     /// The 64 hex digits, without the `sha256:` prefix (used as a file name).
     pub fn hex(&self) -> String {
-        hex::encode(self.0)
+        self.text().as_str()[PREFIX.len()..].to_string()
+    }
+
+    /// `sha256:<64 hex digits>` as bytes, without allocating: a digest is written as text for
+    /// every state a scheduler stores, and `hex::encode` goes a char at a time.
+    fn text(&self) -> TextBuf {
+        let mut out = [0u8; PREFIX.len() + 64];
+        out[..PREFIX.len()].copy_from_slice(PREFIX.as_bytes());
+        hex::encode_to_slice(self.0, &mut out[PREFIX.len()..]).expect("64 hex digits fit");
+        TextBuf(out)
     }
 
     pub fn from_hex(hex_digits: &str) -> Result<Digest, DigestError> {
@@ -49,9 +58,20 @@ impl Digest {
     }
 }
 
+const PREFIX: &str = "sha256:";
+
+/// A digest's text, on the stack.
+struct TextBuf([u8; PREFIX.len() + 64]);
+
+impl TextBuf {
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.0).expect("ASCII")
+    }
+}
+
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sha256:{}", self.hex())
+        f.write_str(self.text().as_str())
     }
 }
 
