@@ -85,8 +85,9 @@ const STATUSES: usize = ResourceStatus::ALL.len();
 /// How many of an environment's resources are in each status *as persisted*, so that
 /// `GET /environments/{env}` answers without counting the environment's rows in the store. They
 /// move only once a batch is written (never ahead of the store), and mirror what the batch did to
-/// the rows: a state upserts its resource's row (status, version); a release removes the rows of
-/// every other version (`Store::delete_states_outside`). Seeded from the states read when the
+/// the rows: a state upserts its resource's row (status, version); a release removes the rows it
+/// dropped and makes the others its own (`Store::renew_states`), a complete one the rows of every
+/// other version (`Store::delete_states_outside`). Seeded from the states read when the
 /// environment resumes; the scheduler's sink is the only writer of an environment's states
 /// after that. A batch the store could not take leaves the counts unknown: readers count in
 /// the store from then on.
@@ -105,7 +106,15 @@ struct Counted {
 /// What one batch does to the rows, taken before the store consumes it.
 pub struct Staged {
     states: Vec<(u64, ResourceStatus, u64)>,
-    released: Option<u64>,
+    released: Option<Renewal>,
+}
+
+/// What a release does to the rows (see [`Event::Released`]).
+struct Renewal {
+    version: u64,
+    complete: bool,
+    /// The dropped resources, by the hash of their id.
+    dropped: Vec<u64>,
 }
 
 impl StatusCounts {
@@ -147,7 +156,17 @@ impl StatusCounts {
         for event in events {
             match event {
                 Event::State(s) => staged.states.push((self.hasher.hash_one(s.resource.as_str()), s.status, s.version)),
-                Event::Released { version, .. } => staged.released = Some(*version),
+                Event::Released {
+                    version,
+                    dropped,
+                    complete,
+                } => {
+                    staged.released = Some(Renewal {
+                        version: *version,
+                        complete: *complete,
+                        dropped: dropped.iter().map(|id| self.hasher.hash_one(id.as_str())).collect(),
+                    })
+                }
                 Event::Action { .. } => {}
             }
         }
@@ -161,15 +180,26 @@ impl StatusCounts {
         for (key, status, version) in staged.states {
             counted.upsert(key, status, version);
         }
-        if let Some(version) = staged.released {
+        if let Some(renewal) = staged.released {
             let counts = &mut counted.counts;
-            counted.rows.retain(|_, (status, v)| {
-                let keep = *v == version;
-                if !keep {
-                    counts[*status as usize] -= 1;
+            if renewal.complete {
+                counted.rows.retain(|_, (status, v)| {
+                    let keep = *v == renewal.version;
+                    if !keep {
+                        counts[*status as usize] -= 1;
+                    }
+                    keep
+                });
+            } else {
+                for key in renewal.dropped {
+                    if let Some((status, _)) = counted.rows.remove(&key) {
+                        counts[status as usize] -= 1;
+                    }
                 }
-                keep
-            });
+                for (_, v) in counted.rows.values_mut() {
+                    *v = renewal.version;
+                }
+            }
         }
     }
 
@@ -239,6 +269,10 @@ impl Sink for EnvironmentSink {
             }
         })
     }
+
+    fn in_doubt(&self) -> bool {
+        self.store.in_doubt()
+    }
 }
 
 #[cfg(test)]
@@ -269,12 +303,47 @@ mod tests {
             Event::Released {
                 version: 3,
                 dropped: Vec::new(),
+                complete: true,
             },
         ];
         let staged = counts.stage(&batch);
         assert_eq!(counts.get(), Some(vec![(Deployed, 2)]));
         // Persisted: every row outside version 3 is gone (`old`, which no `dropped` named).
         counts.persisted(staged);
+        assert_eq!(counts.get(), Some(vec![(Available, 1), (Deployed, 1)]));
+
+        // A release that hands over only what changed: `a` is renewed, `c` is new, nothing
+        // dropped; then one that drops `c`, and keeps `a` (now version 4) and `b`.
+        record(
+            &counts,
+            &[
+                state("c", 4, Available),
+                Event::Released {
+                    version: 4,
+                    dropped: Vec::new(),
+                    complete: false,
+                },
+            ],
+        );
+        assert_eq!(counts.get(), Some(vec![(Available, 2), (Deployed, 1)]));
+        record(
+            &counts,
+            &[Event::Released {
+                version: 5,
+                dropped: vec!["c".into()],
+                complete: false,
+            }],
+        );
+        assert_eq!(counts.get(), Some(vec![(Available, 1), (Deployed, 1)]));
+        // A complete release after them removes nothing renewed.
+        record(
+            &counts,
+            &[Event::Released {
+                version: 5,
+                dropped: Vec::new(),
+                complete: true,
+            }],
+        );
         assert_eq!(counts.get(), Some(vec![(Available, 1), (Deployed, 1)]));
 
         // One resource twice in a batch: the last state counts.

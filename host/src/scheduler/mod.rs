@@ -134,13 +134,20 @@ pub enum Event {
         trigger: Trigger,
         report: ActionReport,
     },
-    /// `version` was released and every one of its resources' states was handed over before
-    /// this event. `dropped`: the resources of the previous version that it no longer has — they
-    /// are no longer managed (nor removed from the device: purging does that), and their states
-    /// go away.
+    /// `version` was released, its resources' states handed over before this event. `dropped`:
+    /// the resources of the previous version that it no longer has — they are no longer managed
+    /// (nor removed from the device: purging does that), and their states go away.
     Released {
         version: u64,
         dropped: Vec<String>,
+        /// Whether every resource of the version had its state handed over (the first release
+        /// of a scheduler, or one after a batch the sink could not take): every stored state of
+        /// another version goes. Otherwise only the states that changed were: a resource deployed
+        /// as it was, still wanted as it was, keeps its stored state, which now belongs to
+        /// `version` (a release costs what it changed, not the size of the version). Not
+        /// published: for watchers, a release is the states that changed.
+        #[serde(skip)]
+        complete: bool,
     },
 }
 
@@ -148,6 +155,12 @@ pub enum Event {
 /// order, with everything that accumulated since the last call.
 pub trait Sink: Send + Sync + 'static {
     fn record(&self, events: Vec<Event>) -> BoxFuture<'_, ()>;
+
+    /// Whether what the sink holds may differ from what it was handed (a batch it could not
+    /// take): the scheduler then hands over every state at its next release.
+    fn in_doubt(&self) -> bool {
+        false
+    }
 }
 
 /// A snapshot of counts, for progress and for waiting until a deploy settles.

@@ -35,6 +35,8 @@ pub struct StoreSink {
     environment: EnvironmentId,
     plugin_state: Option<Arc<DbKv>>,
     nodes: Option<Arc<dyn NodeDirectory>>,
+    /// Set once a batch was given up: the store may not hold what the scheduler handed over.
+    gave_up: std::sync::atomic::AtomicBool,
 }
 
 impl StoreSink {
@@ -44,6 +46,7 @@ impl StoreSink {
             environment,
             plugin_state: None,
             nodes: None,
+            gave_up: Default::default(),
         }
     }
 
@@ -117,7 +120,11 @@ impl StoreSink {
                         message: e.message,
                     }),
                 }),
-                Event::Released { version, .. } => released = Some(version as i64),
+                Event::Released {
+                    version,
+                    dropped,
+                    complete,
+                } => released = Some((version as i64, dropped, complete)),
             }
         }
         let states: Vec<ResourceState> = states.into_values().collect();
@@ -135,13 +142,20 @@ impl StoreSink {
             let written = match self.fences().await {
                 Err(e) => Err(BatchError::Nodes(e)),
                 Ok(()) => match self.store.record_progress(&self.environment, &states, &actions).await {
-                    // Every state of the released version is stored by now (the scheduler hands
-                    // them over before the release), so what is left outside it was dropped. A
-                    // crash before this runs is made good by the release at the next start.
-                    Ok(()) => match released {
-                        Some(version) => self
+                    // Every state the release handed over is stored by now (before the
+                    // release): a complete one leaves outside the version only what it dropped;
+                    // otherwise the dropped go and the rest, unchanged, now belong to it. A crash
+                    // before this runs is made good by the (complete) release at the next start.
+                    Ok(()) => match &released {
+                        Some((version, _, true)) => self
                             .store
-                            .delete_states_outside(&self.environment, version)
+                            .delete_states_outside(&self.environment, *version)
+                            .await
+                            .map(drop)
+                            .map_err(BatchError::from),
+                        Some((version, dropped, false)) => self
+                            .store
+                            .renew_states(&self.environment, *version, dropped)
                             .await
                             .map(drop)
                             .map_err(BatchError::from),
@@ -175,10 +189,12 @@ impl StoreSink {
         match self.write(events).await {
             Ok(()) => true,
             Err(e) => {
-                // Given up after the retries. The scheduler's memory stays right and the next
-                // batch rewrites these resources' states in full; the actions are lost to the
-                // log, and a restart re-reads every resource anyway.
+                // Given up after the retries. The scheduler's memory stays right: a resource's
+                // next state rewrites it in full, and the next release hands over every state
+                // (`in_doubt`); the actions are lost to the log, and a restart re-reads every
+                // resource anyway.
                 tracing::error!(environment = %self.environment, events = n, error = %e, "cannot persist scheduler events");
+                self.gave_up.store(true, std::sync::atomic::Ordering::Release);
                 false
             }
         }
@@ -190,6 +206,10 @@ impl Sink for StoreSink {
         Box::pin(async move {
             self.persist(events).await;
         })
+    }
+
+    fn in_doubt(&self) -> bool {
+        self.gave_up.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 

@@ -23,8 +23,9 @@ use super::writer::{Outbox, Outgoing};
 use super::{Command, Event, Inspected, Inspection, ResourceState, Settings, Snapshot, Status, Trigger, Version};
 use crate::executor::{self, ActionError, ActionReport, Mode, Outcome};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum Want {
+    #[default]
     Nothing,
     Deploy(Trigger),
 }
@@ -54,6 +55,16 @@ struct Entry {
     /// When its one live timer (retry or repair) is due; a timer in the heap whose due differs
     /// was superseded (rescheduled, or a new interval) and is ignored when it fires.
     timer: Option<Instant>,
+}
+
+/// What a resource of the previous version carries into the next one.
+#[derive(Default)]
+struct Carried {
+    want: Want,
+    verified: Option<Instant>,
+    /// The hash it is deployed at, if its stored state says no more than that (deployed, no
+    /// attempts, no error, no retry due): a release that wants the same leaves the state as is.
+    settled: Option<Digest>,
 }
 
 /// An action in flight, by resource id (it outlives the version that started it).
@@ -246,14 +257,34 @@ impl Loop {
             .collect();
         let previous_ids = std::mem::replace(&mut self.by_id, by_id);
         let previous_entries = std::mem::take(&mut self.entries);
-        // What the previous version's resources carry into this one: a want not yet served, and
-        // when each was last verified.
-        let mut carried: HashMap<Arc<str>, (Want, Option<Instant>)> = HashMap::new();
+        // Every state is handed over at the first release, and after the sink could not take a
+        // batch; otherwise only those that change (see `Event::Released`).
+        let complete = self.version.is_none() || self.events.backlog.in_doubt();
+        // What the previous version's resources carry into this one: a want not yet served, when
+        // each was last verified, and the hash it is deployed at if its stored state says no
+        // more than that (deployed, no attempts, no error, no retry due).
+        let mut carried: HashMap<Arc<str>, Carried> = HashMap::new();
         let mut dropped = Vec::new();
         for (id, i) in previous_ids {
             if self.by_id.contains_key(&id) {
                 let e = &previous_entries[i];
-                carried.insert(id, (e.want, e.verified));
+                let settled = self.version.as_ref().and_then(|previous| {
+                    let desired = previous.desired_hash(i);
+                    let quiet = e.status == Status::Deployed
+                        && e.deployed == Some(desired)
+                        && e.attempts == 0
+                        && e.last_error.is_none()
+                        && e.next_retry_at.is_none();
+                    quiet.then_some(desired)
+                });
+                carried.insert(
+                    id,
+                    Carried {
+                        want: e.want,
+                        verified: e.verified,
+                        settled,
+                    },
+                );
             } else {
                 dropped.push(id.to_string());
             }
@@ -266,13 +297,19 @@ impl Loop {
         }
         let number = v.number;
         let now = Instant::now();
+        // Resources whose stored state this release leaves as it is (but for its version).
+        let mut unchanged = vec![false; n];
         self.entries = (0..n)
             .map(|i| {
                 let id = v.intent.resources[i].id.to_string();
                 let deployed = self.deployed.get(id.as_str()).copied();
                 let desired = v.desired_hash(i);
                 let up_to_date = deployed == Some(desired);
-                let (kept, verified) = carried.remove(id.as_str()).unwrap_or((Want::Nothing, None));
+                let Carried {
+                    want: kept,
+                    verified,
+                    settled,
+                } = carried.remove(id.as_str()).unwrap_or_default();
                 let flight = self.in_flight.get(&id).map(|f| f.hash);
                 let (status, want) = match flight {
                     // The action in flight deploys this very state: it serves the release.
@@ -284,6 +321,7 @@ impl Loop {
                 // In flight with another desired state, it is not deployed as this version wants
                 // until it has run again: its dependents wait.
                 let counted = up_to_date && flight.is_none_or(|hash| hash == desired);
+                unchanged[i] = !complete && status == Status::Deployed && settled == Some(desired) && deployed == Some(desired);
                 Entry {
                     status,
                     deployed,
@@ -305,14 +343,20 @@ impl Loop {
             self.entries[i].waiting = v.waits_for.of(i).iter().filter(|&&j| !self.entries[j].counted).count();
         }
         self.version = Some(v);
-        for i in 0..n {
+        for (i, unchanged) in unchanged.into_iter().enumerate() {
             if self.entries[i].status == Status::Deployed {
                 self.schedule_repair(i);
             }
-            self.emit_state(i);
+            if !unchanged {
+                self.emit_state(i);
+            }
             self.enqueue_if_ready(i);
         }
-        self.events.event(Event::Released { version: number, dropped });
+        self.events.event(Event::Released {
+            version: number,
+            dropped,
+            complete,
+        });
     }
 
     /// Marks a resource wanted; a deploy want is not downgraded to a repair. A resource in flight

@@ -3,7 +3,7 @@
 //! while too many events wait to be recorded, the loop starts no new action.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tokio::sync::{Notify, mpsc, oneshot};
 
@@ -30,11 +30,18 @@ pub(super) struct Backlog {
     unrecorded: AtomicUsize,
     /// Signalled whenever the writer has recorded something.
     pub(super) recorded: Notify,
+    /// Set once the sink is in doubt ([`Sink::in_doubt`]); never cleared.
+    in_doubt: AtomicBool,
 }
 
 impl Backlog {
     pub(super) fn full(&self) -> bool {
         self.unrecorded.load(Ordering::Acquire) >= MAX_UNRECORDED
+    }
+
+    /// Whether the sink may not hold what it was handed.
+    pub(super) fn in_doubt(&self) -> bool {
+        self.in_doubt.load(Ordering::Acquire)
     }
 }
 
@@ -70,22 +77,30 @@ pub(super) async fn writer(sink: Arc<dyn Sink>, mut rx: mpsc::UnboundedReceiver<
                 Outgoing::Event(e) => batch.push(e),
                 Outgoing::Settled(reply, snapshot) => {
                     if !batch.is_empty() {
-                        sink.record(std::mem::take(&mut batch)).await;
+                        record(&*sink, &backlog, std::mem::take(&mut batch)).await;
                     }
                     let _ = reply.send(snapshot);
                 }
                 Outgoing::Recorded(reply) => {
                     if !batch.is_empty() {
-                        sink.record(std::mem::take(&mut batch)).await;
+                        record(&*sink, &backlog, std::mem::take(&mut batch)).await;
                     }
                     let _ = reply.send(());
                 }
             }
         }
         if !batch.is_empty() {
-            sink.record(batch).await;
+            record(&*sink, &backlog, batch).await;
         }
         backlog.unrecorded.fetch_sub(received, Ordering::AcqRel);
         backlog.recorded.notify_one();
+    }
+}
+
+/// Hands `batch` to the sink; notes whether the sink is in doubt after it.
+async fn record(sink: &dyn Sink, backlog: &Backlog, batch: Vec<Event>) {
+    sink.record(batch).await;
+    if sink.in_doubt() {
+        backlog.in_doubt.store(true, Ordering::Release);
     }
 }

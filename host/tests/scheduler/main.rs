@@ -297,6 +297,91 @@ async fn purged_resources_are_removed_dependents_first() {
     );
 }
 
+/// A release hands over the states of what it changes, not of the whole version: a resource
+/// deployed as the new version still wants it keeps its state (renewed by the `released` event),
+/// a changed or new one gets a state, and the first release of a scheduler hands over every one.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_release_hands_over_the_states_it_changes() {
+    let h = Harness::new();
+    let s = h.scheduler(quick());
+    let file = |name: &str, content: &str| json!({ "id": format!("file[local,/{name}]"), "adaptor": "file@0.1.0", "attributes": { "content": content } });
+    s.release(h.version(1, json!([file("a", "1"), file("b", "1"), file("c", "1")])))
+        .unwrap();
+    until(&s, "deployed", |snap| snap.count(Status::Deployed) == 3).await;
+    // The states handed over from event `from` on, up to the release: (version, dropped, complete).
+    type Release = Option<(u64, Vec<String>, bool)>;
+    let states_then_release = |from: usize| -> (Vec<String>, Release) {
+        let events = h.recorder.0.lock().unwrap();
+        let mut states = Vec::new();
+        for e in &events[from..] {
+            match e {
+                Event::State(st) => states.push(st.resource.clone()),
+                Event::Released {
+                    version,
+                    dropped,
+                    complete,
+                } => return (states, Some((*version, dropped.clone(), *complete))),
+                Event::Action { .. } => {}
+            }
+        }
+        (states, None)
+    };
+    let (first, released) = states_then_release(0);
+    assert_eq!(first.len(), 3, "the first release hands over every state: {first:?}");
+    assert_eq!(released, Some((1, Vec::new(), true)));
+
+    let seen = h.recorder.0.lock().unwrap().len();
+    let receipt = s
+        .release(h.version(2, json!([file("a", "1"), file("b", "2"), file("d", "1")])))
+        .unwrap();
+    receipt.recorded().await.unwrap();
+    let (changed, released) = states_then_release(seen);
+    let mut changed_ids = changed.clone();
+    changed_ids.sort();
+    assert_eq!(
+        changed_ids,
+        ["file[local,/b]", "file[local,/d]"],
+        "not `a`, deployed as version 2 wants it"
+    );
+    assert_eq!(released, Some((2, vec!["file[local,/c]".to_string()], false)));
+    until(&s, "deployed", |snap| snap.version == Some(2) && snap.count(Status::Deployed) == 3).await;
+    assert_eq!(std::fs::read_to_string(h.root.path().join("b")).unwrap(), "2");
+}
+
+/// A sink in doubt (it could not take a batch) is handed every state at each release, so the
+/// store is made whole again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sink_in_doubt_gets_every_state_at_a_release() {
+    struct Doubtful(Recorder);
+    impl Sink for Doubtful {
+        fn record(&self, events: Vec<Event>) -> BoxFuture<'_, ()> {
+            self.0.record(events)
+        }
+        fn in_doubt(&self) -> bool {
+            true
+        }
+    }
+    let h = Harness::new();
+    let sink = Arc::new(Doubtful(Recorder::default()));
+    let s = Scheduler::spawn(h.ctx.clone(), quick(), sink.clone(), HashMap::new());
+    let file = json!({ "id": "file[local,/a]", "adaptor": "file@0.1.0", "attributes": { "content": "1" } });
+    s.release(h.version(1, json!([file.clone()]))).unwrap();
+    until(&s, "deployed", |snap| snap.count(Status::Deployed) == 1).await;
+    let seen = sink.0.0.lock().unwrap().len();
+    s.release(h.version(2, json!([file]))).unwrap().recorded().await.unwrap();
+    let events = sink.0.0.lock().unwrap();
+    let states = events[seen..].iter().filter(|e| matches!(e, Event::State(_))).count();
+    assert_eq!(states, 1, "the unchanged resource's state too");
+    assert!(events[seen..].iter().any(|e| matches!(
+        e,
+        Event::Released {
+            version: 2,
+            complete: true,
+            ..
+        }
+    )));
+}
+
 /// A host stopped in the middle of a deploy (its runtime torn down with actions in flight and
 /// events unwritten) resumes from the store: nothing is left `deploying`, everything ends
 /// deployed, and nothing whose deployment was confirmed in the store runs again.

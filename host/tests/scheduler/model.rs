@@ -456,18 +456,46 @@ impl Run {
         if snapshot.count(Status::Deployed) != n {
             return Err(format!("settled snapshot {snapshot:?} for {n} resources"));
         }
-        let mut last: HashMap<String, Status> = HashMap::new();
+        // Replayed as a store keeps them: a state replaces its resource's row; a release removes
+        // the rows it dropped and makes the others its own (a complete one: removes every row
+        // of another version).
+        let mut rows: HashMap<String, (Status, u64)> = HashMap::new();
         for e in self.recorder.0.lock().unwrap().iter() {
-            if let Event::State(s) = e
-                && Some(s.version) == i.version
-            {
-                last.insert(s.resource.clone(), s.status);
+            match e {
+                Event::State(s) => {
+                    rows.insert(s.resource.clone(), (s.status, s.version));
+                }
+                Event::Released {
+                    version,
+                    dropped,
+                    complete,
+                } => {
+                    if *complete {
+                        rows.retain(|_, (_, v)| v == version);
+                    } else {
+                        for id in dropped {
+                            rows.remove(id);
+                        }
+                        for (_, v) in rows.values_mut() {
+                            *v = *version;
+                        }
+                    }
+                }
+                Event::Action { .. } => {}
             }
         }
         for r in &i.resources {
-            if last.get(&r.resource) != Some(&Status::Deployed) {
-                return Err(format!("the sink last recorded {} as {:?}", r.resource, last.get(&r.resource)));
+            let row = rows.get(&r.resource);
+            if row != Some(&(Status::Deployed, i.version.unwrap_or_default())) {
+                return Err(format!("the sink's rows have {} as {row:?}", r.resource));
             }
+        }
+        if rows.len() != i.resources.len() {
+            return Err(format!(
+                "the sink's rows hold {} resources, the version {}",
+                rows.len(),
+                i.resources.len()
+            ));
         }
         Ok(())
     }

@@ -15,7 +15,8 @@
 //! of process tasks are kept here as the store holds them, the way [`StatusCounts`] keeps the
 //! counts: seeded from the states read when the environment starts, moved by each batch once it
 //! is persisted (a state replaces its resource's row, keeping the stored times where it leaves
-//! them unchanged; a release removes the rows of every other version), before the batch's news
+//! them unchanged; a release removes the rows it dropped and makes the others its own, a complete
+//! one the rows of every other version), before the batch's news
 //! is sent, so what a watcher reads is never behind the news it waits for. A batch the store
 //! could not take leaves them unknown: readers go to the store from then on. The scheduler's
 //! sink is the only writer of an environment's states after it starts, so nothing else moves
@@ -165,7 +166,14 @@ impl Follower for ProcessNews {
                         picked.push((process, s.clone()));
                     }
                 }
-                Event::Released { version, .. } => released = Some(*version as i64),
+                Event::Released {
+                    version,
+                    dropped,
+                    complete,
+                } => {
+                    let dropped: Vec<String> = dropped.iter().filter(|id| process_of(id).is_some()).cloned().collect();
+                    released = Some((*version as i64, *complete, dropped));
+                }
                 Event::Action { .. } => {}
             }
         }
@@ -183,8 +191,17 @@ impl Follower for ProcessNews {
                             let state = stored_state(s, known.get(&s.resource));
                             known.insert(s.resource.clone(), state);
                         }
-                        if let Some(version) = released {
-                            known.retain(|_, s| s.version == version);
+                        match released {
+                            Some((version, true, _)) => known.retain(|_, s| s.version == version),
+                            Some((version, false, dropped)) => {
+                                for id in dropped {
+                                    known.remove(&id);
+                                }
+                                for s in known.values_mut() {
+                                    s.version = version;
+                                }
+                            }
+                            None => {}
                         }
                     }
                     (true, None) => {}
@@ -316,9 +333,13 @@ mod tests {
                 for _ in 0..1 + rng.below(6) {
                     if rng.below(8) == 0 {
                         version += 1;
+                        // Complete (every other version's rows go) or not (the dropped go, the
+                        // rest are renewed).
+                        let dropped = ids.iter().filter(|_| rng.below(4) == 0).map(|id| id.to_string()).collect();
                         batch.push(Event::Released {
                             version,
-                            dropped: Vec::new(),
+                            dropped,
+                            complete: rng.below(2) == 0,
                         });
                         continue;
                     }
