@@ -78,6 +78,9 @@ pub(crate) struct Running {
     /// Counts the changes to process rows; the process releaser releases them in one version,
     /// whatever number came in while it released the last (see `app::processes::release`).
     pub(crate) process_changes: tokio::sync::watch::Sender<u64>,
+    /// Whether a change counted since the releaser last took them was an operator's (released
+    /// promptly) rather than only watchers' follow-ups (gathered longer; `app::processes::release`).
+    pub(crate) process_prompt: std::sync::atomic::AtomicBool,
     /// The environment's process rows and connections, as stored (`app::processes::table`).
     pub(crate) processes: crate::app::processes::ProcessTable,
     /// Its process tasks' states, for the watchers of their processes (`app::processes::news`).
@@ -333,6 +336,7 @@ impl App {
             released: std::sync::Mutex::new(None),
             recorded: std::sync::Mutex::new(None),
             process_changes: tokio::sync::watch::Sender::new(0),
+            process_prompt: std::sync::atomic::AtomicBool::new(false),
             process_releaser: std::sync::atomic::AtomicBool::new(false),
             process_release_error: std::sync::Mutex::new(None),
             deleted: std::sync::atomic::AtomicBool::new(false),

@@ -14,7 +14,7 @@ use orc_cluster::service::{Mismatch, Role, negotiate};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{plan, state_of};
+use super::{Release, plan, state_of};
 use crate::app::App;
 use crate::app::clusters::TaskView;
 use crate::services::{ProcessState, ServicesError, set_of};
@@ -241,7 +241,10 @@ impl App {
             Err(StoreError::Conflict { what }) => return Err(ServicesError::ConnectionExists(what)),
             other => other?,
         }
-        if let Err(e) = self.redeliver(&env, &[req.from.process.clone(), req.to.process.clone()]).await {
+        if let Err(e) = self
+            .redeliver(&env, &[req.from.process.clone(), req.to.process.clone()], Release::Prompt)
+            .await
+        {
             let deleted = self.store.delete_connection(&env.id, &record.id).await;
             let _ = App::table_write(&running, deleted, |rows, _| rows.remove_connection(&record.id));
             return Err(e);
@@ -284,7 +287,7 @@ impl App {
         let deleted = self.store.delete_connection(&env.id, id).await;
         let record = App::table_write(&running, deleted, |rows, _| rows.remove_connection(id))?
             .ok_or_else(|| ServicesError::UnknownConnection(clip(id)))?;
-        self.redeliver(&env, &[record.from_process.clone(), record.to_process.clone()])
+        self.redeliver(&env, &[record.from_process.clone(), record.to_process.clone()], Release::Prompt)
             .await?;
         tracing::info!(environment = %env.name, connection = %record.id, author = author.unwrap_or("-"), "disconnected");
         Ok(record.into())
@@ -302,7 +305,7 @@ impl App {
         }
         peers.sort();
         peers.dedup();
-        self.redeliver(env, &peers).await
+        self.redeliver(env, &peers, Release::Prompt).await
     }
 
     /// The processes connected to `process`.
@@ -397,7 +400,7 @@ impl App {
     /// Plans `processes`' tasks again with their connections as they are now, writes their rows
     /// (revision-checked) and asks for a release. A process terminating or failed is left as it
     /// is. The caller holds the services lock.
-    pub(crate) async fn redeliver(self: &Arc<Self>, env: &Environment, processes: &[String]) -> Result<(), ServicesError> {
+    pub(crate) async fn redeliver(self: &Arc<Self>, env: &Environment, processes: &[String], who: Release) -> Result<(), ServicesError> {
         let mut changed = false;
         for name in processes {
             let Some((record, doc)) = self.find_process(env, name).await? else {
@@ -419,7 +422,7 @@ impl App {
         }
         if changed {
             let running = self.running(env).await?;
-            self.request_process_release(&env.id, &running);
+            self.request_process_release(&env.id, &running, who);
         }
         Ok(())
     }

@@ -17,7 +17,7 @@ mod watch;
 pub(crate) use connections::CONNECTION_REVISION;
 pub use connections::{ConnectRequest, ConnectionView, Endpoint, PendingChange, PendingList};
 pub(crate) use news::ProcessNews;
-pub(crate) use release::is_process_task;
+pub(crate) use release::{Release, is_process_task};
 use table::Decoded;
 pub(crate) use table::ProcessTable;
 
@@ -198,7 +198,7 @@ impl App {
             Err(StoreError::Conflict { .. }) => return Err(ServicesError::ProcessExists(req.name)),
             other => other?,
         };
-        self.request_process_release(&env.id, &running);
+        self.request_process_release(&env.id, &running, Release::Prompt);
         tracing::info!(environment = %env.name, process = %req.name, service = %process.target.reference(), node = %process.target.node, "process creating");
         self.spawn_process_watcher(env.id, req.name.clone(), process.generation);
         self.process_view(&env, &record, &process).await
@@ -377,7 +377,7 @@ impl App {
         self.check_tasks(env, &running, &doc.tasks).await?;
         let doc = Arc::new(doc);
         let stored = self.write_process(env, record, state, &doc).await?;
-        self.request_process_release(&env.id, &running);
+        self.request_process_release(&env.id, &running, Release::Prompt);
         tracing::info!(environment = %env.name, process = %record.name, state = state.as_str(), tasks = doc.tasks.len(), "process operation");
         self.spawn_process_watcher(env.id, record.name.clone(), doc.generation);
         self.process_view(env, &stored, &doc).await

@@ -42,6 +42,22 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// answered already (its watcher waits for the version).
 const GATHER: Duration = Duration::from_millis(50);
 const MAX_GATHER: Duration = Duration::from_millis(400);
+/// The same for watchers' follow-ups alone ([`Release::FollowUp`]): a moved process's peers told
+/// its new node, the removals done dropped. They come as operations finish, one after another:
+/// released each as it came, a client whose two servers moved a moment apart would reconfigure
+/// and restart twice, and every version costs a round of the releaser. An operator's change
+/// meanwhile shortens the wait to the prompt one.
+const FOLLOW_GATHER: Duration = Duration::from_millis(250);
+const MAX_FOLLOW_GATHER: Duration = Duration::from_millis(1000);
+
+/// Who asks for a release, which sets how long changes gather before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Release {
+    /// An operator's operation or connection change.
+    Prompt,
+    /// A watcher moving a finished operation on.
+    FollowUp,
+}
 
 /// Whether `r` is a task of some process.
 pub(crate) fn is_process_task(r: &ResourceSpec) -> bool {
@@ -50,7 +66,10 @@ pub(crate) fn is_process_task(r: &ResourceSpec) -> bool {
 
 impl App {
     /// Asks for the environment's process rows to be released; starts its releaser on first use.
-    pub(crate) fn request_process_release(self: &Arc<Self>, env: &EnvironmentId, running: &Arc<Running>) {
+    pub(crate) fn request_process_release(self: &Arc<Self>, env: &EnvironmentId, running: &Arc<Running>, who: Release) {
+        if who == Release::Prompt {
+            running.process_prompt.store(true, Ordering::SeqCst);
+        }
         running.process_changes.send_modify(|n| *n += 1);
         if !running.process_releaser.swap(true, Ordering::SeqCst) {
             let this = self.clone();
@@ -78,16 +97,22 @@ impl App {
             if *stopping.borrow() {
                 return;
             }
-            // Gather: while changes keep coming, within the bound.
+            // Gather: while changes keep coming, within the bound (an operator's change among
+            // them: the prompt one).
             let started = tokio::time::Instant::now();
             let mut seen = *changes.borrow();
             loop {
-                let left = MAX_GATHER.saturating_sub(started.elapsed());
+                let (quiet, bound) = if running.process_prompt.load(Ordering::SeqCst) {
+                    (GATHER, MAX_GATHER)
+                } else {
+                    (FOLLOW_GATHER, MAX_FOLLOW_GATHER)
+                };
+                let left = bound.saturating_sub(started.elapsed());
                 if left.is_zero() {
                     break;
                 }
                 tokio::select! {
-                    _ = tokio::time::sleep(GATHER.min(left)) => {}
+                    _ = tokio::time::sleep(quiet.min(left)) => {}
                     _ = stopping.changed() => return,
                 }
                 let now = *changes.borrow();
@@ -96,6 +121,7 @@ impl App {
                 }
                 seen = now;
             }
+            running.process_prompt.store(false, Ordering::SeqCst);
             let wanted = *changes.borrow_and_update();
             let result = match self.store.get_environment(&env_id).await {
                 Ok(env) => self.release_processes(&env, &running).await,

@@ -12,7 +12,7 @@ use orc_manifest::{Digest, error_chain};
 use tracing::Instrument;
 
 use super::news::{Subscription, TaskNews};
-use super::release::is_process_task;
+use super::release::{Release, is_process_task};
 use super::{decode, plan, state_of};
 use crate::app::App;
 use crate::intent::{IntentDocument, PluginRef};
@@ -110,7 +110,7 @@ impl App {
                 // Revision-checked: a row that moved on meanwhile is looked at again.
                 let deleted = self.store.delete_process(&env.id, name, record.revision).await;
                 App::table_write(&running, deleted, |rows, _| rows.remove_process(name))?;
-                self.request_process_release(&env.id, &running);
+                self.request_process_release(&env.id, &running, Release::FollowUp);
                 tracing::info!(environment = %env.name, process = %name, "process terminated");
                 Ok(Next::Done)
             }
@@ -127,7 +127,7 @@ impl App {
                 doc.active = Some(doc.target.clone());
                 self.settle_process(env, &record, doc, ProcessState::Running).await?;
                 let peers = self.peers_of(env, name).await?;
-                self.redeliver(env, &peers).await?;
+                self.redeliver(env, &peers, Release::FollowUp).await?;
                 tracing::info!(environment = %env.name, process = %name, "process moved");
                 Ok(Next::Done)
             }
@@ -204,7 +204,7 @@ impl App {
         if changed {
             // Removals done are dropped from the released version too.
             let running = self.running(env).await?;
-            self.request_process_release(&env.id, &running);
+            self.request_process_release(&env.id, &running, Release::FollowUp);
         }
         Ok(())
     }
@@ -224,7 +224,7 @@ impl App {
                     // tasks (the host stopped between deleting its row and the release).
                     if !processes.is_empty() || self.released_process_tasks(&env).await {
                         match self.running(&env).await {
-                            Ok(running) => self.request_process_release(&env.id, &running),
+                            Ok(running) => self.request_process_release(&env.id, &running, Release::Prompt),
                             Err(e) => {
                                 tracing::error!(environment = %env.name, error = %error_chain(&e), "cannot start the environment for its processes")
                             }
