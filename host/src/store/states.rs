@@ -574,72 +574,30 @@ impl Store {
     /// `dropped` (the resources the version no longer has) and makes every other state of `env`
     /// belong to `version`, in one transaction. Returns how many were removed.
     pub async fn renew_states(&self, env: &EnvironmentId, version: i64, dropped: &[String]) -> Result<u64> {
-        let env_id = env.to_string();
         let context = || format!("renewing the states of environment {env} for version {version}");
-        const RENEW: &str = "UPDATE resource_states SET version = $2 WHERE environment_id = $1 AND version <> $2";
-        let mut deleted = 0;
-        match &self.db {
-            Db::Sqlite(pool) => {
-                let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
-                for chunk in dropped.chunks(sqlite_rows_per_statement(1) - 1) {
-                    let mut q = QueryBuilder::<Sqlite>::new("DELETE FROM resource_states WHERE environment_id = ");
-                    q.push_bind(&env_id).push(" AND resource_id IN (");
-                    let mut list = q.separated(", ");
-                    for id in chunk {
-                        list.push_bind(id);
-                    }
-                    q.push(")");
-                    deleted += q
-                        .build()
-                        .persistent(false)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(backend_with(context))?
-                        .rows_affected();
-                }
-                sqlx::query(RENEW)
-                    .bind(&env_id)
-                    .bind(version)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend_with(context))?;
-                tx.commit().await.map_err(backend_with(context))?;
-            }
-            Db::Postgres(pool) => {
-                let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
-                if !dropped.is_empty() {
-                    deleted = sqlx::query::<Postgres>("DELETE FROM resource_states WHERE environment_id = $1 AND resource_id = ANY($2)")
-                        .bind(&env_id)
-                        .bind(dropped)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(backend_with(context))?
-                        .rows_affected();
-                }
-                sqlx::query::<Postgres>(RENEW)
-                    .bind(&env_id)
-                    .bind(version)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend_with(context))?;
-                tx.commit().await.map_err(backend_with(context))?;
-            }
-        }
-        Ok(deleted)
+        self.delete_states_then(env, dropped, Some(version))
+            .await
+            .map_err(backend_with(context))
     }
 
     /// Removes the states of resources that left the intent; returns how many existed.
     pub async fn delete_states(&self, env: &EnvironmentId, resource_ids: &[String]) -> Result<u64> {
-        if resource_ids.is_empty() {
-            return Ok(0);
-        }
-        let env_id = env.to_string();
         let context = || format!("deleting {} resource states of environment {env}", resource_ids.len());
+        self.delete_states_then(env, resource_ids, None)
+            .await
+            .map_err(backend_with(context))
+    }
+
+    /// Deletes the states of `ids`, then (with `renew`) makes every other state of `env` belong
+    /// to that version; one transaction.
+    async fn delete_states_then(&self, env: &EnvironmentId, ids: &[String], renew: Option<i64>) -> sqlx::Result<u64> {
+        const RENEW: &str = "UPDATE resource_states SET version = $2 WHERE environment_id = $1 AND version <> $2";
+        let env_id = env.to_string();
         let mut deleted = 0;
         match &self.db {
             Db::Sqlite(pool) => {
-                let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
-                for chunk in resource_ids.chunks(sqlite_rows_per_statement(1) - 1) {
+                let mut tx = pool.begin_write().await?;
+                for chunk in ids.chunks(sqlite_rows_per_statement(1) - 1) {
                     let mut q = QueryBuilder::<Sqlite>::new("DELETE FROM resource_states WHERE environment_id = ");
                     q.push_bind(&env_id).push(" AND resource_id IN (");
                     let mut list = q.separated(", ");
@@ -647,24 +605,27 @@ impl Store {
                         list.push_bind(id);
                     }
                     q.push(")");
-                    deleted += q
-                        .build()
-                        .persistent(false)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(backend_with(context))?
-                        .rows_affected();
+                    deleted += q.build().persistent(false).execute(&mut *tx).await?.rows_affected();
                 }
-                tx.commit().await.map_err(backend_with(context))?;
+                if let Some(version) = renew {
+                    sqlx::query(RENEW).bind(&env_id).bind(version).execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
             }
             Db::Postgres(pool) => {
-                deleted = sqlx::query::<Postgres>("DELETE FROM resource_states WHERE environment_id = $1 AND resource_id = ANY($2)")
-                    .bind(&env_id)
-                    .bind(resource_ids)
-                    .execute(pool)
-                    .await
-                    .map_err(backend_with(context))?
-                    .rows_affected();
+                let mut tx = pool.begin_write().await?;
+                if !ids.is_empty() {
+                    deleted = sqlx::query::<Postgres>("DELETE FROM resource_states WHERE environment_id = $1 AND resource_id = ANY($2)")
+                        .bind(&env_id)
+                        .bind(ids)
+                        .execute(&mut *tx)
+                        .await?
+                        .rows_affected();
+                }
+                if let Some(version) = renew {
+                    sqlx::query::<Postgres>(RENEW).bind(&env_id).bind(version).execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
             }
         }
         Ok(deleted)
