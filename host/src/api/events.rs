@@ -1,7 +1,9 @@
 //! `GET /environments/{env}/events`: server-sent events of the environment, from the moment of
 //! the request — `state` (a resource's new state), `action` (an action's outcome) and `released`
 //! (a version was released; the resources it dropped are no longer managed), each with its JSON
-//! as `data`, in the order the scheduler recorded them. A watcher too slow to keep up
+//! as `data`, in the order the scheduler recorded them. A release sends the states it changes:
+//! a resource it keeps deployed as it was has no `state` event, and now belongs to the version
+//! `released` names. A watcher too slow to keep up
 //! gets a `lagged` event saying how many batches it missed, and should re-read what it shows.
 
 use std::convert::Infallible;

@@ -132,13 +132,13 @@ fn removal_requires(t: &ResourceSpec, planned: &HashSet<ResourceId>, removed: &H
     let mut seen = HashSet::new();
     let mut stack: Vec<(&ResourceId, bool)> = t.requires.iter().rev().map(|r| (r, true)).collect();
     while let Some((r, direct)) = stack.pop() {
-        if !seen.insert(r) {
-            continue;
-        }
         match removed.get(r) {
+            // Each removed task once (a diamond of left-out steps reaches one twice).
+            Some(_) if !seen.insert(r) => {}
             Some(d) if undoes(d) => requires.push(r.clone()),
             Some(d) => stack.extend(d.requires.iter().rev().map(|r| (r, false))),
-            None if direct && planned.contains(r) => requires.push(r.clone()),
+            // A planned one only as the removal's own requirement, however else it is reached.
+            None if direct && planned.contains(r) && !requires.contains(r) => requires.push(r.clone()),
             None => {}
         }
     }
@@ -370,6 +370,24 @@ mod tests {
             ["task[n1,c1/db/start]", "task[n2,c1/web/install]"]
         );
         assert_eq!(requires(&gone, "task[n1,c1/db/start]"), ["task[n1,c1/db/install]"]);
+        // A planned task that a removal requires itself stays required, also when a left-out
+        // step it passes through (listed first) requires it too.
+        let planned = task_id("c1", "n3", "base", Step::Install);
+        let left_out = task_id("c1", "n9", "web", Step::Configure);
+        let mut previous = gone.clone();
+        for (id, step) in [(left_out.clone(), "configure"), (task_id("c1", "n9", "web", Step::Start), "start")] {
+            let mut t = previous[0].clone();
+            t.id = id;
+            t.attributes = Attributes::new(&json!({"cluster": "c1", "service": "web", "action": step}));
+            t.requires = if step == "start" {
+                vec![left_out.clone(), planned.clone()]
+            } else {
+                vec![planned.clone()]
+            };
+            previous.push(t);
+        }
+        let kept = plan_of(&only_base, &previous, &[], true);
+        assert_eq!(requires(&kept, "task[n9,c1/web/start]"), ["task[n3,c1/base/install]"]);
         let third = plan_of(&after, &second, &[], false);
         assert_eq!(third.len(), 20);
         assert!(third.iter().all(|t| !t.purged));
