@@ -290,10 +290,23 @@ async fn run_task(
 /// The automator's task for a task resource: `None` when the attributes are not a task's;
 /// `Some(None)` when a purged step has nothing to undo.
 fn task_of(spec: &ResourceSpec) -> Option<Option<Task>> {
-    let attributes = spec.attributes.to_value();
-    let text = |key: &str| attributes.get(key).and_then(|v| v.as_str()).map(str::to_string);
-    let (cluster, service, step) = (text("cluster")?, text("service")?, text("action")?);
-    let action = match (step.as_str(), spec.purged) {
+    /// A task's attributes, read from their canonical text without building a tree: the
+    /// configuration and layout are handed on as the text they are.
+    #[derive(serde::Deserialize)]
+    struct TaskAttributes<'a> {
+        #[serde(borrow)]
+        cluster: std::borrow::Cow<'a, str>,
+        #[serde(borrow)]
+        service: std::borrow::Cow<'a, str>,
+        #[serde(borrow)]
+        action: std::borrow::Cow<'a, str>,
+        #[serde(borrow)]
+        config: Option<&'a serde_json::value::RawValue>,
+        #[serde(borrow)]
+        layout: Option<&'a serde_json::value::RawValue>,
+    }
+    let attributes: TaskAttributes = serde_json::from_str(spec.attributes.as_json()).ok()?;
+    let action = match (attributes.action.as_ref(), spec.purged) {
         ("bootstrap", false) => Action::Bootstrap,
         ("install", false) => Action::Install,
         ("configure", false) => Action::Configure,
@@ -304,14 +317,14 @@ fn task_of(spec: &ResourceSpec) -> Option<Option<Task>> {
         ("bootstrap" | "configure" | "initialize", true) => return Some(None),
         _ => return None,
     };
-    let json = |key: &str| attributes.get(key).map_or_else(|| "{}".to_string(), |v| v.to_string());
+    let json = |raw: Option<&serde_json::value::RawValue>| raw.map_or_else(|| "{}".to_string(), |v| v.get().to_string());
     Some(Some(Task {
-        cluster,
-        service,
+        cluster: attributes.cluster.into_owned(),
+        service: attributes.service.into_owned(),
         node: spec.id.node.clone(),
         action,
-        config: json("config"),
-        layout: json("layout"),
+        config: json(attributes.config),
+        layout: json(attributes.layout),
     }))
 }
 

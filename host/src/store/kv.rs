@@ -855,7 +855,12 @@ impl KvStore for DbKv {
     fn delete<'a>(&'a self, scope: &'a str, key: &'a str) -> BoxFuture<'a, Result<bool, KvError>> {
         Box::pin(async move {
             let existed = self.read(scope, key).await?.is_some();
-            self.accept(scope, key, None)?;
+            // Deleting what is not there changes nothing: nothing to commit (a plugin that
+            // forgets its records "just in case" does it on every action). It takes effect
+            // where it read: a write of the key racing it lands after it.
+            if existed {
+                self.accept(scope, key, None)?;
+            }
             Ok(existed)
         })
     }

@@ -34,7 +34,31 @@ const PREFIX: &str = "orc-sdk/performed/";
 /// `sha256:<hex>` of the task's inputs: `{"action", "config", "layout"}` as canonical JSON
 /// (object keys sorted, no whitespace; the layout as placements sorted by node), so the same
 /// configuration sent with other whitespace or key order has the same digest.
+///
+/// The host calls `check` and then `perform` on one instance with the same task: the last digest
+/// is kept (per instance) and handed out again for the same inputs, so a task is parsed,
+/// canonicalised and hashed once, not twice.
 pub fn inputs_digest(action: Action, config: &str, layout: &[Placement]) -> Result<String> {
+    LAST_DIGEST.with(|last| {
+        if let Some((a, c, l, digest)) = &*last.borrow()
+            && (*a, c.as_str(), l.as_slice()) == (action, config, layout)
+        {
+            return Ok(digest.clone());
+        }
+        let digest = compute_inputs_digest(action, config, layout)?;
+        *last.borrow_mut() = Some((action, config.to_string(), layout.to_vec(), digest.clone()));
+        Ok(digest)
+    })
+}
+
+/// The inputs of the last digest computed, and that digest.
+type LastDigest = Option<(Action, String, Vec<Placement>, String)>;
+
+thread_local! {
+    static LAST_DIGEST: std::cell::RefCell<LastDigest> = const { std::cell::RefCell::new(None) };
+}
+
+fn compute_inputs_digest(action: Action, config: &str, layout: &[Placement]) -> Result<String> {
     let config: Value = serde_json::from_str(config).map_err(|e| Error::invalid(format!("invalid configuration: not valid JSON: {e}")))?;
     let mut placements: Vec<&Placement> = layout.iter().collect();
     placements.sort_by(|a, b| a.node.cmp(&b.node));
@@ -305,6 +329,28 @@ mod tests {
             a,
             inputs_digest(Action::Start, r#"{"a":1,"b":{"y":2,"x":[1,2]}}"#, &layout[..1]).unwrap()
         );
+    }
+
+    /// The digest kept for `check` → `perform` is handed out only for the very same inputs: the
+    /// same as computed afresh, and never for inputs that differ in any part.
+    #[test]
+    fn the_kept_digest_is_the_one_the_inputs_have() {
+        let layout = [Placement::new("n1", ["web"])];
+        let inputs = [
+            (Action::Start, r#"{"a":1}"#, &layout[..]),
+            (Action::Start, r#"{"a":1}"#, &layout[..]),
+            (Action::Stop, r#"{"a":1}"#, &layout[..]),
+            (Action::Stop, r#"{"a":2}"#, &layout[..]),
+            (Action::Stop, r#"{"a":2}"#, &[][..]),
+            (Action::Start, r#"{"a":1}"#, &layout[..]),
+        ];
+        for (action, config, layout) in inputs {
+            assert_eq!(
+                inputs_digest(action, config, layout).unwrap(),
+                compute_inputs_digest(action, config, layout).unwrap(),
+                "{action} {config} {layout:?}"
+            );
+        }
     }
 
     #[test]
