@@ -7,6 +7,11 @@
 //! [`tune_for_server`] bounds the arenas and starts a thread that hands free pages back to the
 //! system every few seconds (`malloc_trim`, which releases free pages inside arenas too, not only
 //! at their tops). A `glibc.malloc.arena_max` in `GLIBC_TUNABLES` is left as the operator set it.
+//!
+//! The `orc-host` binary allocates with mimalloc (its `#[global_allocator]`), which keeps
+//! per-thread heaps and hands free pages back on its own; glibc's malloc, and so this tuning,
+//! now serves the C code (SQLite's page cache and statements) and programs that use the library
+//! without that allocator (the examples, the tests).
 
 use std::time::Duration;
 
