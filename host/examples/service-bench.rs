@@ -87,36 +87,39 @@ async fn register(host: &Host, name: &str, sshd: &Sshd) -> Result<()> {
 async fn settled(host: &Host, env: &str, started: Instant) -> Result<Vec<Value>> {
     let deadline = started + Duration::from_secs(1200);
     loop {
-        let counts = host.counts(env).await?;
-        let busy: u64 = counts.iter().filter(|(k, _)| k.as_str() != "deployed").map(|(_, v)| v).sum();
-        ensure!(counts.get("failed").copied().unwrap_or(0) == 0, "tasks failed: {counts:?}");
-        if busy == 0 {
-            // Cheap questions first: no process whose operation is under way (or failed), then
-            // nothing pending; the whole list once it has settled.
-            let path = format!("/api/v1/environments/{env}/processes");
-            let (status, unsettled) = host
-                .get(&format!("{path}?state=creating,updating,moving,rolling_back,terminating,failed"))
-                .await?;
-            ensure!(status == StatusCode::OK, "{status} {unsettled}");
-            let unsettled = unsettled["items"].as_array().cloned().unwrap_or_default();
-            ensure!(!unsettled.iter().any(|p| p["state"] == "failed"), "a process failed: {unsettled:?}");
-            if unsettled.is_empty() {
-                let (status, pending) = host.get(&format!("/api/v1/environments/{env}/pending")).await?;
-                ensure!(status == StatusCode::OK, "{status} {pending}");
-                if pending["items"].as_array().is_some_and(Vec::is_empty) {
-                    let (status, list) = host.get(&path).await?;
-                    ensure!(status == StatusCode::OK, "{status} {list}");
-                    let items = list["items"].as_array().cloned().unwrap_or_default();
-                    if items
-                        .iter()
-                        .all(|p| p["state"] == "running" && p["pending"].as_array().is_some_and(Vec::is_empty))
-                    {
-                        return Ok(items);
-                    }
+        // Cheap questions first (the environment's counts): no task busy, no process whose
+        // operation is under way (or failed); then nothing pending; the whole list once it has
+        // settled.
+        let (status, summary) = host.get(&format!("/api/v1/environments/{env}")).await?;
+        ensure!(status == StatusCode::OK, "GET environment {env}: {status} {summary}");
+        let counts = |key: &str| -> Vec<(String, u64)> {
+            summary[key]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+                .collect()
+        };
+        let (tasks, processes) = (counts("resources"), counts("processes"));
+        let busy: u64 = tasks.iter().filter(|(k, _)| k.as_str() != "deployed").map(|(_, v)| v).sum();
+        ensure!(!tasks.iter().any(|(k, _)| k == "failed"), "tasks failed: {tasks:?}");
+        ensure!(!processes.iter().any(|(k, _)| k == "failed"), "a process failed: {processes:?}");
+        if busy == 0 && processes.iter().all(|(k, _)| k == "running") {
+            let (status, pending) = host.get(&format!("/api/v1/environments/{env}/pending")).await?;
+            ensure!(status == StatusCode::OK, "{status} {pending}");
+            if pending["items"].as_array().is_some_and(Vec::is_empty) {
+                let (status, list) = host.get(&format!("/api/v1/environments/{env}/processes")).await?;
+                ensure!(status == StatusCode::OK, "{status} {list}");
+                let items = list["items"].as_array().cloned().unwrap_or_default();
+                if items
+                    .iter()
+                    .all(|p| p["state"] == "running" && p["pending"].as_array().is_some_and(Vec::is_empty))
+                {
+                    return Ok(items);
                 }
             }
         }
-        ensure!(Instant::now() < deadline, "not settled after 1200 s: {counts:?}");
+        ensure!(Instant::now() < deadline, "not settled after 1200 s: {summary}");
         tokio::time::sleep(serve::poll_interval().max(Duration::from_millis(100))).await;
     }
 }
@@ -181,6 +184,37 @@ fn mark(phase: &str, what: &str) {
     }
 }
 
+/// With `ORC_BENCH_ACTIONS` set, the phase's actions on stderr, counted by kind, step and
+/// outcome (the versions after `since`).
+async fn tally_actions(host: &Host, phase: &str, since: i64) -> Result<()> {
+    let mut tally = std::collections::BTreeMap::<String, usize>::new();
+    let mut before: Option<i64> = None;
+    loop {
+        let page = before.map(|b| format!("&before={b}")).unwrap_or_default();
+        let (status, list) = host.get(&format!("/api/v1/environments/{ENV}/actions?limit=10000{page}")).await?;
+        ensure!(status == StatusCode::OK, "{status} {list}");
+        for a in list["items"].as_array().into_iter().flatten() {
+            if a["version"].as_i64().unwrap_or(0) <= since {
+                continue;
+            }
+            let step = a["resource_id"]
+                .as_str()
+                .unwrap_or("?")
+                .rsplit(['/', ':', '.'])
+                .next()
+                .unwrap_or("?")
+                .to_string();
+            *tally.entry(format!("{} {step} {}", a["kind"], a["outcome"])).or_default() += 1;
+        }
+        match list["next_before"].as_i64() {
+            Some(next) => before = Some(next),
+            None => break,
+        }
+    }
+    eprintln!("actions {phase}: {tally:?}");
+    Ok(())
+}
+
 /// Runs one phase: `requests` sent in turn, then waits until settled; prints and returns.
 async fn phase(host: &Host, name: &str, count: usize, requests: impl AsyncFnOnce() -> Result<()>) -> Result<Vec<Value>> {
     let versions_before = latest_version(host).await?;
@@ -194,6 +228,9 @@ async fn phase(host: &Host, name: &str, count: usize, requests: impl AsyncFnOnce
     let host_cpu = host.cpu()? - cpu;
     mark(name, "end");
     let versions = latest_version(host).await? - versions_before;
+    if std::env::var_os("ORC_BENCH_ACTIONS").is_some() {
+        tally_actions(host, name, versions_before).await?;
+    }
     println!(
         "  {name:<7} {:>7.3} s wall ({:.3} s answering the requests), host CPU {:>6.2} ms per process, {versions} intent versions",
         took.as_secs_f64(),

@@ -58,6 +58,9 @@ pub(super) struct EnvironmentView {
     /// Status → count; statuses with none are left out.
     #[schema(example = json!({"deployed": 10, "failed": 1}))]
     resources: BTreeMap<String, i64>,
+    /// Process state → count; states with none are left out (no processes: empty).
+    #[schema(example = json!({"running": 2, "moving": 1}))]
+    processes: BTreeMap<&'static str, i64>,
     /// Whether the environment's scheduler runs.
     scheduler: SchedulerView,
 }
@@ -101,6 +104,7 @@ async fn get_environment(State(envs): State<AppState>, Path(env): Path<String>) 
     let tag = crate::app::settings_tag(&environment.settings);
     let counts = envs.status_counts(&environment).await?;
     let resources = counts.into_iter().map(|(s, n)| (s.as_str().to_string(), n)).collect();
+    let processes = envs.process_counts(&environment).await?;
     let reason = envs.scheduler_failure(&environment).await;
     let scheduler = SchedulerView {
         status: if reason.is_some() { "failed" } else { "running" },
@@ -111,6 +115,7 @@ async fn get_environment(State(envs): State<AppState>, Path(env): Path<String>) 
         axum::Json(EnvironmentView {
             environment: environment.into(),
             resources,
+            processes,
             scheduler,
         }),
     ))

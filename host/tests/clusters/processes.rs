@@ -900,6 +900,15 @@ async fn converged(host: &Host, work: &std::path::Path, seed: u64) -> Vec<Value>
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    // The environment counts the processes by state as the list shows them.
+    let (_, env) = host.get(&format!("/environments/{ENV}")).await;
+    let mut tally = serde_json::Map::new();
+    for p in &settled {
+        let state = p["state"].as_str().unwrap().to_string();
+        let n = tally.get(&state).and_then(Value::as_u64).unwrap_or(0);
+        tally.insert(state, Value::from(n + 1));
+    }
+    assert_eq!(env["processes"], Value::Object(tally), "ORC_TEST_SEED={seed}: {env:#}");
 
     // The released version comes to hold exactly the processes' tasks: a settling process's
     // last change (its removals that are done dropped from its row) is released by the

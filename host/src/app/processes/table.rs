@@ -152,6 +152,25 @@ impl App {
         self.table_read(env, |rows| rows.processes().cloned().collect()).await
     }
 
+    /// How many of `env`'s processes are in each state (by name; the states with none left
+    /// out): a cheap question for a client that waits for operations to end.
+    /// An environment not running (yet) is counted from the store, and not started for it.
+    pub(crate) async fn process_counts(&self, env: &Environment) -> Result<BTreeMap<&'static str, i64>, ServicesError> {
+        fn count<'a>(records: impl Iterator<Item = &'a ProcessRecord>) -> BTreeMap<&'static str, i64> {
+            let mut counts = BTreeMap::new();
+            for record in records {
+                *counts.entry(super::state_of(record).as_str()).or_default() += 1;
+            }
+            counts
+        }
+        if self.running.lock().await.contains_key(&env.id) {
+            self.table_read(env, |rows| count(rows.processes().map(|(record, _)| record.as_ref())))
+                .await
+        } else {
+            Ok(count(self.store.list_processes(&env.id).await?.iter()))
+        }
+    }
+
     /// The connections of `process` in `env`, oldest first.
     pub(crate) async fn connections_of(&self, env: &Environment, process: &str) -> Result<Vec<ConnectionRecord>, ServicesError> {
         self.table_read(env, |rows| rows.connections_of(process)).await
