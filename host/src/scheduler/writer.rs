@@ -65,11 +65,12 @@ impl Outbox {
     }
 }
 
-/// Drains events into the sink, batching whatever accumulated while the previous call ran. An
-/// answer is sent only once every event before it has been recorded.
-pub(super) async fn writer(sink: Arc<dyn Sink>, mut rx: mpsc::UnboundedReceiver<Outgoing>, backlog: Arc<Backlog>) {
+/// Drains events into the sink, batching whatever accumulated while the previous call ran (paced:
+/// [`crate::store::pace`]). An answer is sent only once every event before it has been recorded.
+pub(super) async fn writer(sink: Arc<dyn Sink>, rx: mpsc::UnboundedReceiver<Outgoing>, backlog: Arc<Backlog>) {
     let mut incoming = Vec::new();
-    while rx.recv_many(&mut incoming, 10_000).await > 0 {
+    let mut rx = crate::store::pace::Paced::new(rx);
+    while rx.receive(&mut incoming, 10_000).await > 0 {
         let received = incoming.len();
         let mut batch = Vec::with_capacity(incoming.len());
         for out in incoming.drain(..) {

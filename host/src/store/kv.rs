@@ -6,8 +6,9 @@
 //! writes behind:
 //! - **Writes** are accepted into an in-memory overlay (the latest value or deletion per key, in
 //!   the order they were made) and answered at once; one writer task commits what was accepted
-//!   meanwhile as one transaction of multi-row statements (group commit), then drops it from the
-//!   overlay. A group that fails is retried, with backoff, until the database takes it: nothing
+//!   meanwhile as one transaction of multi-row statements (group commit, paced: see
+//!   [`super::pace`]), then drops it from the overlay. A deletion of a key that is not there is
+//!   answered and not written. A group that fails is retried, with backoff, until the database takes it: nothing
 //!   accepted is dropped while the process lives.
 //! - **Durability** is a fence, not a wait per write: [`DbKv::durable`] resolves once everything
 //!   accepted before the call is committed. The scheduler's sink passes that fence before it
@@ -576,9 +577,11 @@ async fn fetch(store: &Store, scope: &str, keys: &[&str]) -> Result<HashMap<Stri
 
 /// Commits accepted writes in groups, in the order they were accepted, and loads scope copies
 /// between commits. Ends once every sender is gone and everything accepted is committed.
-async fn writer(store: Store, shared: Arc<Shared>, mut queued: mpsc::UnboundedReceiver<Command>) {
+async fn writer(store: Store, shared: Arc<Shared>, queued: mpsc::UnboundedReceiver<Command>) {
     let mut commands = Vec::new();
-    while queued.recv_many(&mut commands, MAX_WRITE_BATCH).await > 0 {
+    // Spaced commits (`super::pace`): a plugin's writes come one per action.
+    let mut queued = super::pace::Paced::new(queued);
+    while queued.receive(&mut commands, MAX_WRITE_BATCH).await > 0 {
         let mut writes = Vec::new();
         let mut loads = Vec::new();
         for command in commands.drain(..) {

@@ -75,6 +75,7 @@ mod jobs;
 mod kv;
 mod model;
 mod nodes;
+pub(crate) mod pace;
 mod processes;
 mod states;
 mod tokens;

@@ -588,17 +588,22 @@ fn a_panicking_action_fails_its_resource_and_frees_its_slot() {
         let crashed = &i.resources[0];
         assert_eq!(crashed.status, Status::Failed, "{i:?}");
         assert_eq!(i.running, 1, "the other resource took the freed slot: {i:?}");
-        let error = run
-            .recorder
-            .0
-            .lock()
-            .unwrap()
-            .iter()
-            .find_map(|e| match e {
+        // The sink gets it once the writer's next (paced) batch is written.
+        let recorded = || {
+            run.recorder.0.lock().unwrap().iter().find_map(|e| match e {
                 Event::State(s) if s.resource == id(0) && s.status == Status::Failed => s.last_error.clone(),
                 _ => None,
             })
-            .expect("the failure is recorded");
+        };
+        let mut waited = Duration::ZERO;
+        let error = loop {
+            if let Some(error) = recorded() {
+                break error;
+            }
+            assert!(waited < Duration::from_secs(1), "the failure is never recorded");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            waited += Duration::from_millis(1);
+        };
         assert_eq!(error.code, "crashed");
         assert!(error.message.contains("the test's action panics for"), "{}", error.message);
         assert!(run.scheduler.failure().is_none());
