@@ -8,8 +8,8 @@
 //!   the order they were made) and answered at once; one writer task commits what was accepted
 //!   meanwhile as one transaction of multi-row statements (group commit, paced: see
 //!   [`super::pace`]), then drops it from the overlay. A deletion of a key that is not there is
-//!   answered and not written. A group that fails is retried, with backoff, until the database takes it: nothing
-//!   accepted is dropped while the process lives.
+//!   answered and not written. A group that fails is retried, with backoff, until the database
+//!   takes it: nothing accepted is dropped while the process lives.
 //! - **Durability** is a fence, not a wait per write: [`DbKv::durable`] resolves once everything
 //!   accepted before the call is committed. The scheduler's sink passes that fence before it
 //!   stores a batch of states and actions, so a resource is never stored `deployed` ahead of the
