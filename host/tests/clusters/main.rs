@@ -399,6 +399,52 @@ async fn a_shell_cluster_is_created_amended_reconfigured_and_deleted() {
     host.stop().await;
 }
 
+/// A node taken out of a cluster and given back gets every service anew, even one with no
+/// `remove` script: `web` has none, `base`'s removes the node's directory with `web.conf` in it,
+/// so `web` must forget that it was configured there, or its `start` finds no `web.conf`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_removed_and_given_back_gets_its_services_anew() {
+    let host = start_host(1).await;
+    let _sshd = nodes(&host, 3).await;
+    let root = tempfile::tempdir().unwrap();
+    let root = root.path();
+    submit_template(&host, "stack", &stack(root)).await;
+    let all = ["n1", "n2", "n3"];
+    let (status, c) = host
+        .post(
+            &format!("/environments/{ENV}/clusters"),
+            &json!({"name": "back", "template": "stack", "nodes": all}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{c}");
+    let c = wait_cluster(&host, "back", "active").await;
+    let web = layout(&c)
+        .into_iter()
+        .find(|(_, services)| services.contains("web"))
+        .map(|(node, _)| node)
+        .unwrap_or_else(|| panic!("no web node: {c:#}"));
+    assert!(root.join(&web).join("web.running").is_file());
+
+    let rest: Vec<&str> = all.into_iter().filter(|n| *n != web).collect();
+    let amend = format!("/environments/{ENV}/clusters/back/amend");
+    let (status, c) = host.post(&amend, &json!({"size": 2, "nodes": rest})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{c}");
+    let c = wait_cluster(&host, "back", "active").await;
+    assert!(!layout(&c).contains_key(&web), "{c:#}");
+    assert!(!root.join(&web).exists(), "base's remove wipes {web}'s directory");
+
+    let (status, c) = host.post(&amend, &json!({"size": 3, "nodes": all})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{c}");
+    let c = wait_cluster(&host, "back", "active").await;
+    assert!(layout(&c)[&web].contains("web"), "{c:#}");
+    let conf = std::fs::read_to_string(root.join(&web).join("web.conf")).unwrap();
+    assert!(conf.starts_with("hello "), "{conf}");
+    assert!(root.join(&web).join("web.running").is_file());
+    let ev = events(root);
+    assert_eq!(ev.iter().filter(|e| **e == format!("{web} web start")).count(), 2, "{ev:#?}");
+    host.stop().await;
+}
+
 /// A create whose task keeps failing is rolled back: what it made is undone, the cluster is
 /// `failed` with the task and its error. Fixing the configuration brings it up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
