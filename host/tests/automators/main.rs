@@ -187,11 +187,17 @@ async fn shell_check_scripts_decide() {
     let stop = task("c1", "svc", Action::Stop, &config, &layout);
     h.converge(&shell, &stop).await;
     assert!(!Path::new(&mark).exists());
-    // An action without a script does nothing and always holds.
+    // An action without a script does nothing, and is recorded like any other: performed once,
+    // then it holds.
     let install = task("c1", "svc", Action::Install, &config, &layout);
-    assert!(h.check(&shell, &install).await.unwrap().is_empty());
+    assert_eq!(fields(&h.converge(&shell, &install).await), ["performed"]);
     let outcome = h.perform(&shell, &install).await.unwrap();
     assert_eq!(outcome.messages, vec!["no `install` script: nothing to do"]);
+    // A `remove` without a script forgets the service's records on the node, so the service
+    // given back to it is installed again.
+    let remove = task("c1", "svc", Action::Remove, &config, &layout);
+    assert_eq!(fields(&h.converge(&shell, &remove).await), ["performed"]);
+    assert_eq!(fields(&h.check(&shell, &install).await.unwrap()), ["performed"]);
 }
 
 #[tokio::test(flavor = "multi_thread")]

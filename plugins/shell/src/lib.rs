@@ -3,9 +3,10 @@
 //!
 //! Configuration (a JSON object):
 //! - `scripts` (object, action → script): what each action runs; an action without a script (or
-//!   with an empty one) does nothing and always holds — except `remove`, which is performed (as
-//!   nothing) once after the service's other actions, so that the SDK forgets their records on
-//!   the node and a service given back to a node is set up anew;
+//!   with an empty one) does nothing, and is checked by the SDK's performed records like an
+//!   action without a check script: performed (as nothing) once per configuration, so that the
+//!   records follow the lifecycle (a `remove` forgets what `configure` did, so a service given
+//!   back to a node is set up anew; a `start` forgets `stop`'s record);
 //! - `checks` (object, action → script, optional): a script that exits 0 when the action's
 //!   effect holds on the node (e.g. `start`: `pgrep -f myd`); any other exit is a change
 //!   `check` and the action is performed. An action without a check script is checked by the
@@ -213,17 +214,10 @@ impl Automator for Shell {
 
     fn check(task: &Task<Config>) -> Result<Vec<Change>> {
         let prepared = prepare(task)?;
-        if prepared.script.is_none() {
-            // `remove` is performed (as nothing) all the same, so that the SDK forgets the
-            // service's records on the node: whatever `configure` left there may be gone with the
-            // node's other services, and a service given back to the node is set up anew.
-            return if task.action == Action::Remove {
-                orc_sdk::automator::performed::check(task)
-            } else {
-                Ok(Vec::new())
-            };
-        }
-        let Some(check) = prepared.check else {
+        // An action without a script is performed (as nothing) like any other, so that the
+        // SDK's records follow the lifecycle: a `remove` forgets what `configure` did on the node
+        // (the node's other services may have wiped it), a `start` forgets `stop`'s record.
+        let (Some(_), Some(check)) = (prepared.script, prepared.check) else {
             return orc_sdk::automator::performed::check(task);
         };
         let output = run(task, &command(&prepared, check), "check script")?;
