@@ -85,6 +85,10 @@ pub(crate) struct Running {
     pub(crate) processes: crate::app::processes::ProcessTable,
     /// Its process tasks' states, for the watchers of their processes (`app::processes::news`).
     pub(crate) process_news: Arc<crate::app::processes::ProcessNews>,
+    /// Processes to be told their peers' new nodes: a watcher whose process moved puts its
+    /// peers here and the releaser's next round re-plans each once, however many of its peers
+    /// moved meanwhile (`app::processes::release`).
+    pub(crate) redeliveries: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// Whether the process releaser runs.
     pub(crate) process_releaser: std::sync::atomic::AtomicBool,
     /// Why the process releaser's last attempt failed, while it has not succeeded since.
@@ -337,6 +341,7 @@ impl App {
             recorded: std::sync::Mutex::new(None),
             process_changes: tokio::sync::watch::Sender::new(0),
             process_prompt: std::sync::atomic::AtomicBool::new(false),
+            redeliveries: Default::default(),
             process_releaser: std::sync::atomic::AtomicBool::new(false),
             process_release_error: std::sync::Mutex::new(None),
             deleted: std::sync::atomic::AtomicBool::new(false),

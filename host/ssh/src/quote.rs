@@ -17,16 +17,26 @@ pub const KILL_AFTER_S: u32 = 2;
 /// globs, leading `-`), and the empty string stays an (empty) word.
 pub fn quote(word: &str) -> String {
     let mut out = String::with_capacity(word.len() + 2);
-    out.push('\'');
-    for c in word.chars() {
-        if c == '\'' {
-            out.push_str("'\\''");
-        } else {
-            out.push(c);
+    push_quoted(&mut out, [word]);
+    out
+}
+
+/// Appends the words of `parts`, concatenated, to `line` as one quoted word (see [`quote`]):
+/// a run between two `'` is copied whole, not char by char (an environment variable can carry
+/// a service's whole configuration).
+fn push_quoted<'a>(line: &mut String, parts: impl IntoIterator<Item = &'a str>) {
+    line.push('\'');
+    for part in parts {
+        let mut runs = part.split('\'');
+        if let Some(first) = runs.next() {
+            line.push_str(first);
+        }
+        for run in runs {
+            line.push_str("'\\''");
+            line.push_str(run);
         }
     }
-    out.push('\'');
-    out
+    line.push('\'');
 }
 
 /// The shell string for a command: `cd` into its directory, then `timeout` (which the remote side
@@ -74,11 +84,12 @@ pub fn command_line(command: &NodeCommand, timeout: Duration) -> Result<String, 
             return Err(invalid(format!("environment variable `{key}` contains a NUL byte")));
         }
         line.push(' ');
-        line.push_str(&quote(&format!("{key}={value}")));
+        line.reserve(key.len() + value.len() + 3);
+        push_quoted(&mut line, [key.as_str(), "=", value.as_str()]);
     }
     for word in &command.argv {
         line.push(' ');
-        line.push_str(&quote(word));
+        push_quoted(&mut line, [word.as_str()]);
     }
     Ok(line)
 }

@@ -1044,3 +1044,77 @@ async fn a_terminate_cut_short_by_a_stop_is_released_when_the_host_starts() {
     }
     host.stop().await;
 }
+
+/// The stored row of process `name`, read with the host stopped.
+async fn stored_row(dir: &tempfile::TempDir, database: &Option<String>, env_id: &str, name: &str) -> orc_host::store::ProcessRecord {
+    let store = store_of(dir, database).await;
+    let row = store.find_process(&env_id.parse().unwrap(), name).await.unwrap().unwrap();
+    store.close().await;
+    row
+}
+
+async fn store_of(dir: &tempfile::TempDir, database: &Option<String>) -> orc_host::store::Store {
+    let location = database
+        .clone()
+        .unwrap_or_else(|| format!("sqlite:{}", dir.path().join(orc_host::store::SQLITE_FILE).display()));
+    orc_host::store::Store::connect(&location).await.unwrap()
+}
+
+/// A host that stops after a moved server's row says it runs on its new node and before its
+/// client was told (the releaser tells a moved process's peers from memory, in its next round):
+/// the host tells the client when it starts. The stop is made by hand: with the host stopped,
+/// the client's row is put back as it was before the move, which is what the database holds
+/// after such a stop; without being told, the client would be released as that row says and
+/// deployed again pointing at the old node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_of_a_move_cut_short_by_a_stop_are_told_when_the_host_starts() {
+    let host = start_host(1).await;
+    let _sshd = nodes(&host, 2).await;
+    publish_service(&host, &peers_service("told-server", "provides")).await;
+    publish_service(&host, &peers_service("told-client", "requires")).await;
+    let work = tempfile::tempdir().unwrap();
+    let processes = format!("/environments/{ENV}/processes");
+    for (name, service, node, port) in [
+        ("rs0", "told-server@1.0.0", "n1", 20_100),
+        ("rc0", "told-client@1.0.0", "n2", 20_101),
+    ] {
+        let body = json!({"name": name, "service": service, "node": node, "ports": {"echo": port},
+            "config": {"out": work.path().join(name)}});
+        let (status, p) = host.post(&processes, &body).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+    }
+    let body = json!({"from": {"process": "rc0", "interface": "echo"}, "to": {"process": "rs0", "interface": "echo"}});
+    let (status, c) = host.post(&format!("/environments/{ENV}/connections"), &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{c}");
+    converged(&host, work.path(), 0).await;
+    let (_, env) = host.get(&format!("/environments/{ENV}")).await;
+    let env_id = env["id"].as_str().unwrap().to_string();
+
+    // The client's row as it is before its server moves.
+    let (dir, database, token) = host.restart_later().await;
+    let before = stored_row(&dir, &database, &env_id, "rc0").await;
+    let host = Host::start_on(dir, database, Some(token)).await;
+    let (status, p) = host.post(&format!("{processes}/rs0/move"), &json!({"node": "n2"})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+    let settled = converged(&host, work.path(), 0).await;
+    assert!(settled.iter().any(|p| p["name"] == "rs0" && p["node"] == "n2"), "{settled:?}");
+
+    // Stopped before the client was told: its row as before the move.
+    let (dir, database, token) = host.restart_later().await;
+    let now = stored_row(&dir, &database, &env_id, "rc0").await;
+    assert_ne!(now.document, before.document, "the client was told of the move");
+    let store = store_of(&dir, &database).await;
+    store
+        .update_process(&env_id.parse().unwrap(), "rc0", now.revision, &before.state, &before.document)
+        .await
+        .unwrap();
+    store.close().await;
+
+    // Started again: told, and deployed pointing at the server's new node.
+    let host = Host::start_on(dir, database, Some(token)).await;
+    let settled = converged(&host, work.path(), 0).await;
+    assert!(settled.iter().any(|p| p["name"] == "rs0" && p["node"] == "n2"), "{settled:?}");
+    let told: Value = serde_json::from_str(&std::fs::read_to_string(work.path().join("rc0")).unwrap()).unwrap();
+    assert_eq!(told["echo"][0]["node"], "n2", "{told}");
+    host.stop().await;
+}

@@ -398,32 +398,47 @@ impl App {
     }
 
     /// Plans `processes`' tasks again with their connections as they are now, writes their rows
-    /// (revision-checked) and asks for a release. A process terminating or failed is left as it
-    /// is. The caller holds the services lock.
+    /// (revision-checked) and asks for a release. A process terminating, failed, or undoing its
+    /// create is left as it is. The caller holds the services lock.
     pub(crate) async fn redeliver(self: &Arc<Self>, env: &Environment, processes: &[String], who: Release) -> Result<(), ServicesError> {
+        if self.redeliver_rows(env, processes).await? {
+            let running = self.running(env).await?;
+            self.request_process_release(&env.id, &running, who);
+        }
+        Ok(())
+    }
+
+    /// [`App::redeliver`] without the release: whether some row changed. A moving process keeps
+    /// its move's order (the old node's stop after the new node's start).
+    pub(crate) async fn redeliver_rows(&self, env: &Environment, processes: &[String]) -> Result<bool, ServicesError> {
         let mut changed = false;
         for name in processes {
             let Some((record, doc)) = self.find_process(env, name).await? else {
                 continue;
             };
-            if matches!(state_of(&record), ProcessState::Terminating | ProcessState::Failed) {
+            let state = state_of(&record);
+            // Nothing of these runs, or is to run: undoing a create leaves no task to tell.
+            let undone = state == ProcessState::RollingBack && doc.active.is_none();
+            if undone || matches!(state, ProcessState::Terminating | ProcessState::Failed) {
                 continue;
             }
-            let mut doc = crate::services::ProcessDoc::clone(&doc);
             let connections = self.delivered_connections(env, name).await?;
-            let tasks = plan(&set_of(name), Some(&doc.target), &doc.tasks, &connections)?;
+            let set = set_of(name);
+            let tasks = match doc.active.as_ref().map(|a| a.node.as_str()) {
+                Some(from) if state == ProcessState::Moving && from != doc.target.node => {
+                    super::plan_move(&set, &doc.target, from, &doc.tasks, &connections)?
+                }
+                _ => plan(&set, Some(&doc.target), &doc.tasks, &connections)?,
+            };
             if tasks == doc.tasks {
                 continue;
             }
+            let mut doc = crate::services::ProcessDoc::clone(&doc);
             doc.tasks = tasks;
             doc.changed_at = now_ms();
-            self.write_process(env, &record, state_of(&record), &Arc::new(doc)).await?;
+            self.write_process(env, &record, state, &Arc::new(doc)).await?;
             changed = true;
         }
-        if changed {
-            let running = self.running(env).await?;
-            self.request_process_release(&env.id, &running, who);
-        }
-        Ok(())
+        Ok(changed)
     }
 }

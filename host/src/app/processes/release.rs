@@ -9,6 +9,11 @@
 //! version is the whole intent: at 200 processes, a thousand tasks stored and handed to the
 //! scheduler).
 //!
+//! A watcher whose process moved does not re-plan its peers itself: it names them in
+//! [`Running::redeliveries`] and the releaser's next round re-plans each once before it releases
+//! (a client whose two servers moved a moment apart is written and reconfigured once). Those
+//! names are only in memory: a host starting re-plans every process ([`App::resume_processes`]).
+//!
 //! The rows are the truth: an operator's version carries them too ([`App::cluster_tasks`]), and a
 //! host that stops before releasing releases them when it starts ([`App::resume_processes`]).
 //! What a release would refuse for a process's tasks (an automator not loadable under the
@@ -27,6 +32,7 @@ use tracing::Instrument;
 
 use crate::app::running::Running;
 use crate::app::{App, EnvError};
+use crate::clusters::ClusterError;
 use crate::clusters::planner;
 use crate::intent::pinning;
 use crate::intent::{Intent, IntentDocument, ResourceSpec};
@@ -124,7 +130,10 @@ impl App {
             running.process_prompt.store(false, Ordering::SeqCst);
             let wanted = *changes.borrow_and_update();
             let result = match self.store.get_environment(&env_id).await {
-                Ok(env) => self.release_processes(&env, &running).await,
+                Ok(env) => match self.redeliver_deferred(&env, &running).await {
+                    Ok(()) => self.release_processes(&env, &running).await.map_err(ServicesError::from),
+                    Err(e) => Err(e),
+                },
                 Err(StoreError::NotFound { .. }) => return,
                 Err(e) => Err(e.into()),
             };
@@ -134,7 +143,7 @@ impl App {
                     backoff = FIRST_BACKOFF;
                     *running.process_release_error.lock().expect("release error") = None;
                 }
-                Err(EnvError::UnknownEnvironment(_)) => return,
+                Err(ServicesError::Cluster(ClusterError::Env(EnvError::UnknownEnvironment(_)))) => return,
                 Err(e) => {
                     tracing::warn!(error = %error_chain(&e), retry_in_ms = backoff.as_millis() as u64, "cannot release the processes' tasks; trying again");
                     *running.process_release_error.lock().expect("release error") = Some(error_chain(&e));
@@ -146,6 +155,24 @@ impl App {
                 }
             }
         }
+    }
+
+    /// Tells the processes whose peers moved ([`Running::redeliveries`]) their peers' nodes:
+    /// each re-planned once, under the services lock, before the round releases them. Put back
+    /// if that fails, for the next round.
+    async fn redeliver_deferred(&self, env: &Environment, running: &Running) -> Result<(), ServicesError> {
+        let names: Vec<String> = std::mem::take(&mut *running.redeliveries.lock().expect("redeliveries"))
+            .into_iter()
+            .collect();
+        if names.is_empty() {
+            return Ok(());
+        }
+        let _services = running.services.lock().await;
+        let told = self.redeliver_rows(env, &names).await;
+        if told.is_err() {
+            running.redeliveries.lock().expect("redeliveries").extend(names);
+        }
+        told.map(drop)
     }
 
     /// Under the release turn: a new version with every process's tasks as the rows have them,

@@ -126,8 +126,10 @@ impl App {
                 let mut doc = doc();
                 doc.active = Some(doc.target.clone());
                 self.settle_process(env, &record, doc, ProcessState::Running).await?;
+                // Told by the releaser's next round, once each however many of its peers moved.
                 let peers = self.peers_of(env, name).await?;
-                self.redeliver(env, &peers, Release::FollowUp).await?;
+                running.redeliveries.lock().expect("redeliveries").extend(peers);
+                self.request_process_release(&env.id, &running, Release::FollowUp);
                 tracing::info!(environment = %env.name, process = %name, "process moved");
                 Ok(Next::Done)
             }
@@ -221,10 +223,20 @@ impl App {
                 Ok(processes) => {
                     // Rows written before the host stopped may not be released yet; and with no
                     // row left, the released version may still hold a terminated process's
-                    // tasks (the host stopped between deleting its row and the release).
+                    // tasks (the host stopped between deleting its row and the release). Peers
+                    // of a process that moved may not have been told yet (the releaser tells
+                    // them, from memory): every process is re-planned with its connections as
+                    // they are, which changes only the rows of those not told.
                     if !processes.is_empty() || self.released_process_tasks(&env).await {
                         match self.running(&env).await {
-                            Ok(running) => self.request_process_release(&env.id, &running, Release::Prompt),
+                            Ok(running) => {
+                                running
+                                    .redeliveries
+                                    .lock()
+                                    .expect("redeliveries")
+                                    .extend(processes.iter().map(|p| p.name.clone()));
+                                self.request_process_release(&env.id, &running, Release::Prompt)
+                            }
                             Err(e) => {
                                 tracing::error!(environment = %env.name, error = %error_chain(&e), "cannot start the environment for its processes")
                             }
