@@ -151,7 +151,34 @@ impl ServeArgs {
     }
 }
 
+/// `mi_option_purge_delay`: its place in mimalloc 3's `mi_option_e` (libmimalloc-sys names no
+/// constant for it), and its default there, in milliseconds.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+const MI_DEFAULT_PURGE_DELAY: std::ffi::c_long = 1000;
+
+/// Has mimalloc give a freed page back to the system at once. By default it waits a second, and
+/// then only purges when the thread that owns the page allocates again, so the idle threads of a
+/// server at rest keep what they freed: after `api-bench 100000` the server held 259 MiB, of
+/// which most was freed memory (heaptrack counts 45 MiB live after `api-bench 10000`, where
+/// mimalloc's arena held 174 MiB), and 217 MiB with no delay. `MIMALLOC_PURGE_DELAY` still
+/// rules when the operator sets it; a delay other than mimalloc 3's default means the option is
+/// not where this expects it, and it is left alone.
+#[allow(unsafe_code)]
+fn purge_freed_pages_at_once() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+        return;
+    }
+    // SAFETY: reading and setting an allocator option takes no pointers; mimalloc reads it
+    // whenever it considers a purge.
+    unsafe {
+        if libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) == MI_DEFAULT_PURGE_DELAY {
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    purge_freed_pages_at_once();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("ORC_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)

@@ -62,11 +62,42 @@ impl Version {
 /// serialise with sorted keys, so equal desired states hash equally.
 pub fn desired_hash(spec: &ResourceSpec, adaptor: &Digest) -> Digest {
     // Exactly the text of `{"adaptor": …, "attributes": …, "purged": …}` serialised as a JSON
-    // value (keys in order, no whitespace), without building one.
-    let canonical = format!(
-        r#"{{"adaptor":"{adaptor}","attributes":{},"purged":{}}}"#,
-        spec.attributes.as_json(),
-        spec.purged
-    );
-    Digest::of(canonical.as_bytes())
+    // value (keys in order, no whitespace), hashed in pieces without building it.
+    let adaptor = adaptor.to_string();
+    let purged: &[u8] = if spec.purged { b"true}" } else { b"false}" };
+    Digest::of_parts([
+        br#"{"adaptor":""#.as_slice(),
+        adaptor.as_bytes(),
+        br#"","attributes":"#,
+        spec.attributes.as_json().as_bytes(),
+        br#","purged":"#,
+        purged,
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::intent::{Attributes, PluginRef, ResourceId};
+
+    /// The hash is that of the JSON value `{"adaptor", "attributes", "purged"}` as serde_json
+    /// writes it: stored hashes stay valid across releases of the host (a change here would
+    /// redeploy every resource).
+    #[test]
+    fn the_desired_hash_is_that_of_the_canonical_json() {
+        let adaptor = Digest::of(b"adaptor");
+        for purged in [false, true] {
+            let attributes = serde_json::json!({"path": "/tmp/a \"b\"", "mode": 420, "nested": {"z": [1, 2], "a": null}});
+            let spec = ResourceSpec {
+                id: "file[local,/tmp/a]".parse::<ResourceId>().unwrap(),
+                adaptor: PluginRef::Digest(adaptor),
+                attributes: Attributes::new(&attributes),
+                requires: Vec::new(),
+                purged,
+                set: None,
+            };
+            let value = serde_json::json!({"adaptor": adaptor.to_string(), "attributes": attributes, "purged": purged});
+            assert_eq!(desired_hash(&spec, &adaptor), Digest::of(value.to_string().as_bytes()));
+        }
+    }
 }

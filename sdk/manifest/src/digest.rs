@@ -22,6 +22,15 @@ impl Digest {
         Digest(Sha256::digest(bytes).into())
     }
 
+    /// The digest of `parts` one after another, as if concatenated (without concatenating them).
+    pub fn of_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> Digest {
+        let mut hasher = Sha256::new();
+        for part in parts {
+            hasher.update(part);
+        }
+        Digest(hasher.finalize().into())
+    }
+
     /// The 64 hex digits, without the `sha256:` prefix (used as a file name).
     pub fn hex(&self) -> String {
         self.text().as_str()[PREFIX.len()..].to_string()

@@ -1169,12 +1169,13 @@ pub(crate) fn progress_of(
             return Err(ClusterError::Invalid(format!("task `{}` is not pinned", t.id)));
         };
         let expected = crate::scheduler::desired_hash(t, digest).to_string();
-        let state = states.get(&t.id.to_string());
+        let id = t.id.to_string();
+        let state = states.get(&id);
         let (service, step) = planner::parse_task_key(&t.id.key)
             .map(|(_, s, step)| (s.to_string(), step.as_str()))
             .unwrap_or_default();
         let mut view = TaskView {
-            id: t.id.to_string(),
+            id,
             node: t.id.node.clone(),
             service,
             step: step.to_string(),
