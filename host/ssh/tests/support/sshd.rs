@@ -253,11 +253,23 @@ impl Sshd {
         if let Some(mut child) = self.child.take() {
             let pid = child.id();
             // Per-connection monitors and their privilege-separated children (which hold the
-            // connection after authentication): the whole tree, listed before anything dies.
-            let children = descendants_of(pid);
+            // connection after authentication): the whole tree, frozen before it is listed and
+            // listed again until no new process shows up, so that nothing forks unseen. Listed
+            // while running, a connection accepted between the listing and the kill outlived the
+            // server, and the host kept using it (a test saw its node stay reachable).
+            let mut frozen = vec![pid];
+            signal(&frozen, "STOP");
+            loop {
+                let new: Vec<u32> = descendants_of(pid).into_iter().filter(|p| !frozen.contains(p)).collect();
+                if new.is_empty() {
+                    break;
+                }
+                signal(&new, "STOP");
+                frozen.extend(new);
+            }
             let _ = child.kill();
             let _ = child.wait();
-            signal(&children, "KILL");
+            signal(&frozen[1..], "KILL");
         }
     }
 
