@@ -656,14 +656,24 @@ struct WatchedNode {
 }
 
 impl WatchedNode {
-    fn observe<T>(&self, result: &Result<T, NodeError>) {
+    /// Runs a call on the connection and lets its outcome change the node's status.
+    async fn watch<T>(&self, call: impl Future<Output = Result<T, NodeError>>) -> Result<T, NodeError> {
+        let before = self.ssh.answers();
+        let result = call.await;
+        self.observe(&result, self.ssh.answers() != before);
+        result
+    }
+
+    /// An unreachable node is back only when it answered: a call that succeeds without asking
+    /// it (a fence with nothing to sync) says nothing about it.
+    fn observe<T>(&self, result: &Result<T, NodeError>, answered: bool) {
         let Some(inner) = self.registry.upgrade() else { return };
         let status = match inner.entries.read().expect("node entries").get(&self.name) {
             Some(e) => e.status,
             None => return,
         };
         match result {
-            Ok(_) if status == NodeStatus::Unreachable => {
+            Ok(_) if answered && status == NodeStatus::Unreachable => {
                 let name = self.name.clone();
                 tokio::spawn(async move {
                     let lock = inner.lock_for(&name);
@@ -729,99 +739,51 @@ impl WatchedNode {
 
 impl NodeBackend for WatchedNode {
     fn run(&self, command: NodeCommand) -> BoxFuture<'_, Result<CommandOutput, NodeError>> {
-        Box::pin(async move {
-            let r = self.ssh.run(command).await;
-            self.observe(&r);
-            r
-        })
+        Box::pin(self.watch(self.ssh.run(command)))
     }
 
     fn read_file<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Vec<u8>>, NodeError>> {
-        Box::pin(async move {
-            let r = self.ssh.read_file(path).await;
-            self.observe(&r);
-            r
-        })
+        Box::pin(self.watch(self.ssh.read_file(path)))
     }
 
     fn write_file<'a>(&'a self, path: &'a str, content: Vec<u8>, mode: Option<u32>) -> BoxFuture<'a, Result<(), NodeError>> {
-        Box::pin(async move {
-            let r = self.ssh.write_file(path, content, mode).await;
-            self.observe(&r);
-            r
-        })
+        Box::pin(self.watch(self.ssh.write_file(path, content, mode)))
     }
 
     fn stat<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<FileStat>, NodeError>> {
-        Box::pin(async move {
-            let r = self.ssh.stat(path).await;
-            self.observe(&r);
-            r
-        })
+        Box::pin(self.watch(self.ssh.stat(path)))
     }
 
     fn create_dir<'a>(&'a self, path: &'a str, mode: Option<u32>, parents: bool) -> BoxFuture<'a, Result<(), NodeError>> {
-        Box::pin(async move {
-            let r = self.ssh.create_dir(path, mode, parents).await;
-            self.observe(&r);
-            r
-        })
+        Box::pin(self.watch(self.ssh.create_dir(path, mode, parents)))
     }
 
     fn set_mode<'a>(&'a self, path: &'a str, mode: u32) -> BoxFuture<'a, Result<(), NodeError>> {
-        Box::pin(async move {
-            let r = self.ssh.set_mode(path, mode).await;
-            self.observe(&r);
-            r
-        })
+        Box::pin(self.watch(self.ssh.set_mode(path, mode)))
     }
 
     fn remove<'a>(&'a self, path: &'a str, recursive: bool) -> BoxFuture<'a, Result<bool, NodeError>> {
-        Box::pin(async move {
-            let r = self.ssh.remove(path, recursive).await;
-            self.observe(&r);
-            r
-        })
+        Box::pin(self.watch(self.ssh.remove(path, recursive)))
     }
 
     fn read_link<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<String>, NodeError>> {
-        Box::pin(async move {
-            let r = self.ssh.read_link(path).await;
-            self.observe(&r);
-            r
-        })
+        Box::pin(self.watch(self.ssh.read_link(path)))
     }
 
     fn create_symlink<'a>(&'a self, target: &'a str, path: &'a str) -> BoxFuture<'a, Result<(), NodeError>> {
-        Box::pin(async move {
-            let r = self.ssh.create_symlink(target, path).await;
-            self.observe(&r);
-            r
-        })
+        Box::pin(self.watch(self.ssh.create_symlink(target, path)))
     }
 
     fn owner<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Option<Ownership>, NodeError>> {
-        Box::pin(async move {
-            let r = self.ssh.owner(path).await;
-            self.observe(&r);
-            r
-        })
+        Box::pin(self.watch(self.ssh.owner(path)))
     }
 
     fn set_owner<'a>(&'a self, path: &'a str, user: Option<&'a str>, group: Option<&'a str>) -> BoxFuture<'a, Result<(), NodeError>> {
-        Box::pin(async move {
-            let r = self.ssh.set_owner(path, user, group).await;
-            self.observe(&r);
-            r
-        })
+        Box::pin(self.watch(self.ssh.set_owner(path, user, group)))
     }
 
     fn durable(&self) -> BoxFuture<'_, Result<(), NodeError>> {
-        Box::pin(async move {
-            let r = self.ssh.durable().await;
-            self.observe(&r);
-            r
-        })
+        Box::pin(self.watch(self.ssh.durable()))
     }
 }
 

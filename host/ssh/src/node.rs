@@ -3,6 +3,7 @@
 //! the node cannot be reached.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -48,6 +49,8 @@ struct Inner {
     conn: tokio::sync::Mutex<Option<Arc<Connection>>>,
     /// Counts reconnects, for tests and logs.
     connects: Mutex<u64>,
+    /// Counts the calls the node answered (see [`SshNode::answers`]).
+    answers: AtomicU64,
     /// The last failed attempt to connect: callers that were already waiting for it share its
     /// answer instead of each trying (and waiting out the connect timeout) in turn.
     last_failure: Mutex<Option<(Instant, SshError)>>,
@@ -85,6 +88,7 @@ impl SshNode {
                 options,
                 conn: tokio::sync::Mutex::new(Some(Arc::new(conn))),
                 connects: Mutex::new(1),
+                answers: AtomicU64::new(0),
                 last_failure: Mutex::new(None),
                 unsynced: Unsynced::default(),
             }),
@@ -105,6 +109,18 @@ impl SshNode {
     /// How many connections were made so far (1 until a reconnect).
     pub fn connections_made(&self) -> u64 {
         *self.inner.connects.lock().expect("connects")
+    }
+
+    /// How many calls the node has answered so far: a command that ran, an SFTP request that got
+    /// a reply (even a refusal). A call answered without asking the node (a durability fence with
+    /// nothing to sync, say) does not count, so a caller can tell "the node answered" from "the
+    /// call succeeded" by comparing this before and after.
+    pub fn answers(&self) -> u64 {
+        self.inner.answers.load(Ordering::Relaxed)
+    }
+
+    fn answered(&self) {
+        self.inner.answers.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Closes the connection; the next call opens a new one.
@@ -171,7 +187,11 @@ impl SshNode {
                     self.forget(&conn).await;
                     retried = true;
                 }
-                other => return other,
+                Err(e) if e.kind == NodeErrorKind::Unavailable => return Err(e),
+                other => {
+                    self.answered();
+                    return other;
+                }
             }
         }
     }
@@ -183,7 +203,10 @@ impl SshNode {
         loop {
             let conn = self.connection().await?;
             match exec(&conn, line.clone(), stdin.clone(), deadline).await {
-                Ok(done) => return Ok(done),
+                Ok(done) => {
+                    self.answered();
+                    return Ok(done);
+                }
                 Err(ExecError::NotStarted(e)) if e.is_unavailable() && !retried => {
                     self.forget(&conn).await;
                     retried = true;

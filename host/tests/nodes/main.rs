@@ -541,6 +541,24 @@ async fn a_stopped_node_makes_resources_unavailable_until_it_returns() {
     let node = host.wait_status("web1", "unreachable").await;
     assert!(node["last_error"].is_string(), "{node}");
 
+    // A change on the local node is fenced together with every node the environment reached:
+    // web1's part of that fence has nothing to sync and succeeds without asking web1, which
+    // says nothing about web1 (it once counted as web1 answering again).
+    let c = file("local", std::path::Path::new("/c"), "c\n");
+    let (status, v) = host
+        .submit("dev", json!([file("web1", &a, "a\n"), file("web1", &b, "b\n"), c]))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{v}");
+    host.wait_resource("dev", "file[local,/c]", "deployed").await;
+    for _ in 0..20 {
+        let (_, node) = host.get("/nodes/web1").await;
+        assert_eq!(
+            node["status"], "unreachable",
+            "web1 counted as back while its sshd is stopped: {node}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     sshd.start_again();
     host.wait_resource("dev", &b_id, "deployed").await;
     assert_eq!(std::fs::read_to_string(&b).unwrap(), "b\n");

@@ -261,21 +261,33 @@ async fn symlinks_and_owners() {
 
 /// The durability fence: writes are not synced one by one; `durable` syncs the file systems of
 /// the directories changed since the last fence with one `sync -f` (falling back to `sync` when
-/// one of them is gone), and with nothing changed it has nothing to do.
+/// one of them is gone), and with nothing changed it has nothing to do: it does not ask the
+/// node, and does not count as the node answering ([`orc_ssh::SshNode::answers`]).
 #[tokio::test]
 async fn the_durability_fence_syncs_what_changed_since_the_last_one() {
     let sshd = Sshd::start();
     let scratch = sshd.scratch_dir("fence");
     let node = connect(&sshd).await;
     node.durable().await.unwrap();
+    assert_eq!(node.answers(), 0);
     for dir in ["a", "b"] {
         node.create_dir(&path(&scratch, dir), None, false).await.unwrap();
         node.write_file(&path(&scratch, &format!("{dir}/f")), b"x".to_vec(), None)
             .await
             .unwrap();
     }
+    let before = node.answers();
+    assert!(before >= 4, "{before}");
     node.durable().await.unwrap();
+    assert_eq!(node.answers(), before + 1, "the sync ran on the node");
     node.durable().await.unwrap();
+    assert_eq!(node.answers(), before + 1, "nothing to sync: the node was not asked");
+    // A refusal is an answer too; a call refused before it is sent is not.
+    let err = node.read_file(&path(&scratch, "a")).await.unwrap_err();
+    assert_eq!(err.kind, NodeErrorKind::InvalidInput, "{err}");
+    assert_eq!(node.answers(), before + 2);
+    node.set_owner(&path(&scratch, "a"), None, None).await.unwrap();
+    assert_eq!(node.answers(), before + 2);
     // A directory changed and then removed: `sync -f` cannot open it, `sync` covers it.
     node.write_file(&path(&scratch, "b/g"), b"y".to_vec(), None).await.unwrap();
     node.remove(&path(&scratch, "b"), true).await.unwrap();
