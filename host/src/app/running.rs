@@ -85,10 +85,12 @@ pub(crate) struct Running {
     pub(crate) processes: crate::app::processes::ProcessTable,
     /// Its process tasks' states, for the watchers of their processes (`app::processes::news`).
     pub(crate) process_news: Arc<crate::app::processes::ProcessNews>,
-    /// Processes to be told their peers' new nodes: a watcher whose process moved puts its
-    /// peers here and the releaser's next round re-plans each once, however many of its peers
-    /// moved meanwhile (`app::processes::release`).
-    pub(crate) redeliveries: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Processes to be told their peers' new nodes, each with when it was first named: a watcher
+    /// whose process moved puts its peers here and the releaser's next round re-plans each once,
+    /// however many of its peers moved meanwhile (`app::processes::release`). Each stays here
+    /// until its row is re-planned, and shows as a pending change meanwhile
+    /// ([`crate::app::processes::connections::queued_tell`]). Changed under the services lock.
+    pub(crate) redeliveries: std::sync::Mutex<std::collections::BTreeMap<String, crate::store::Millis>>,
     /// Whether the process releaser runs.
     pub(crate) process_releaser: std::sync::atomic::AtomicBool,
     /// Why the process releaser's last attempt failed, while it has not succeeded since.
@@ -118,6 +120,21 @@ impl Running {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1))
             .ok()
             .map(|_| DryrunSlot(self.dryruns.clone()))
+    }
+
+    /// Queues `names` to be told their peers' nodes by the releaser's next round (the caller
+    /// holds the services lock, and then asks for a release); one already queued keeps its time.
+    pub(crate) fn queue_tells(&self, names: impl IntoIterator<Item = String>) {
+        let now = crate::store::now_ms();
+        let mut queued = self.redeliveries.lock().expect("redeliveries");
+        for name in names {
+            queued.entry(name).or_insert(now);
+        }
+    }
+
+    /// Since when `name` waits to be told its peers' nodes, if it does.
+    pub(crate) fn tell_queued_since(&self, name: &str) -> Option<crate::store::Millis> {
+        self.redeliveries.lock().expect("redeliveries").get(name).copied()
     }
 
     pub(crate) fn ctx(&self) -> CallContext {

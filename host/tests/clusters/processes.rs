@@ -624,8 +624,28 @@ async fn a_moved_provider_starts_before_it_stops_and_its_peer_follows() {
     );
     let moved = wait_state(&host, "server", "running").await;
     assert_eq!(moved["node"], "n2");
-    // The peer follows, told once the move is done.
-    wait_file(&out, "n2").await;
+    // The peer follows, told once the move is done (by the releaser's next round, which waits a
+    // while for other follow-ups): from the move's end until it has taken the change, the
+    // client shows it pending, first as queued. Once nothing is pending, it knows.
+    let pending_path = format!("/environments/{ENV}/pending");
+    let (_, pending) = host.get(&pending_path).await;
+    let items = pending["items"].as_array().unwrap();
+    let told = items.iter().find(|i| i["process"] == "client").map(|i| i["changes"][0].clone());
+    let told = told.unwrap_or_else(|| panic!("the server moved and its client has nothing pending: {pending}"));
+    if told["step"] == "connections" {
+        assert_eq!(
+            (told["status"].as_str(), told["task"].as_str()),
+            (Some("queued"), Some("process.client/connections")),
+            "{pending}"
+        );
+        let (_, client) = host.get(&format!("{processes}/client")).await;
+        assert_eq!(client["pending"][0], told, "{client}");
+    }
+    host.wait_for(&pending_path, "nothing pending", OP_TIMEOUT, |_, p| {
+        p["items"].as_array().unwrap().is_empty()
+    })
+    .await;
+    assert_eq!(std::fs::read_to_string(&out).unwrap().trim(), "n2");
     let events: Vec<String> = std::fs::read_to_string(&log).unwrap().lines().map(str::to_string).collect();
     let at = |line: &str| {
         events

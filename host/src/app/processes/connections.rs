@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use super::{Release, plan, state_of};
 use crate::app::App;
 use crate::app::clusters::TaskView;
+use crate::app::running::Running;
 use crate::services::{ProcessState, ServicesError, set_of};
 use crate::store::{ConnectionRecord, Environment, Millis, StoreError, now_ms};
 
@@ -72,13 +73,15 @@ impl From<ConnectionRecord> for ConnectionView {
     }
 }
 
-/// A change a process has not taken yet: one of its tasks whose desired state is not deployed.
+/// A change a process has not taken yet: one of its tasks whose desired state is not deployed,
+/// or its peers' new nodes, queued to be told.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct PendingChange {
     pub task: String,
     pub step: String,
     /// `pending` (not started), `deploying`, `failed`, `unavailable` (its node cannot be
-    /// reached), `skipped`, …
+    /// reached), `skipped`, …; `queued` for a process to be told its peers' new nodes (task
+    /// `process.<name>/connections`, step `connections`).
     pub status: String,
     pub attempts: i64,
     pub last_error: Option<String>,
@@ -99,19 +102,29 @@ pub struct PendingProcess {
     pub changes: Vec<PendingChange>,
 }
 
-/// The tasks of `tasks` not done, as pending changes since `since`.
-pub(crate) fn pending_of(tasks: &[TaskView], since: Millis) -> Vec<PendingChange> {
-    tasks
-        .iter()
-        .filter(|t| t.status != "done")
-        .map(|t| PendingChange {
+/// The tasks of `tasks` not done, as pending changes since `since`; first, if process `name`
+/// waits to be told its peers' new nodes ([`Running::queue_tells`]), that change: task
+/// `<set>/connections`, step `connections`, status `queued`, since it was queued, with the
+/// releaser's error if its last round failed.
+pub(crate) fn pending_of(running: &Running, name: &str, tasks: &[TaskView], since: Millis) -> Vec<PendingChange> {
+    let queued = running.tell_queued_since(name).map(|queued_at| PendingChange {
+        task: format!("{}/connections", set_of(name)),
+        step: "connections".into(),
+        status: "queued".into(),
+        attempts: 0,
+        last_error: running.process_release_error.lock().expect("release error").clone(),
+        since: queued_at,
+    });
+    queued
+        .into_iter()
+        .chain(tasks.iter().filter(|t| t.status != "done").map(|t| PendingChange {
             task: t.id.clone(),
             step: t.step.clone(),
             status: t.status.clone(),
             attempts: t.attempts,
             last_error: t.last_error.clone(),
             since,
-        })
+        }))
         .collect()
 }
 
@@ -336,9 +349,10 @@ impl App {
         let processes = self.current_processes(&env).await?;
         let tasks: Vec<_> = processes.iter().flat_map(|(_, doc)| doc.tasks.iter()).collect();
         let states = self.task_states(&env, &tasks).await?;
+        let running = self.running(&env).await?;
         for (record, doc) in processes {
             let progress = crate::app::clusters::progress_of(&doc.tasks, doc.max_attempts, &states)?;
-            let changes = pending_of(&progress.tasks, doc.changed_at);
+            let changes = pending_of(&running, &record.name, &progress.tasks, doc.changed_at);
             if !changes.is_empty() {
                 items.push(PendingProcess {
                     process: record.name.clone(),

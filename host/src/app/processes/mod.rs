@@ -605,7 +605,7 @@ impl App {
         for t in &tasks {
             *progress.entry(t.status.clone()).or_insert(0) += 1;
         }
-        let pending = connections::pending_of(&tasks, doc.changed_at);
+        let pending = connections::pending_of(&shared.running, &record.name, &tasks, doc.changed_at);
         let connections = shared
             .connections
             .iter()

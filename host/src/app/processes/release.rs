@@ -158,21 +158,22 @@ impl App {
     }
 
     /// Tells the processes whose peers moved ([`Running::redeliveries`]) their peers' nodes:
-    /// each re-planned once, under the services lock, before the round releases them. Put back
-    /// if that fails, for the next round.
+    /// each re-planned once, under the services lock, before the round releases them. Each
+    /// leaves the queue only once its row is written (still under the lock, which whoever
+    /// queues holds too): until then it shows as pending, and a failed round leaves it for the
+    /// next.
     async fn redeliver_deferred(&self, env: &Environment, running: &Running) -> Result<(), ServicesError> {
-        let names: Vec<String> = std::mem::take(&mut *running.redeliveries.lock().expect("redeliveries"))
-            .into_iter()
-            .collect();
+        let _services = running.services.lock().await;
+        let names: Vec<String> = running.redeliveries.lock().expect("redeliveries").keys().cloned().collect();
         if names.is_empty() {
             return Ok(());
         }
-        let _services = running.services.lock().await;
-        let told = self.redeliver_rows(env, &names).await;
-        if told.is_err() {
-            running.redeliveries.lock().expect("redeliveries").extend(names);
+        self.redeliver_rows(env, &names).await?;
+        let mut queued = running.redeliveries.lock().expect("redeliveries");
+        for name in &names {
+            queued.remove(name);
         }
-        told.map(drop)
+        Ok(())
     }
 
     /// Under the release turn: a new version with every process's tasks as the rows have them,

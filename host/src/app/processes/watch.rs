@@ -128,7 +128,7 @@ impl App {
                 self.settle_process(env, &record, doc, ProcessState::Running).await?;
                 // Told by the releaser's next round, once each however many of its peers moved.
                 let peers = self.peers_of(env, name).await?;
-                running.redeliveries.lock().expect("redeliveries").extend(peers);
+                running.queue_tells(peers);
                 self.request_process_release(&env.id, &running, Release::FollowUp);
                 tracing::info!(environment = %env.name, process = %name, "process moved");
                 Ok(Next::Done)
@@ -230,11 +230,10 @@ impl App {
                     if !processes.is_empty() || self.released_process_tasks(&env).await {
                         match self.running(&env).await {
                             Ok(running) => {
-                                running
-                                    .redeliveries
-                                    .lock()
-                                    .expect("redeliveries")
-                                    .extend(processes.iter().map(|p| p.name.clone()));
+                                {
+                                    let _services = running.services.lock().await;
+                                    running.queue_tells(processes.iter().map(|p| p.name.clone()));
+                                }
                                 self.request_process_release(&env.id, &running, Release::Prompt)
                             }
                             Err(e) => {
