@@ -89,7 +89,7 @@ pub(crate) struct Running {
     /// whose process moved puts its peers here and the releaser's next round re-plans each once,
     /// however many of its peers moved meanwhile (`app::processes::release`). Each stays here
     /// until its row is re-planned, and shows as a pending change meanwhile
-    /// ([`crate::app::processes::connections::queued_tell`]). Changed under the services lock.
+    /// (`app::processes::connections::pending_of`). Changed under the services lock.
     pub(crate) redeliveries: std::sync::Mutex<std::collections::BTreeMap<String, crate::store::Millis>>,
     /// Whether the process releaser runs.
     pub(crate) process_releaser: std::sync::atomic::AtomicBool,
