@@ -100,6 +100,9 @@ pub(super) struct InterfaceView {
     allow_multiple: bool,
     /// The most connections it takes; `null`: no limit.
     limit: Option<u32>,
+    /// Whether it is told where its peers run: a consumer always; a provider when it asks for
+    /// its consumers' addresses (then a consumer's move reconfigures it).
+    told_peer_location: bool,
     versions: Vec<InterfaceVersionView>,
 }
 
@@ -141,6 +144,7 @@ impl ServiceVersion {
                 .into_iter()
                 .map(|i| InterfaceView {
                     limit: i.limit(),
+                    told_peer_location: i.told_peer_location(),
                     role: match i.role {
                         Role::Provides => "provides",
                         Role::Requires => "requires",

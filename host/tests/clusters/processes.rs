@@ -727,6 +727,123 @@ async fn a_moved_provider_starts_before_it_stops_and_its_peer_follows() {
     host.stop().await;
 }
 
+/// A `shell` service whose start logs `$ORC_NODE start` to `$LOG` and writes its connections as
+/// delivered (`$PEERS`, JSON) to `$OUT`; a provider of `echo` that asks where its consumers run
+/// when `consumer_addresses`.
+fn telling_service(name: &str, role: &str, consumer_addresses: bool) -> Value {
+    let mut interface = json!({"name": "echo", "role": role, "allow_multiple": true,
+        "versions": [{"version": "1.0.0", "schema": {"type": "object", "title": "echo"}}]});
+    if role == "provides" {
+        interface["port"] = json!("echo");
+        interface["consumer_addresses"] = json!(consumer_addresses);
+    }
+    json!({
+        "name": name, "version": "1.0.0",
+        "automator": orc_plugin_artifacts::by_name("shell").unwrap().digest,
+        "config": {"scripts": {"start": "echo \"$ORC_NODE start\" >> \"$LOG\"; printf '%s' \"$PEERS\" > \"$OUT\"",
+            "stop": "true", "remove": "true"}},
+        "config_schema": {"type": "object"},
+        "ports": [{"name": "echo", "port": 7}],
+        "connections_key": "peers",
+        "interfaces": [interface]
+    })
+}
+
+/// A consumer that moves is no reason to restart its providers: one that does not ask where its
+/// consumers run is told who is connected and at which version, and is left alone by the move; one
+/// that asks (`consumer_addresses`) is told the consumer's node and address, and follows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_consumer_reconfigures_only_the_providers_that_ask_where_it_runs() {
+    let host = start_host(1).await;
+    let _sshd = nodes(&host, 3).await;
+    publish_service(&host, &telling_service("plain-server", "provides", false)).await;
+    publish_service(&host, &telling_service("asking-server", "provides", true)).await;
+    publish_service(&host, &telling_service("told-client", "requires", false)).await;
+    for (service, told) in [("asking-server", true), ("plain-server", false), ("told-client", true)] {
+        let (status, doc) = host.get(&format!("/services/{service}/1.0.0")).await;
+        assert_eq!(doc["interfaces"][0]["told_peer_location"], told, "{status} {doc}");
+    }
+    let work = tempfile::tempdir().unwrap();
+    let file = |process: &str, what: &str| work.path().join(format!("{process}.{what}"));
+    let processes = format!("/environments/{ENV}/processes");
+    for (name, service, node, port) in [
+        ("plain", "plain-server@1.0.0", "n1", 7001),
+        ("asking", "asking-server@1.0.0", "n1", 7002),
+        ("consumer", "told-client@1.0.0", "n2", 7003),
+    ] {
+        let config = json!({"log": file(name, "log"), "out": file(name, "out")});
+        let (status, p) = host
+            .post(
+                &processes,
+                &json!({"name": name, "service": service, "node": node, "config": config, "ports": {"echo": port}}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+    }
+    for name in ["plain", "asking", "consumer"] {
+        wait_state(&host, name, "running").await;
+    }
+    for server in ["plain", "asking"] {
+        let body = json!({"from": {"process": "consumer", "interface": "echo"}, "to": {"process": server, "interface": "echo"}});
+        let (status, c) = host.post(&format!("/environments/{ENV}/connections"), &body).await;
+        assert_eq!(status, StatusCode::CREATED, "{c}");
+    }
+    let pending_path = format!("/environments/{ENV}/pending");
+    let settled = || async {
+        host.wait_for(&pending_path, "nothing pending", OP_TIMEOUT, |_, p| {
+            p["items"].as_array().unwrap().is_empty()
+        })
+        .await;
+    };
+    settled().await;
+    let told = |process: &str| -> Vec<Value> {
+        let text = std::fs::read_to_string(file(process, "out")).unwrap();
+        let peers: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{process} was told {text:?}: {e}"));
+        peers["echo"].as_array().cloned().unwrap_or_else(|| panic!("{process}: {peers}"))
+    };
+    let starts = |process: &str| std::fs::read_to_string(file(process, "log")).unwrap().lines().count();
+    // The consumer knows where both run; only the asking provider knows where the consumer runs.
+    let consumer = told("consumer");
+    assert_eq!(consumer.len(), 2, "{consumer:?}");
+    for peer in &consumer {
+        assert!(
+            peer["node"] == "n1" && peer["address"].is_string() && peer["port"].is_u64(),
+            "{peer}"
+        );
+    }
+    for server in ["plain", "asking"] {
+        let peers = told(server);
+        assert_eq!(peers.len(), 1, "{server}: {peers:?}");
+        assert!(
+            peers[0]["peer"] == "consumer" && peers[0]["version"] == "1.0.0" && peers[0]["id"].is_string(),
+            "{peers:?}"
+        );
+    }
+    let plain = &told("plain")[0];
+    assert!(plain.get("node").is_none() && plain.get("address").is_none(), "{plain}");
+    assert!(
+        told("asking")[0]["node"] == "n2" && told("asking")[0]["address"].is_string(),
+        "{:?}",
+        told("asking")
+    );
+    let plain_starts = starts("plain");
+
+    let (status, moving) = host.post(&format!("{processes}/consumer/move"), &json!({"node": "n3"})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{moving}");
+    let moved = wait_state(&host, "consumer", "running").await;
+    assert_eq!(moved["node"], "n3");
+    settled().await;
+    assert_eq!(told("asking")[0]["node"], "n3", "the asking provider follows its consumer");
+    assert_eq!(
+        starts("plain"),
+        plain_starts,
+        "the provider that did not ask was restarted by its consumer's move"
+    );
+    let (_, plain) = host.get(&format!("{processes}/plain")).await;
+    assert!(plain["pending"].as_array().unwrap().is_empty(), "{plain}");
+    host.stop().await;
+}
+
 /// A `shell` service for the randomized test: a client's start writes its connections as
 /// delivered (`$PEERS`, JSON) to `$OUT`.
 fn peers_service(name: &str, role: &str) -> Value {

@@ -109,12 +109,24 @@ pub struct Interface {
     pub allow_multiple: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u32>,
+    /// For a provider: whether it is told where each consumer runs (node and address, e.g. to let
+    /// only them in). Without it a provider is told who is connected and at which version, and a
+    /// consumer that moves does not reconfigure it. A consumer is always told where its provider
+    /// runs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub consumer_addresses: bool,
 }
 
 impl Interface {
     /// The most connections the interface takes; `None`: no limit.
     pub fn limit(&self) -> Option<u32> {
         if self.allow_multiple { self.max_connections } else { Some(1) }
+    }
+
+    /// Whether a process is told where its peers on this interface run: a consumer always, a
+    /// provider when it asks for its consumers' addresses.
+    pub fn told_peer_location(&self) -> bool {
+        self.role == Role::Requires || self.consumer_addresses
     }
 }
 
@@ -236,6 +248,12 @@ impl ServiceDocument {
                     return Err(err(format!("{at}.port"), "only a provided interface listens on a port"));
                 }
                 _ => {}
+            }
+            if iface.role == Role::Requires && iface.consumer_addresses {
+                return Err(err(
+                    format!("{at}.consumer_addresses"),
+                    "only a provided interface has consumers (a consumer is always told where its provider runs)",
+                ));
             }
             match iface.max_connections {
                 Some(0) => {
@@ -402,6 +420,32 @@ mod tests {
         let mut doc = redis();
         doc["automator"] = json!("redis@1.0.0");
         assert_eq!(ServiceDocument::from_json(doc).unwrap_err().path, "service");
+        let mut doc = redis();
+        doc["interfaces"].as_array_mut().unwrap().push(json!({
+            "name": "upstream", "role": "requires", "consumer_addresses": true,
+            "versions": [{"version": "1.0.0", "schema": kv_schema(1)}]
+        }));
+        let e = ServiceDocument::from_json(doc).unwrap_err();
+        assert_eq!(e.path, "interfaces[1].consumer_addresses", "{e}");
+    }
+
+    /// A consumer is told where its provider runs; a provider where its consumers run only when it
+    /// asks, and a document that does not ask keeps its bytes (and digest) as before the field.
+    #[test]
+    fn providers_are_told_consumer_locations_only_when_they_ask() {
+        let doc = ServiceDocument::from_json(redis()).unwrap();
+        let kv = doc.interface("kv").unwrap();
+        assert!(!kv.consumer_addresses && !kv.told_peer_location());
+        assert!(
+            serde_json::to_value(&doc).unwrap()["interfaces"][0]
+                .get("consumer_addresses")
+                .is_none()
+        );
+        let mut asks = redis();
+        asks["interfaces"][0]["consumer_addresses"] = json!(true);
+        let asks = ServiceDocument::from_json(asks).unwrap();
+        assert!(asks.interface("kv").unwrap().told_peer_location());
+        assert!(iface(Role::Requires, &[("1.0.0", 1)]).told_peer_location());
     }
 
     fn iface(role: Role, versions: &[(&str, u32)]) -> Interface {
@@ -418,6 +462,7 @@ mod tests {
                 .collect(),
             allow_multiple: false,
             max_connections: None,
+            consumer_addresses: false,
         }
     }
 

@@ -18,7 +18,7 @@ use super::{Release, plan, state_of};
 use crate::app::App;
 use crate::app::clusters::TaskView;
 use crate::app::running::Running;
-use crate::services::{ProcessState, ServicesError, set_of};
+use crate::services::{Deployment, ProcessState, ServicesError, set_of};
 use crate::store::{ConnectionRecord, Environment, Millis, StoreError, now_ms};
 
 /// One side of a connection.
@@ -321,22 +321,24 @@ impl App {
         self.redeliver(env, &peers, Release::Prompt).await
     }
 
-    /// The processes connected to `process`.
-    pub(crate) async fn peers_of(&self, env: &Environment, process: &str) -> Result<Vec<String>, ServicesError> {
-        let mut peers: Vec<String> = self
-            .connections_of(env, process)
-            .await?
-            .into_iter()
-            .filter_map(|c| {
-                if c.from_process == process {
-                    Some(c.to_process)
-                } else if c.to_process == process {
-                    Some(c.from_process)
-                } else {
-                    None
-                }
-            })
-            .collect();
+    /// The processes told where `process` runs (its consumers, and its providers that ask for
+    /// their consumers' addresses): those to tell when it has moved.
+    pub(crate) async fn told_where(&self, env: &Environment, process: &str) -> Result<Vec<String>, ServicesError> {
+        let mut peers = Vec::new();
+        for c in self.connections_of(env, process).await? {
+            let (peer, peer_interface) = if c.from_process == process {
+                (c.to_process, c.to_interface)
+            } else {
+                (c.from_process, c.from_interface)
+            };
+            let Some((_, peer_doc)) = self.find_process(env, &peer).await? else {
+                continue;
+            };
+            let (_, service) = self.service(&peer_doc.target.service, &peer_doc.target.version).await?;
+            if service.interface(&peer_interface).is_none_or(|i| i.told_peer_location()) {
+                peers.push(peer);
+            }
+        }
         peers.sort();
         peers.dedup();
         Ok(peers)
@@ -364,14 +366,17 @@ impl App {
         Ok(PendingList { items })
     }
 
-    /// `process`'s connections as its automator gets them: own interface → peers (connection
-    /// id, peer process and interface, the peer's node and its address, the port a provider
-    /// listens on, the agreed version).
-    pub(crate) async fn delivered_connections(&self, env: &Environment, process: &str) -> Result<Value, ServicesError> {
+    /// `process`'s connections as its automator gets them when it runs `own`: own interface →
+    /// peers (connection id, peer process and interface, the agreed version; where the peer runs
+    /// — its node and the node's address — when `own`'s interface is told that
+    /// ([`Interface::told_peer_location`](orc_cluster::service::Interface::told_peer_location): a consumer
+    /// always, a provider that asks for its consumers' addresses); the port a provider listens on).
+    pub(crate) async fn delivered_connections(&self, env: &Environment, process: &str, own: &Deployment) -> Result<Value, ServicesError> {
         let connections: Vec<ConnectionRecord> = self.connections_of(env, process).await?;
         if connections.is_empty() {
             return Ok(json!({}));
         }
+        let (_, own_service) = self.service(&own.service, &own.version).await?;
         let addresses: BTreeMap<String, String> = self
             .nodes
             .list()
@@ -382,7 +387,7 @@ impl App {
             .collect();
         let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
         for c in connections {
-            let (own, peer, peer_interface) = if c.from_process == process {
+            let (own_interface, peer, peer_interface) = if c.from_process == process {
                 (c.from_interface.clone(), c.to_process.clone(), c.to_interface.clone())
             } else {
                 (c.to_interface.clone(), c.from_process.clone(), c.from_interface.clone())
@@ -398,15 +403,20 @@ impl App {
                 .filter(|i| i.role == Role::Provides)
                 .and_then(|i| i.port.as_ref())
                 .and_then(|p| at.ports.get(p));
-            out.entry(own).or_default().push(json!({
+            let mut delivered = json!({
                 "id": c.id,
                 "peer": peer,
                 "peer_interface": peer_interface,
-                "node": at.node,
-                "address": addresses.get(&at.node),
                 "port": port,
                 "version": c.version,
-            }));
+            });
+            // An interface the running version lacks (the connection outlived an update) is told
+            // everything, as before the choice existed.
+            if own_service.interface(&own_interface).is_none_or(|i| i.told_peer_location()) {
+                delivered["node"] = json!(at.node);
+                delivered["address"] = json!(addresses.get(&at.node));
+            }
+            out.entry(own_interface).or_default().push(delivered);
         }
         Ok(serde_json::to_value(out).expect("connections serialise"))
     }
@@ -436,7 +446,7 @@ impl App {
             if undone || matches!(state, ProcessState::Terminating | ProcessState::Failed) {
                 continue;
             }
-            let connections = self.delivered_connections(env, name).await?;
+            let connections = self.delivered_connections(env, name, &doc.target).await?;
             let set = set_of(name);
             let tasks = match doc.active.as_ref().map(|a| a.node.as_str()) {
                 Some(from) if state == ProcessState::Moving && from != doc.target.node => {

@@ -284,7 +284,7 @@ impl App {
         let ports = req.ports.unwrap_or_else(|| doc.target.ports.clone());
         let node = doc.target.node.clone();
         doc.target = self.deployment(&env, name, service_doc, Some(&node), config, &ports).await?;
-        let connections = self.delivered_connections(&env, name).await?;
+        let connections = self.delivered_connections(&env, name, &doc.target).await?;
         let previous = std::mem::take(&mut doc.tasks);
         doc.tasks = plan(&set_of(name), Some(&doc.target), &previous, &connections)?;
         self.begin_process(&env, &record, doc, ProcessState::Updating, author).await
@@ -322,7 +322,7 @@ impl App {
             }
         };
         doc.target = target;
-        let connections = self.delivered_connections(&env, name).await?;
+        let connections = self.delivered_connections(&env, name, &doc.target).await?;
         let previous = std::mem::take(&mut doc.tasks);
         doc.tasks = plan_move(&set_of(name), &doc.target, &from, &previous, &connections)?;
         self.begin_process(&env, &record, doc, ProcessState::Moving, author).await

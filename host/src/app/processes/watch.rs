@@ -127,7 +127,7 @@ impl App {
                 doc.active = Some(doc.target.clone());
                 self.settle_process(env, &record, doc, ProcessState::Running).await?;
                 // Told by the releaser's next round, once each however many of its peers moved.
-                let peers = self.peers_of(env, name).await?;
+                let peers = self.told_where(env, name).await?;
                 running.queue_tells(peers);
                 self.request_process_release(&env.id, &running, Release::FollowUp);
                 tracing::info!(environment = %env.name, process = %name, "process moved");
@@ -151,7 +151,7 @@ impl App {
                 let previous = std::mem::take(&mut doc.tasks);
                 if let Some(active) = doc.active.clone() {
                     doc.target = active;
-                    let connections = self.delivered_connections(env, name).await?;
+                    let connections = self.delivered_connections(env, name, &doc.target).await?;
                     doc.tasks = plan(&set, Some(&doc.target), &previous, &connections)?;
                 } else {
                     doc.tasks = plan(&set, None, &previous, &super::empty_object())?;
@@ -195,7 +195,7 @@ impl App {
         doc.tasks = match (&doc.active, state) {
             (Some(active), ProcessState::Running) => {
                 doc.target = active.clone();
-                let connections = self.delivered_connections(env, &record.name).await?;
+                let connections = self.delivered_connections(env, &record.name, active).await?;
                 plan(&set, Some(active), &[], &connections)?
             }
             _ => Vec::new(),
