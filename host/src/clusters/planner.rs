@@ -60,7 +60,7 @@ impl Step {
     }
 
     /// Whether the layout is part of this step's input.
-    fn sees_layout(self) -> bool {
+    pub fn sees_layout(self) -> bool {
         matches!(self, Step::Configure | Step::Start)
     }
 }

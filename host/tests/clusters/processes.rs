@@ -740,8 +740,9 @@ fn telling_service(name: &str, role: &str, consumer_addresses: bool) -> Value {
     json!({
         "name": name, "version": "1.0.0",
         "automator": orc_plugin_artifacts::by_name("shell").unwrap().digest,
-        "config": {"scripts": {"start": "echo \"$ORC_NODE start\" >> \"$LOG\"; printf '%s' \"$PEERS\" > \"$OUT\"",
-            "stop": "true", "remove": "true"}},
+        // `$FAIL_ON`: a node where start fails.
+        "config": {"scripts": {"start": "[ \"$ORC_NODE\" != \"$FAIL_ON\" ] && echo \"$ORC_CLUSTER $ORC_NODE start\" >> \"$LOG\" && printf '%s' \"$PEERS\" > \"$OUT\"",
+            "stop": "true", "remove": "true"}, "fail_on": ""},
         "config_schema": {"type": "object"},
         "ports": [{"name": "echo", "port": 7}],
         "connections_key": "peers",
@@ -844,6 +845,165 @@ async fn a_moved_consumer_reconfigures_only_the_providers_that_ask_where_it_runs
     host.stop().await;
 }
 
+/// Creates `server` on `n1` and `client` on `n2` (both logging their starts to one `log`),
+/// connects them and waits until nothing is pending; the processes path.
+async fn server_and_client(host: &Host, work: &std::path::Path, server_attempts: u32) -> String {
+    publish_service(host, &telling_service("dest-server", "provides", false)).await;
+    publish_service(host, &telling_service("dest-client", "requires", false)).await;
+    let processes = format!("/environments/{ENV}/processes");
+    for (name, service, node, port, attempts) in [
+        ("server", "dest-server@1.0.0", "n1", 7101, server_attempts),
+        ("client", "dest-client@1.0.0", "n2", 7102, 3),
+    ] {
+        let config = json!({"log": work.join("log"), "out": work.join(name), "fail_on": "n3"});
+        let body = json!({"name": name, "service": service, "node": node, "config": config,
+            "ports": {"echo": port}, "max_attempts": attempts});
+        let (status, p) = host.post(&processes, &body).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+        wait_state(host, name, "running").await;
+    }
+    let body = json!({"from": {"process": "client", "interface": "echo"}, "to": {"process": "server", "interface": "echo"}});
+    let (status, c) = host.post(&format!("/environments/{ENV}/connections"), &body).await;
+    assert_eq!(status, StatusCode::CREATED, "{c}");
+    nothing_pending(host).await;
+    processes
+}
+
+async fn nothing_pending(host: &Host) {
+    host.wait_for(&format!("/environments/{ENV}/pending"), "nothing pending", OP_TIMEOUT, |_, p| {
+        p["items"].as_array().unwrap().is_empty()
+    })
+    .await;
+}
+
+/// The node `process` was last told its one `echo` peer runs on (its `$OUT`).
+fn told_node(work: &std::path::Path, process: &str) -> String {
+    let peers: Value = serde_json::from_str(&std::fs::read_to_string(work.join(process)).unwrap()).unwrap();
+    peers["echo"][0]["node"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{process}: {peers}"))
+        .to_string()
+}
+
+/// A consumer moved together with its provider (the consumer first, as an operator emptying a
+/// node might) is told at once where the provider goes, and its `configure` waits for the
+/// provider's `start` there: it starts once on its new node, for the provider's new node, after
+/// the provider started there; not first for the old node and again when told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_moved_with_its_provider_starts_once_for_where_the_provider_goes() {
+    let host = start_host(1).await;
+    let _sshd = nodes(&host, 3).await;
+    let work = tempfile::tempdir().unwrap();
+    let processes = server_and_client(&host, work.path(), 3).await;
+    assert_eq!(told_node(work.path(), "client"), "n1");
+    let before = std::fs::read_to_string(work.path().join("log")).unwrap().lines().count();
+    for (name, node) in [("client", "n1"), ("server", "n2")] {
+        let (status, moving) = host.post(&format!("{processes}/{name}/move"), &json!({"node": node})).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{moving}");
+    }
+    for name in ["client", "server"] {
+        wait_state(&host, name, "running").await;
+    }
+    nothing_pending(&host).await;
+    assert_eq!(told_node(work.path(), "client"), "n2");
+    let log = std::fs::read_to_string(work.path().join("log")).unwrap();
+    let since: Vec<&str> = log.lines().skip(before).collect();
+    assert_eq!(
+        since,
+        ["process.server n2 start", "process.client n1 start"],
+        "each started once on its new node, the client after its server"
+    );
+    host.stop().await;
+}
+
+/// A provider whose move fails goes back, and its consumer, told the destination and waiting for
+/// the provider's start there, is told where it still runs: the same as it runs with, so it is
+/// never restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_waiting_for_a_provider_whose_move_fails_stays_as_it_was() {
+    let host = start_host(1).await;
+    let _sshd = nodes(&host, 3).await;
+    let work = tempfile::tempdir().unwrap();
+    let processes = server_and_client(&host, work.path(), 1).await;
+    let before = std::fs::read_to_string(work.path().join("log")).unwrap();
+    // `fail_on` n3: the server's start fails there, once, and it is rolled back.
+    let (status, moving) = host.post(&format!("{processes}/server/move"), &json!({"node": "n3"})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{moving}");
+    let back = host
+        .wait_for(&format!("{processes}/server"), "rolled back", OP_TIMEOUT, |_, p| {
+            p["state"] == "running" && !p["failure"].is_null()
+        })
+        .await;
+    assert_eq!(back["node"], "n1", "{back}");
+    nothing_pending(&host).await;
+    assert_eq!(told_node(work.path(), "client"), "n1");
+    assert_eq!(
+        std::fs::read_to_string(work.path().join("log")).unwrap(),
+        before,
+        "nothing started again"
+    );
+    let (_, client) = host.get(&format!("{processes}/client")).await;
+    assert!(
+        client["state"] == "running" && client["pending"].as_array().unwrap().is_empty(),
+        "{client}"
+    );
+    host.stop().await;
+}
+
+/// Two processes each consuming the other, moved at once: each would wait for the other's start
+/// at its destination; the second wait is left out (that one is told where its peer ran, and
+/// then where it went), so the waits never form a cycle and both arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_consumers_moved_at_once_both_arrive() {
+    let host = start_host(1).await;
+    let _sshd = nodes(&host, 3).await;
+    let work = tempfile::tempdir().unwrap();
+    let versions = json!([{"version": "1.0.0", "schema": {"type": "object", "title": "mutual"}}]);
+    let doc = json!({
+        "name": "mutual", "version": "1.0.0",
+        "automator": orc_plugin_artifacts::by_name("shell").unwrap().digest,
+        "config": {"scripts": {"start": "printf '%s' \"$PEERS\" > \"$OUT\"", "stop": "true", "remove": "true"}},
+        "config_schema": {"type": "object"},
+        "ports": [{"name": "serve", "port": 7}],
+        "connections_key": "peers",
+        "interfaces": [
+            {"name": "serve", "role": "provides", "port": "serve", "allow_multiple": true, "versions": versions},
+            {"name": "use", "role": "requires", "versions": versions}
+        ]
+    });
+    publish_service(&host, &doc).await;
+    let processes = format!("/environments/{ENV}/processes");
+    for (name, node, port) in [("x", "n1", 7201), ("y", "n2", 7202)] {
+        let body = json!({"name": name, "service": "mutual@1.0.0", "node": node, "ports": {"serve": port},
+            "config": {"out": work.path().join(name)}});
+        let (status, p) = host.post(&processes, &body).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+    }
+    for (from, to) in [("x", "y"), ("y", "x")] {
+        let body = json!({"from": {"process": from, "interface": "use"}, "to": {"process": to, "interface": "serve"}});
+        let (status, c) = host.post(&format!("/environments/{ENV}/connections"), &body).await;
+        assert_eq!(status, StatusCode::CREATED, "{c}");
+    }
+    for name in ["x", "y"] {
+        wait_state(&host, name, "running").await;
+    }
+    nothing_pending(&host).await;
+    for (name, node) in [("x", "n3"), ("y", "n1")] {
+        let (status, moving) = host.post(&format!("{processes}/{name}/move"), &json!({"node": node})).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{moving}");
+    }
+    for name in ["x", "y"] {
+        wait_state(&host, name, "running").await;
+    }
+    nothing_pending(&host).await;
+    let use_node = |process: &str| {
+        let peers: Value = serde_json::from_str(&std::fs::read_to_string(work.path().join(process)).unwrap()).unwrap();
+        peers["use"][0]["node"].as_str().unwrap().to_string()
+    };
+    assert_eq!((use_node("x"), use_node("y")), ("n1".to_string(), "n3".to_string()));
+    host.stop().await;
+}
+
 /// A `shell` service for the randomized test: a client's start writes its connections as
 /// delivered (`$PEERS`, JSON) to `$OUT`.
 fn peers_service(name: &str, role: &str) -> Value {
@@ -889,7 +1049,7 @@ fn ops_strategy(processes: usize, servers: usize) -> impl proptest::strategy::St
         4 => (0..processes - servers, 0..servers).prop_map(|(client, server)| Op::Connect { client, server }),
         2 => (0..16usize).prop_map(Op::Disconnect),
         3 => (0..processes, 2..100u32).prop_map(|(process, generation)| Op::Update { process, generation }),
-        2 => (0..servers).prop_map(Op::Move),
+        2 => (0..processes).prop_map(Op::Move),
         1 => (0..processes).prop_map(Op::Terminate),
     ];
     proptest::collection::vec(op, 24)
@@ -959,7 +1119,7 @@ async fn concurrent_operations_converge_to_what_the_rows_say() {
                         .await;
                     (status, answer)
                 }
-                Op::Move(server) => host.post(&format!("{processes}/{}/move", name(*server)), &json!({})).await,
+                Op::Move(process) => host.post(&format!("{processes}/{}/move", name(*process)), &json!({})).await,
                 Op::Terminate(process) => host.delete(&format!("{processes}/{}", name(*process))).await,
             };
             let refused_for_the_state = matches!(

@@ -7,17 +7,19 @@
 //! **pending** — the scheduler re-applies it until the process has taken it — and `pending` lists
 //! what each process has not taken yet.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use orc_cluster::service::{Mismatch, Role, negotiate};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{Release, plan, state_of};
+use super::{Delivered, Release, plan, state_of};
 use crate::app::App;
 use crate::app::clusters::TaskView;
 use crate::app::running::Running;
+use crate::clusters::planner;
+use crate::intent::ResourceSpec;
 use crate::services::{Deployment, ProcessState, ServicesError, set_of};
 use crate::store::{ConnectionRecord, Environment, Millis, StoreError, now_ms};
 
@@ -367,14 +369,26 @@ impl App {
     }
 
     /// `process`'s connections as its automator gets them when it runs `own`: own interface →
-    /// peers (connection id, peer process and interface, the agreed version; where the peer runs
-    /// — its node and the node's address — when `own`'s interface is told that
-    /// ([`Interface::told_peer_location`](orc_cluster::service::Interface::told_peer_location): a consumer
-    /// always, a provider that asks for its consumers' addresses); the port a provider listens on).
-    pub(crate) async fn delivered_connections(&self, env: &Environment, process: &str, own: &Deployment) -> Result<Value, ServicesError> {
+    /// peers (connection id, peer process and interface, the agreed version, the port a provider
+    /// listens on; where the peer runs — its node and the node's address — when `own`'s interface
+    /// is told that ([`Interface::told_peer_location`](orc_cluster::service::Interface::told_peer_location):
+    /// a consumer always, a provider that asks for its consumers' addresses).
+    ///
+    /// A peer runs where it last ran, except one that is moving: a process is told its
+    /// destination at once, and its `configure` waits for the peer's `start` there (the
+    /// [`Delivered::waits`]), so a consumer moved together with its provider, or told while the
+    /// provider moves, is configured once, for where the provider goes, once it runs there. Such
+    /// a wait is left out (the peer told where it last ran, as for any other) when the peer
+    /// already waits, through others, for `process`: the waits never form a cycle.
+    pub(crate) async fn delivered_connections(
+        &self,
+        env: &Environment,
+        process: &str,
+        own: &Deployment,
+    ) -> Result<Delivered, ServicesError> {
         let connections: Vec<ConnectionRecord> = self.connections_of(env, process).await?;
         if connections.is_empty() {
-            return Ok(json!({}));
+            return Ok(Delivered::none());
         }
         let (_, own_service) = self.service(&own.service, &own.version).await?;
         let addresses: BTreeMap<String, String> = self
@@ -386,17 +400,33 @@ impl App {
             .map(|n| (n.name, n.address))
             .collect();
         let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        let mut waits = Vec::new();
+        let mut graph: Option<WaitGraph> = None;
         for c in connections {
             let (own_interface, peer, peer_interface) = if c.from_process == process {
                 (c.from_interface.clone(), c.to_process.clone(), c.to_interface.clone())
             } else {
                 (c.to_interface.clone(), c.from_process.clone(), c.from_interface.clone())
             };
-            let Some((_, peer_doc)) = self.find_process(env, &peer).await? else {
+            let Some((peer_record, peer_doc)) = self.find_process(env, &peer).await? else {
                 continue;
             };
-            // Where the peer runs: what last ran (a moving peer is told to its peers once moved).
-            let at = peer_doc.active.as_ref().unwrap_or(&peer_doc.target);
+            // An interface the running version lacks (the connection outlived an update) is told
+            // everything, as before the choice existed.
+            let told = own_service.interface(&own_interface).is_none_or(|i| i.told_peer_location());
+            let moving =
+                state_of(&peer_record) == ProcessState::Moving && peer_doc.active.as_ref().is_some_and(|a| a.node != peer_doc.target.node);
+            let ahead = told && moving && {
+                if graph.is_none() {
+                    graph = Some(self.wait_graph(env).await?);
+                }
+                !graph.as_ref().is_some_and(|g| g.reaches(&peer, process))
+            };
+            let at = if ahead {
+                &peer_doc.target
+            } else {
+                peer_doc.active.as_ref().unwrap_or(&peer_doc.target)
+            };
             let (_, service) = self.service(&at.service, &at.version).await?;
             let port = service
                 .interface(&peer_interface)
@@ -410,15 +440,42 @@ impl App {
                 "port": port,
                 "version": c.version,
             });
-            // An interface the running version lacks (the connection outlived an update) is told
-            // everything, as before the choice existed.
-            if own_service.interface(&own_interface).is_none_or(|i| i.told_peer_location()) {
+            if told {
                 delivered["node"] = json!(at.node);
                 delivered["address"] = json!(addresses.get(&at.node));
             }
+            if ahead {
+                waits.push(planner::task_id(&set_of(&peer), &at.node, &at.service, planner::Step::Start));
+            }
             out.entry(own_interface).or_default().push(delivered);
         }
-        Ok(serde_json::to_value(out).expect("connections serialise"))
+        waits.sort();
+        waits.dedup();
+        Ok(Delivered {
+            config: serde_json::to_value(out).expect("connections serialise"),
+            waits,
+        })
+    }
+
+    /// Which processes' tasks wait for which others' (a `configure` for a moving provider's
+    /// `start`), as the rows say now.
+    async fn wait_graph(&self, env: &Environment) -> Result<WaitGraph, ServicesError> {
+        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (record, doc) in self.current_processes(env).await? {
+            let own = set_of(&record.name);
+            let others: BTreeSet<String> = doc
+                .tasks
+                .iter()
+                .flat_map(|t| t.requires.iter())
+                .filter_map(|r| planner::parse_task_key(&r.key).map(|(set, _, _)| set))
+                .filter(|set| *set != own)
+                .filter_map(|set| set.strip_prefix(crate::services::SET_PREFIX).map(str::to_string))
+                .collect();
+            if !others.is_empty() {
+                edges.insert(record.name.clone(), others);
+            }
+        }
+        Ok(WaitGraph(edges))
     }
 
     /// Plans `processes`' tasks again with their connections as they are now, writes their rows
@@ -454,7 +511,7 @@ impl App {
                 }
                 _ => plan(&set, Some(&doc.target), &doc.tasks, &connections)?,
             };
-            if tasks == doc.tasks {
+            if tasks == doc.tasks || only_waits_dropped(&set, &tasks, &doc.tasks) {
                 continue;
             }
             let mut doc = crate::services::ProcessDoc::clone(&doc);
@@ -464,5 +521,46 @@ impl App {
             changed = true;
         }
         Ok(changed)
+    }
+}
+
+/// Whether `new` is `old` without some of its waits for other processes' starts, and nothing
+/// else: a provider that has arrived where its consumer was told it goes. The row keeps them (met,
+/// they order nothing), rather than being written and released again for no action: such a
+/// start leaves its process's tasks only once that process has moved on (again, or terminated),
+/// and each of those re-plans the waiting process first (told the new destination, or the
+/// connection dropped).
+fn only_waits_dropped(set: &str, new: &[ResourceSpec], old: &[ResourceSpec]) -> bool {
+    new.len() == old.len()
+        && new.iter().zip(old).all(|(n, o)| {
+            n.id == o.id
+                && n.adaptor == o.adaptor
+                && n.attributes == o.attributes
+                && n.purged == o.purged
+                && n.set == o.set
+                && n.requires.iter().all(|r| o.requires.contains(r))
+                && o.requires
+                    .iter()
+                    .all(|r| n.requires.contains(r) || planner::parse_task_key(&r.key).is_some_and(|(other, _, _)| other != set))
+        })
+}
+
+/// Process → the processes whose tasks its tasks wait for.
+struct WaitGraph(BTreeMap<String, BTreeSet<String>>);
+
+impl WaitGraph {
+    /// Whether `from` waits, directly or through others, for `to`.
+    fn reaches(&self, from: &str, to: &str) -> bool {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![from];
+        while let Some(at) = stack.pop() {
+            if at == to {
+                return true;
+            }
+            if seen.insert(at) {
+                stack.extend(self.0.get(at).into_iter().flatten().map(String::as_str));
+            }
+        }
+        false
     }
 }

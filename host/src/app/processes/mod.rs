@@ -33,7 +33,7 @@ use crate::app::App;
 use crate::app::clusters::{Progress, TaskView, progress_of};
 use crate::clusters::ClusterFailure;
 use crate::clusters::planner::{self, PlanInput};
-use crate::intent::ResourceSpec;
+use crate::intent::{ResourceId, ResourceSpec};
 use crate::services::{Deployment, Operation, ProcessDoc, ProcessState, ServicesError, set_of};
 use crate::store::{Environment, Millis, ProcessRecord, StoreError, now_ms};
 
@@ -78,6 +78,25 @@ pub struct UpdateProcess {
 
 pub(crate) fn empty_object() -> Value {
     Value::Object(Default::default())
+}
+
+/// What a process is told of its connections ([`App::delivered_connections`]): what its
+/// automator gets under the service's `connections_key`, and the starts its `configure` waits
+/// for — a moving provider's at its destination, where the process is told it runs.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Delivered {
+    pub config: Value,
+    pub waits: Vec<ResourceId>,
+}
+
+impl Delivered {
+    /// No connections.
+    pub(crate) fn none() -> Delivered {
+        Delivered {
+            config: empty_object(),
+            waits: Vec::new(),
+        }
+    }
 }
 
 /// A process as the API shows it.
@@ -175,7 +194,7 @@ impl App {
             .deployment(&env, &req.name, doc, req.node.as_deref(), req.config, &req.ports)
             .await?;
         let set = set_of(&req.name);
-        let tasks = plan(&set, Some(&target), &[], &empty_object())?;
+        let tasks = plan(&set, Some(&target), &[], &Delivered::none())?;
         let now = now_ms();
         let process = ProcessDoc {
             target,
@@ -345,7 +364,7 @@ impl App {
         ensure_allows(name, state_of(&record), Operation::Terminate)?;
         let mut doc = ProcessDoc::clone(&doc);
         let previous = std::mem::take(&mut doc.tasks);
-        doc.tasks = plan(&set_of(name), None, &previous, &empty_object())?;
+        doc.tasks = plan(&set_of(name), None, &previous, &Delivered::none())?;
         self.check_tasks(&env, &running, &doc.tasks).await?;
         // Its connections go first: its peers' rows are written (their configuration changes)
         // before its own, so no version stops it before its peers are told. Under the services
@@ -377,6 +396,12 @@ impl App {
         self.check_tasks(env, &running, &doc.tasks).await?;
         let doc = Arc::new(doc);
         let stored = self.write_process(env, record, state, &doc).await?;
+        if matches!(state, ProcessState::Moving | ProcessState::RollingBack) {
+            // Those told where it runs learn its destination now (their `configure` waiting for
+            // its `start` there), or, when it goes back, where it still runs: by the releaser's
+            // next round, before it releases this.
+            running.queue_tells(self.told_where(env, &record.name).await?);
+        }
         self.request_process_release(&env.id, &running, Release::Prompt);
         tracing::info!(environment = %env.name, process = %record.name, state = state.as_str(), tasks = doc.tasks.len(), "process operation");
         self.spawn_process_watcher(env.id, record.name.clone(), doc.generation);
@@ -665,14 +690,14 @@ pub(crate) fn plan(
     set: &str,
     target: Option<&Deployment>,
     previous: &[ResourceSpec],
-    connections: &Value,
+    delivered: &Delivered,
 ) -> Result<Vec<ResourceSpec>, ServicesError> {
     let (template, layout, config, late_config) = match target {
         Some(t) => (
             single_service(&t.service, t.automator, &Needs::default()),
             [(t.node.clone(), [t.service.clone()])].into_iter().collect::<Layout>(),
             [(t.service.clone(), t.effective_config())].into_iter().collect(),
-            [(t.service.clone(), t.late_config(connections))].into_iter().collect(),
+            [(t.service.clone(), t.late_config(&delivered.config))].into_iter().collect(),
         ),
         None => {
             let service = previous
@@ -694,7 +719,7 @@ pub(crate) fn plan(
             )
         }
     };
-    planner::plan(&PlanInput {
+    let mut tasks = planner::plan(&PlanInput {
         cluster: set,
         template: &template,
         config: &config,
@@ -704,7 +729,21 @@ pub(crate) fn plan(
         previous,
         keep_removals: true,
     })
-    .map_err(|e| ServicesError::Invalid(e.to_string()))
+    .map_err(|e| ServicesError::Invalid(e.to_string()))?;
+    // The one requirement across sets: the steps told the connections (`configure`, `start`:
+    // each may be the only one to run, the other unchanged) wait for the moving providers'
+    // starts at their destinations, where they are told those run.
+    if let Some(t) = target
+        && !delivered.waits.is_empty()
+    {
+        for step in planner::Step::ALL.into_iter().filter(|s| s.sees_layout()) {
+            let id = planner::task_id(set, &t.node, &t.service, step);
+            if let Some(task) = tasks.iter_mut().find(|task| task.id == id && !task.purged) {
+                task.requires.extend(delivered.waits.iter().cloned());
+            }
+        }
+    }
+    Ok(tasks)
 }
 
 /// A move's tasks: `target`'s on its new node, the old node's (`from`) purged, the old `stop`
@@ -714,9 +753,9 @@ fn plan_move(
     target: &Deployment,
     from: &str,
     previous: &[ResourceSpec],
-    connections: &Value,
+    delivered: &Delivered,
 ) -> Result<Vec<ResourceSpec>, ServicesError> {
-    let mut tasks = plan(set, Some(target), previous, connections)?;
+    let mut tasks = plan(set, Some(target), previous, delivered)?;
     let started = planner::task_id(set, &target.node, &target.service, planner::Step::Start);
     for t in &mut tasks {
         if t.purged && t.id.node == from && planner::parse_task_key(&t.id.key).is_some_and(|(_, _, step)| step == planner::Step::Start) {

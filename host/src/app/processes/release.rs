@@ -199,7 +199,19 @@ impl App {
     /// Refuses `tasks` (one process's) if a release would: they must form a valid intent whose
     /// adaptors load under the environment's grants, on nodes the environment may use.
     pub(crate) async fn check_tasks(&self, env: &Environment, running: &Running, tasks: &[ResourceSpec]) -> Result<(), ServicesError> {
-        let intent = Intent::validate(IntentDocument { resources: tasks.to_vec() }).map_err(EnvError::from)?;
+        // Alone, without the other processes' tasks: a wait for a moving provider's start (the
+        // one requirement across sets, see `delivered_connections`) is checked by the release.
+        let resources = tasks
+            .iter()
+            .map(|t| {
+                let own = crate::clusters::planner::parse_task_key(&t.id.key).map(|(set, _, _)| set);
+                let mut t = t.clone();
+                t.requires
+                    .retain(|r| crate::clusters::planner::parse_task_key(&r.key).map(|(set, _, _)| set) == own);
+                t
+            })
+            .collect();
+        let intent = Intent::validate(IntentDocument { resources }).map_err(EnvError::from)?;
         let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &running.grants())
             .await
             .map_err(EnvError::from)?;

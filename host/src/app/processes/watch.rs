@@ -154,7 +154,7 @@ impl App {
                     let connections = self.delivered_connections(env, name, &doc.target).await?;
                     doc.tasks = plan(&set, Some(&doc.target), &previous, &connections)?;
                 } else {
-                    doc.tasks = plan(&set, None, &previous, &super::empty_object())?;
+                    doc.tasks = plan(&set, None, &previous, &super::Delivered::none())?;
                 }
                 self.begin_process(env, &record, doc, ProcessState::RollingBack, None).await?;
                 Ok(Next::Done)
