@@ -4,7 +4,9 @@
 //! 4), through the REST API of a real `orc-host serve` process (the release build beside this
 //! example, SQLite in a temporary data directory).
 //!
-//! Phases, each from its first request until every process is `running` and nothing is pending:
+//! Phases, each from its first request until every process is `running`, nothing is pending and
+//! nothing waits for the process releaser (`processes_release_pending`: the clean-up version of
+//! the phase's finished operations is the phase's):
 //! **create** (every process, then every connection), **update** (every process's configuration),
 //! **move** (every process to the next node: started there, then stopped and removed on the old
 //! one; clients told their servers' new nodes). Each step of a process is one shell line over
@@ -82,8 +84,8 @@ async fn register(host: &Host, name: &str, sshd: &Sshd) -> Result<()> {
     }
 }
 
-/// Polls until every resource of `env` is deployed and every process is `running` with nothing
-/// pending; the processes.
+/// Polls until every resource of `env` is deployed, every process is `running` with nothing
+/// pending and no change to the processes waits for the releaser; the processes.
 async fn settled(host: &Host, env: &str, started: Instant) -> Result<Vec<Value>> {
     let deadline = started + Duration::from_secs(1200);
     loop {
@@ -104,7 +106,10 @@ async fn settled(host: &Host, env: &str, started: Instant) -> Result<Vec<Value>>
         let busy: u64 = tasks.iter().filter(|(k, _)| k.as_str() != "deployed").map(|(_, v)| v).sum();
         ensure!(!tasks.iter().any(|(k, _)| k == "failed"), "tasks failed: {tasks:?}");
         ensure!(!processes.iter().any(|(k, _)| k == "failed"), "a process failed: {processes:?}");
-        if busy == 0 && processes.iter().all(|(k, _)| k == "running") {
+        // Nothing waits for the releaser either: a phase ends with the versions it made, the
+        // clean-up of its finished operations included.
+        let releasing = summary["processes_release_pending"] != Value::Bool(false);
+        if busy == 0 && !releasing && processes.iter().all(|(k, _)| k == "running") {
             let (status, pending) = host.get(&format!("/api/v1/environments/{env}/pending")).await?;
             ensure!(status == StatusCode::OK, "{status} {pending}");
             if pending["items"].as_array().is_some_and(Vec::is_empty) {

@@ -61,6 +61,10 @@ pub(super) struct EnvironmentView {
     /// Process state → count; states with none are left out (no processes: empty).
     #[schema(example = json!({"running": 2, "moving": 1}))]
     processes: BTreeMap<&'static str, i64>,
+    /// Whether changes to its processes (operations, connections, finished operations' clean-up)
+    /// wait for the process releaser, which gathers them into one version: until released, the
+    /// scheduler deploys what came before.
+    processes_release_pending: bool,
     /// Whether the environment's scheduler runs.
     scheduler: SchedulerView,
 }
@@ -105,6 +109,7 @@ async fn get_environment(State(envs): State<AppState>, Path(env): Path<String>) 
     let counts = envs.status_counts(&environment).await?;
     let resources = counts.into_iter().map(|(s, n)| (s.as_str().to_string(), n)).collect();
     let processes = envs.process_counts(&environment).await?;
+    let processes_release_pending = envs.process_release_pending(&environment).await;
     let reason = envs.scheduler_failure(&environment).await;
     let scheduler = SchedulerView {
         status: if reason.is_some() { "failed" } else { "running" },
@@ -116,6 +121,7 @@ async fn get_environment(State(envs): State<AppState>, Path(env): Path<String>) 
             environment: environment.into(),
             resources,
             processes,
+            processes_release_pending,
             scheduler,
         }),
     ))

@@ -81,6 +81,12 @@ pub(crate) struct Running {
     /// Whether a change counted since the releaser last took them was an operator's (released
     /// promptly) rather than only watchers' follow-ups (gathered longer; `app::processes::release`).
     pub(crate) process_prompt: std::sync::atomic::AtomicBool,
+    /// The same for a watcher's follow-up that tells peers (gathered shorter than one that only
+    /// drops what is done).
+    pub(crate) process_follow_up: std::sync::atomic::AtomicBool,
+    /// The count of [`Running::process_changes`] the releaser last released: fewer, and changes
+    /// to process rows are waiting for a release (gathered, or being tried again).
+    pub(crate) process_released: std::sync::atomic::AtomicU64,
     /// The environment's process rows and connections, as stored (`app::processes::table`).
     pub(crate) processes: crate::app::processes::ProcessTable,
     /// Its process tasks' states, for the watchers of their processes (`app::processes::news`).
@@ -358,6 +364,8 @@ impl App {
             recorded: std::sync::Mutex::new(None),
             process_changes: tokio::sync::watch::Sender::new(0),
             process_prompt: std::sync::atomic::AtomicBool::new(false),
+            process_follow_up: std::sync::atomic::AtomicBool::new(false),
+            process_released: std::sync::atomic::AtomicU64::new(0),
             redeliveries: Default::default(),
             process_releaser: std::sync::atomic::AtomicBool::new(false),
             process_release_error: std::sync::Mutex::new(None),

@@ -913,6 +913,20 @@ async fn a_consumer_moved_with_its_provider_starts_once_for_where_the_provider_g
         ["process.server n2 start", "process.client n1 start"],
         "each started once on its new node, the client after its server"
     );
+    // Once nothing waits for the releaser, the released version is the rows' tasks: the old
+    // nodes' removals, done, are gone from it (dropped unhurried, in one version for a burst).
+    let env = host
+        .wait_for(&format!("/environments/{ENV}"), "nothing to release", OP_TIMEOUT, |_, e| {
+            e["processes_release_pending"] == false
+        })
+        .await;
+    let mut tasks = process_tasks_of(&host, &env["released_version"]).await;
+    tasks.sort();
+    let nodes: Vec<&str> = tasks.iter().map(|t| t.split(',').next().unwrap()).collect();
+    assert!(
+        tasks.len() == 10 && nodes.iter().filter(|n| **n == "task[n2").count() == 5,
+        "the server's five on n2 and the client's five on n1, nothing else: {tasks:#?}"
+    );
     host.stop().await;
 }
 

@@ -49,20 +49,29 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 const GATHER: Duration = Duration::from_millis(50);
 const MAX_GATHER: Duration = Duration::from_millis(400);
 /// The same for watchers' follow-ups alone ([`Release::FollowUp`]): a moved process's peers told
-/// its new node, the removals done dropped. They come as operations finish, one after another:
-/// released each as it came, a client whose two servers moved a moment apart would reconfigure
-/// and restart twice, and every version costs a round of the releaser. An operator's change
-/// meanwhile shortens the wait to the prompt one.
+/// its new node. They come as operations finish, one after another: released each as it came, a
+/// client whose two servers moved a moment apart would reconfigure and restart twice, and every
+/// version costs a round of the releaser. An operator's change meanwhile shortens the wait to the
+/// prompt one.
 const FOLLOW_GATHER: Duration = Duration::from_millis(250);
 const MAX_FOLLOW_GATHER: Duration = Duration::from_millis(1000);
+/// The same for what only drops tasks that are done ([`Release::Tidy`]): nothing on any node
+/// waits for it, and a burst of operations finishing over a few seconds (200 processes moved)
+/// shares one version instead of one per second. A follow-up or an operator's change meanwhile
+/// shortens the wait to theirs.
+const TIDY_GATHER: Duration = Duration::from_millis(1000);
+const MAX_TIDY_GATHER: Duration = Duration::from_secs(5);
 
 /// Who asks for a release, which sets how long changes gather before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Release {
     /// An operator's operation or connection change.
     Prompt,
-    /// A watcher moving a finished operation on.
+    /// A watcher's step that tells peers.
     FollowUp,
+    /// A watcher's step that only drops what is done: the old node's removals once a move or an
+    /// update has finished, a terminated process's tasks.
+    Tidy,
 }
 
 /// Whether `r` is a task of some process.
@@ -73,8 +82,10 @@ pub(crate) fn is_process_task(r: &ResourceSpec) -> bool {
 impl App {
     /// Asks for the environment's process rows to be released; starts its releaser on first use.
     pub(crate) fn request_process_release(self: &Arc<Self>, env: &EnvironmentId, running: &Arc<Running>, who: Release) {
-        if who == Release::Prompt {
-            running.process_prompt.store(true, Ordering::SeqCst);
+        match who {
+            Release::Prompt => running.process_prompt.store(true, Ordering::SeqCst),
+            Release::FollowUp => running.process_follow_up.store(true, Ordering::SeqCst),
+            Release::Tidy => {}
         }
         running.process_changes.send_modify(|n| *n += 1);
         if !running.process_releaser.swap(true, Ordering::SeqCst) {
@@ -110,8 +121,10 @@ impl App {
             loop {
                 let (quiet, bound) = if running.process_prompt.load(Ordering::SeqCst) {
                     (GATHER, MAX_GATHER)
-                } else {
+                } else if running.process_follow_up.load(Ordering::SeqCst) {
                     (FOLLOW_GATHER, MAX_FOLLOW_GATHER)
+                } else {
+                    (TIDY_GATHER, MAX_TIDY_GATHER)
                 };
                 let left = bound.saturating_sub(started.elapsed());
                 if left.is_zero() {
@@ -128,6 +141,7 @@ impl App {
                 seen = now;
             }
             running.process_prompt.store(false, Ordering::SeqCst);
+            running.process_follow_up.store(false, Ordering::SeqCst);
             let wanted = *changes.borrow_and_update();
             let result = match self.store.get_environment(&env_id).await {
                 Ok(env) => match self.redeliver_deferred(&env, &running).await {
@@ -140,6 +154,7 @@ impl App {
             match result {
                 Ok(()) => {
                     released = wanted;
+                    running.process_released.store(released, Ordering::SeqCst);
                     backoff = FIRST_BACKOFF;
                     *running.process_release_error.lock().expect("release error") = None;
                 }

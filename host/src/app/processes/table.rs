@@ -171,6 +171,17 @@ impl App {
         }
     }
 
+    /// Whether changes to `env`'s process rows wait for the releaser (gathering, or tried again
+    /// after a failure): until they are released, the scheduler deploys what came before. An
+    /// environment not running has none.
+    pub(crate) async fn process_release_pending(&self, env: &Environment) -> bool {
+        use std::sync::atomic::Ordering;
+        match self.running.lock().await.get(&env.id) {
+            Some(running) => *running.process_changes.borrow() != running.process_released.load(Ordering::SeqCst),
+            None => false,
+        }
+    }
+
     /// The connections of `process` in `env`, oldest first.
     pub(crate) async fn connections_of(&self, env: &Environment, process: &str) -> Result<Vec<ConnectionRecord>, ServicesError> {
         self.table_read(env, |rows| rows.connections_of(process)).await

@@ -15,6 +15,7 @@ use super::news::{Subscription, TaskNews};
 use super::release::{Release, is_process_task};
 use super::{decode, plan, state_of};
 use crate::app::App;
+use crate::clusters::planner;
 use crate::intent::{IntentDocument, PluginRef};
 use crate::scheduler::ResourceStatus;
 use crate::services::ProcessDoc;
@@ -110,7 +111,7 @@ impl App {
                 // Revision-checked: a row that moved on meanwhile is looked at again.
                 let deleted = self.store.delete_process(&env.id, name, record.revision).await;
                 App::table_write(&running, deleted, |rows, _| rows.remove_process(name))?;
-                self.request_process_release(&env.id, &running, Release::FollowUp);
+                self.request_process_release(&env.id, &running, Release::Tidy);
                 tracing::info!(environment = %env.name, process = %name, "process terminated");
                 Ok(Next::Done)
             }
@@ -125,11 +126,26 @@ impl App {
                 // It runs on its new node and no more on the old one: its peers are told.
                 let mut doc = doc();
                 doc.active = Some(doc.target.clone());
+                let arrived = planner::task_id(&set, &doc.target.node, &doc.target.service, planner::Step::Start);
                 self.settle_process(env, &record, doc, ProcessState::Running).await?;
                 // Told by the releaser's next round, once each however many of its peers moved.
+                // Those told its destination when the move began, waiting for its start there,
+                // know already (a re-plan only drops the met wait, which leaves the row as it
+                // is): unhurried, unless one was left without the wait (it would have closed a
+                // cycle) and is told only now.
                 let peers = self.told_where(env, name).await?;
+                let mut who = Release::Tidy;
+                for peer in &peers {
+                    let waited = self
+                        .find_process(env, peer)
+                        .await?
+                        .is_some_and(|(_, d)| d.tasks.iter().any(|t| t.requires.contains(&arrived)));
+                    if !waited {
+                        who = Release::FollowUp;
+                    }
+                }
                 running.queue_tells(peers);
-                self.request_process_release(&env.id, &running, Release::FollowUp);
+                self.request_process_release(&env.id, &running, who);
                 tracing::info!(environment = %env.name, process = %name, "process moved");
                 Ok(Next::Done)
             }
@@ -204,9 +220,9 @@ impl App {
         // Revision-checked: a row that moved on meanwhile is looked at again.
         self.write_process(env, record, state, &Arc::new(doc)).await?;
         if changed {
-            // Removals done are dropped from the released version too.
+            // Removals done are dropped from the released version too, unhurried.
             let running = self.running(env).await?;
-            self.request_process_release(&env.id, &running, Release::FollowUp);
+            self.request_process_release(&env.id, &running, Release::Tidy);
         }
         Ok(())
     }
