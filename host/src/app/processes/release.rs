@@ -9,10 +9,11 @@
 //! version is the whole intent: at 200 processes, a thousand tasks stored and handed to the
 //! scheduler).
 //!
-//! A watcher whose process moved does not re-plan its peers itself: it names them in
-//! [`Running::redeliveries`] and the releaser's next round re-plans each once before it releases
-//! (a client whose two servers moved a moment apart is written and reconfigured once). Those
-//! names are only in memory: a host starting re-plans every process ([`App::resume_processes`]).
+//! An operation that starts a move (or a watcher whose process moved, or goes back) does not
+//! re-plan the peers told where it runs itself: it names them in [`Running::redeliveries`] and
+//! the releaser's next round re-plans each once before it releases (a client whose two servers
+//! move at once is written and reconfigured once). Those names are only in memory: a host
+//! starting re-plans every process ([`App::resume_processes`]).
 //!
 //! The rows are the truth: an operator's version carries them too ([`App::cluster_tasks`]), and a
 //! host that stops before releasing releases them when it starts ([`App::resume_processes`]).
