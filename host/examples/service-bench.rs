@@ -35,12 +35,14 @@ use sshd::{Sshd, TEST_USER};
 
 const ENV: &str = "bench";
 
-/// A `shell` service: every step appends to `$ROOT/$ORC_CLUSTER`; a client's start writes its
-/// peers' nodes, sorted, to `$ROOT/$ORC_CLUSTER.peers`.
+/// A `shell` service: every step appends to `$ROOT/$ORC_NODE.$ORC_CLUSTER`; a client's start
+/// writes its peers' nodes, sorted, to `$ROOT/$ORC_NODE.$ORC_CLUSTER.peers`. The nodes are sshd
+/// servers of one machine: the node in the name keeps each node's files its own, as on machines
+/// of their own (a move's `remove` on the old node deletes the old node's).
 fn service(name: &str, role: &str, root: &Path) -> Value {
-    let step = "printf '%s\\n' \"$ORC_ACTION\" >> \"$ROOT/$ORC_CLUSTER\"";
+    let step = "printf '%s\\n' \"$ORC_ACTION\" >> \"$ROOT/$ORC_NODE.$ORC_CLUSTER\"";
     let start = if role == "requires" {
-        format!("{step} && printf '%s' \"$PEERS\" | grep -o '\"node\":\"[^\"]*\"' | sort | tr '\\n' ' ' > \"$ROOT/$ORC_CLUSTER.peers\"")
+        format!("{step} && printf '%s' \"$PEERS\" | grep -o '\"node\":\"[^\"]*\"' | sort | tr '\\n' ' ' > \"$ROOT/$ORC_NODE.$ORC_CLUSTER.peers\"")
     } else {
         step.to_string()
     };
@@ -56,7 +58,7 @@ fn service(name: &str, role: &str, root: &Path) -> Value {
         "automator": orc_plugin_artifacts::by_name("shell").map(|a| a.digest).unwrap_or_default(),
         "config": {"root": root, "scripts": {
             "bootstrap": step, "install": step, "configure": step, "initialize": step, "start": start,
-            "stop": step, "remove": "rm -f \"$ROOT/$ORC_CLUSTER\" \"$ROOT/$ORC_CLUSTER.peers\""}},
+            "stop": step, "remove": "rm -f \"$ROOT/$ORC_NODE.$ORC_CLUSTER\" \"$ROOT/$ORC_NODE.$ORC_CLUSTER.peers\""}},
         "config_schema": {"type": "object"},
         "ports": [{"name": "echo", "port": 7}],
         "connections_key": "peers",
@@ -129,7 +131,8 @@ async fn settled(host: &Host, env: &str, started: Instant) -> Result<Vec<Value>>
     }
 }
 
-/// Every client's file names its two servers' current nodes.
+/// Every client's file on its node names its two servers' current nodes, and no other node keeps
+/// one.
 fn check_clients(root: &Path, processes: &[Value], clients: usize) -> Result<()> {
     let node_of = |name: &str| -> Result<String> {
         processes
@@ -144,10 +147,18 @@ fn check_clients(root: &Path, processes: &[Value], clients: usize) -> Result<()>
             format!("\"node\":\"{}\"", node_of(&format!("s{:04}", (c + 1) % clients))?),
         ];
         want.sort();
-        let got = std::fs::read_to_string(root.join(format!("process.c{c:04}.peers")))?;
+        let client = format!("c{c:04}");
+        let path = root.join(format!("{}.process.{client}.peers", node_of(&client)?));
+        let got = std::fs::read_to_string(&path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         let mut got: Vec<String> = got.split_whitespace().map(str::to_string).collect();
         got.sort();
         ensure!(got == want, "client c{c:04} knows {got:?}, its servers are on {want:?}");
+        // The nodes it left removed what it had there.
+        for p in processes {
+            let node = p["node"].as_str().unwrap_or_default();
+            let left = root.join(format!("{node}.process.{client}.peers"));
+            ensure!(left == path || !left.exists(), "{} is left after client {client} moved", left.display());
+        }
     }
     Ok(())
 }
