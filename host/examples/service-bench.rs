@@ -42,7 +42,9 @@ const ENV: &str = "bench";
 fn service(name: &str, role: &str, root: &Path) -> Value {
     let step = "printf '%s\\n' \"$ORC_ACTION\" >> \"$ROOT/$ORC_NODE.$ORC_CLUSTER\"";
     let start = if role == "requires" {
-        format!("{step} && printf '%s' \"$PEERS\" | grep -o '\"node\":\"[^\"]*\"' | sort | tr '\\n' ' ' > \"$ROOT/$ORC_NODE.$ORC_CLUSTER.peers\"")
+        format!(
+            "{step} && printf '%s' \"$PEERS\" | grep -o '\"node\":\"[^\"]*\"' | sort | tr '\\n' ' ' > \"$ROOT/$ORC_NODE.$ORC_CLUSTER.peers\""
+        )
     } else {
         step.to_string()
     };
@@ -157,7 +159,11 @@ fn check_clients(root: &Path, processes: &[Value], clients: usize) -> Result<()>
         for p in processes {
             let node = p["node"].as_str().unwrap_or_default();
             let left = root.join(format!("{node}.process.{client}.peers"));
-            ensure!(left == path || !left.exists(), "{} is left after client {client} moved", left.display());
+            ensure!(
+                left == path || !left.exists(),
+                "{} is left after client {client} moved",
+                left.display()
+            );
         }
     }
     Ok(())
