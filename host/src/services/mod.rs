@@ -149,6 +149,11 @@ pub struct Deployment {
 }
 
 impl Deployment {
+    /// Whether its peers reach it where they reach `other`: the same node and ports.
+    pub fn reached_as(&self, other: &Deployment) -> bool {
+        self.node == other.node && self.ports == other.ports
+    }
+
     /// `service@version`.
     pub fn reference(&self) -> String {
         format!("{}@{}", self.service, self.version)

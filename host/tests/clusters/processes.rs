@@ -744,7 +744,7 @@ fn telling_service(name: &str, role: &str, consumer_addresses: bool) -> Value {
         "config": {"scripts": {"start": "[ \"$ORC_NODE\" != \"$FAIL_ON\" ] && echo \"$ORC_CLUSTER $ORC_NODE start\" >> \"$LOG\" && printf '%s' \"$PEERS\" > \"$OUT\"",
             "stop": "true", "remove": "true"}, "fail_on": ""},
         "config_schema": {"type": "object"},
-        "ports": [{"name": "echo", "port": 7}],
+        "ports": [{"name": "echo", "port": 7, "config_key": "port"}],
         "connections_key": "peers",
         "interfaces": [interface]
     })
@@ -960,6 +960,43 @@ async fn a_consumer_waiting_for_a_provider_whose_move_fails_stays_as_it_was() {
     assert!(
         client["state"] == "running" && client["pending"].as_array().unwrap().is_empty(),
         "{client}"
+    );
+    host.stop().await;
+}
+
+/// A provider updated to another port is a provider moving too: its consumers are told the new
+/// port when the update begins, their `configure` and `start` waiting for its `start` with it, so
+/// a consumer is reconfigured once, after the provider listens there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_updated_to_another_port_is_followed_by_its_consumer() {
+    let host = start_host(1).await;
+    let _sshd = nodes(&host, 3).await;
+    let work = tempfile::tempdir().unwrap();
+    let processes = server_and_client(&host, work.path(), 3).await;
+    let port = |process: &str| {
+        let peers: Value = serde_json::from_str(&std::fs::read_to_string(work.path().join(process)).unwrap()).unwrap();
+        peers["echo"][0]["port"].as_u64().unwrap_or_else(|| panic!("{process}: {peers}"))
+    };
+    assert_eq!(port("client"), 7101);
+    let before = std::fs::read_to_string(work.path().join("log")).unwrap().lines().count();
+    let (status, updating, _) = call(
+        &host,
+        Method::PATCH,
+        &format!("{processes}/server"),
+        Some(&json!({"ports": {"echo": 7111}})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{updating}");
+    wait_state(&host, "server", "running").await;
+    nothing_pending(&host).await;
+    assert_eq!(port("client"), 7111, "the client follows its server to its new port");
+    let log = std::fs::read_to_string(work.path().join("log")).unwrap();
+    let since: Vec<&str> = log.lines().skip(before).collect();
+    assert_eq!(
+        since,
+        ["process.server n1 start", "process.client n2 start"],
+        "the client after its server, once"
     );
     host.stop().await;
 }

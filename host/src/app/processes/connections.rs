@@ -414,25 +414,24 @@ impl App {
             // An interface the running version lacks (the connection outlived an update) is told
             // everything, as before the choice existed.
             let told = own_service.interface(&own_interface).is_none_or(|i| i.told_peer_location());
-            let moving =
-                state_of(&peer_record) == ProcessState::Moving && peer_doc.active.as_ref().is_some_and(|a| a.node != peer_doc.target.node);
-            let ahead = told && moving && {
+            let now = peer_doc.active.as_ref().unwrap_or(&peer_doc.target);
+            let next = &peer_doc.target;
+            let now_port = self.provider_port(now, &peer_interface).await?;
+            // A peer on its way elsewhere (moved, or updated to other ports) is told where it goes
+            // if that changes what this process is told.
+            let going = matches!(state_of(&peer_record), ProcessState::Moving | ProcessState::Updating) && !now.reached_as(next);
+            let next_port = if going {
+                self.provider_port(next, &peer_interface).await?
+            } else {
+                now_port
+            };
+            let ahead = going && ((told && now.node != next.node) || next_port != now_port) && {
                 if graph.is_none() {
                     graph = Some(self.wait_graph(env).await?);
                 }
                 !graph.as_ref().is_some_and(|g| g.reaches(&peer, process))
             };
-            let at = if ahead {
-                &peer_doc.target
-            } else {
-                peer_doc.active.as_ref().unwrap_or(&peer_doc.target)
-            };
-            let (_, service) = self.service(&at.service, &at.version).await?;
-            let port = service
-                .interface(&peer_interface)
-                .filter(|i| i.role == Role::Provides)
-                .and_then(|i| i.port.as_ref())
-                .and_then(|p| at.ports.get(p));
+            let (at, port) = if ahead { (next, next_port) } else { (now, now_port) };
             let mut delivered = json!({
                 "id": c.id,
                 "peer": peer,
@@ -455,6 +454,17 @@ impl App {
             config: serde_json::to_value(out).expect("connections serialise"),
             waits,
         })
+    }
+
+    /// The port a process running `at` listens on for its provided `interface`, if it provides it.
+    async fn provider_port(&self, at: &Deployment, interface: &str) -> Result<Option<u16>, ServicesError> {
+        let (_, service) = self.service(&at.service, &at.version).await?;
+        Ok(service
+            .interface(interface)
+            .filter(|i| i.role == Role::Provides)
+            .and_then(|i| i.port.as_ref())
+            .and_then(|p| at.ports.get(p))
+            .copied())
     }
 
     /// Which processes' tasks wait for which others' (a `configure` for a moving provider's

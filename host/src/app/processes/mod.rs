@@ -396,10 +396,11 @@ impl App {
         self.check_tasks(env, &running, &doc.tasks).await?;
         let doc = Arc::new(doc);
         let stored = self.write_process(env, record, state, &doc).await?;
-        if matches!(state, ProcessState::Moving | ProcessState::RollingBack) {
-            // Those told where it runs learn its destination now (their `configure` waiting for
-            // its `start` there), or, when it goes back, where it still runs: by the releaser's
-            // next round, before it releases this.
+        let elsewhere = doc.active.as_ref().is_some_and(|a| !a.reached_as(&doc.target));
+        if matches!(state, ProcessState::Moving | ProcessState::RollingBack) || (state == ProcessState::Updating && elsewhere) {
+            // Those told where it runs learn where it goes now (their `configure` and `start`
+            // waiting for its `start` there), or, when it goes back, where it still runs: by the
+            // releaser's next round, before it releases this.
             running.queue_tells(self.told_where(env, &record.name).await?);
         }
         self.request_process_release(&env.id, &running, Release::Prompt);

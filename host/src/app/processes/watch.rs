@@ -115,38 +115,39 @@ impl App {
                 tracing::info!(environment = %env.name, process = %name, "process terminated");
                 Ok(Next::Done)
             }
-            ProcessState::Creating | ProcessState::Updating if progress.done => {
+            ProcessState::Creating | ProcessState::Updating | ProcessState::Moving if progress.done => {
                 let mut doc = doc();
-                doc.active = Some(doc.target.clone());
-                self.settle_process(env, &record, doc, ProcessState::Running).await?;
-                tracing::info!(environment = %env.name, process = %name, "process running");
-                Ok(Next::Done)
-            }
-            ProcessState::Moving if progress.done => {
-                // It runs on its new node and no more on the old one: its peers are told.
-                let mut doc = doc();
+                let elsewhere = doc.active.as_ref().is_some_and(|a| !a.reached_as(&doc.target));
                 doc.active = Some(doc.target.clone());
                 let arrived = planner::task_id(&set, &doc.target.node, &doc.target.service, planner::Step::Start);
                 self.settle_process(env, &record, doc, ProcessState::Running).await?;
-                // Told by the releaser's next round, once each however many of its peers moved.
-                // Those told its destination when the move began, waiting for its start there,
-                // know already (a re-plan only drops the met wait, which leaves the row as it
-                // is): unhurried, unless one was left without the wait (it would have closed a
-                // cycle) and is told only now.
-                let peers = self.told_where(env, name).await?;
-                let mut who = Release::Tidy;
-                for peer in &peers {
-                    let waited = self
-                        .find_process(env, peer)
-                        .await?
-                        .is_some_and(|(_, d)| d.tasks.iter().any(|t| t.requires.contains(&arrived)));
-                    if !waited {
-                        who = Release::FollowUp;
+                if elsewhere {
+                    // It runs where it went (another node, other ports) and no more where it was:
+                    // its peers are told, by the releaser's next round, once each however many
+                    // of their peers arrived. Those told where it goes when it set off, waiting
+                    // for its start there, know already (a re-plan only drops the met wait,
+                    // which leaves the row as it is): unhurried, unless one was left without
+                    // the wait (it would have closed a cycle) and is told only now.
+                    let peers = self.told_where(env, name).await?;
+                    let mut who = Release::Tidy;
+                    for peer in &peers {
+                        let waited = self
+                            .find_process(env, peer)
+                            .await?
+                            .is_some_and(|(_, d)| d.tasks.iter().any(|t| t.requires.contains(&arrived)));
+                        if !waited {
+                            who = Release::FollowUp;
+                        }
                     }
+                    running.queue_tells(peers);
+                    self.request_process_release(&env.id, &running, who);
                 }
-                running.queue_tells(peers);
-                self.request_process_release(&env.id, &running, who);
-                tracing::info!(environment = %env.name, process = %name, "process moved");
+                let what = if state == ProcessState::Moving {
+                    "process moved"
+                } else {
+                    "process running"
+                };
+                tracing::info!(environment = %env.name, process = %name, "{what}");
                 Ok(Next::Done)
             }
             ProcessState::RollingBack if progress.done => {
