@@ -324,7 +324,7 @@ impl App {
     }
 
     /// The processes told where `process` runs (its consumers, and its providers that ask for
-    /// their consumers' addresses): those to tell when it has moved.
+    /// their consumers' addresses): those to tell when it sets off elsewhere, goes back, or arrives.
     pub(crate) async fn told_where(&self, env: &Environment, process: &str) -> Result<Vec<String>, ServicesError> {
         let mut peers = Vec::new();
         for c in self.connections_of(env, process).await? {
@@ -374,10 +374,11 @@ impl App {
     /// is told that ([`Interface::told_peer_location`](orc_cluster::service::Interface::told_peer_location):
     /// a consumer always, a provider that asks for its consumers' addresses).
     ///
-    /// A peer runs where it last ran, except one that is moving: a process is told its
-    /// destination at once, and its `configure` waits for the peer's `start` there (the
-    /// [`Delivered::waits`]), so a consumer moved together with its provider, or told while the
-    /// provider moves, is configured once, for where the provider goes, once it runs there. Such
+    /// A peer runs where it last ran, except one on its way elsewhere (moving, or updating to
+    /// other ports): a process is told where it goes at once, and its `configure` and `start`
+    /// wait for the peer's `start` there (the [`Delivered::waits`]), so a consumer moved together
+    /// with its provider, or told while the provider moves, is configured once, for where the
+    /// provider goes, once it runs there. Such
     /// a wait is left out (the peer told where it last ran, as for any other) when the peer
     /// already waits, through others, for `process`: the waits never form a cycle.
     pub(crate) async fn delivered_connections(
@@ -467,8 +468,8 @@ impl App {
             .copied())
     }
 
-    /// Which processes' tasks wait for which others' (a `configure` for a moving provider's
-    /// `start`), as the rows say now.
+    /// Which processes' tasks wait for which others' (a `configure` or `start` for a provider's
+    /// `start` where it goes), as the rows say now.
     async fn wait_graph(&self, env: &Environment) -> Result<WaitGraph, ServicesError> {
         let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for (record, doc) in self.current_processes(env).await? {
