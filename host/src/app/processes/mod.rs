@@ -81,9 +81,10 @@ pub(crate) fn empty_object() -> Value {
 }
 
 /// What a process is told of its connections ([`App::delivered_connections`]): what its
-/// automator gets under the service's `connections_key`, and the starts its `configure` waits
-/// for — a moving provider's at its destination, where the process is told it runs.
-#[derive(Debug, Clone, Default)]
+/// automator gets under the service's `connections_key`, and the starts its `configure` and
+/// `start` wait for — a peer's where it goes (moving, or updating to other ports), where the
+/// process is told it runs.
+#[derive(Debug, Clone)]
 pub(crate) struct Delivered {
     pub config: Value,
     pub waits: Vec<ResourceId>,
