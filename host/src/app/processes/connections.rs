@@ -20,7 +20,7 @@ use crate::app::clusters::TaskView;
 use crate::app::running::Running;
 use crate::clusters::planner;
 use crate::intent::ResourceSpec;
-use crate::services::{Deployment, ProcessState, ServicesError, set_of};
+use crate::services::{Deployment, ProcessDoc, ProcessState, ServicesError, set_of};
 use crate::store::{ConnectionRecord, Environment, Millis, StoreError, now_ms};
 
 /// One side of a connection.
@@ -378,9 +378,10 @@ impl App {
     /// other ports): a process is told where it goes at once, and its `configure` and `start`
     /// wait for the peer's `start` there (the [`Delivered::waits`]), so a consumer moved together
     /// with its provider, or told while the provider moves, is configured once, for where the
-    /// provider goes, once it runs there. Such
-    /// a wait is left out (the peer told where it last ran, as for any other) when the peer
-    /// already waits, through others, for `process`: the waits never form a cycle.
+    /// provider goes, once it runs there. Such a wait is left out (the peer told where it last
+    /// ran, as for any other) when the peer already waits, through others, for `process`, as the
+    /// rows say now ([`Rows::waits_reach`](super::table::Rows::waits_reach)): the waits never
+    /// form a cycle.
     pub(crate) async fn delivered_connections(
         &self,
         env: &Environment,
@@ -402,7 +403,6 @@ impl App {
             .collect();
         let mut out: BTreeMap<String, Vec<Value>> = BTreeMap::new();
         let mut waits = Vec::new();
-        let mut graph: Option<WaitGraph> = None;
         for c in connections {
             let (own_interface, peer, peer_interface) = if c.from_process == process {
                 (c.from_interface.clone(), c.to_process.clone(), c.to_interface.clone())
@@ -426,12 +426,9 @@ impl App {
             } else {
                 now_port
             };
-            let ahead = going && ((told && now.node != next.node) || next_port != now_port) && {
-                if graph.is_none() {
-                    graph = Some(self.wait_graph(env).await?);
-                }
-                !graph.as_ref().is_some_and(|g| g.reaches(&peer, process))
-            };
+            let ahead = going
+                && ((told && now.node != next.node) || next_port != now_port)
+                && !self.table_read(env, |rows| rows.waits_reach(&peer, process)).await?;
             let (at, port) = if ahead { (next, next_port) } else { (now, now_port) };
             let mut delivered = json!({
                 "id": c.id,
@@ -466,27 +463,6 @@ impl App {
             .and_then(|i| i.port.as_ref())
             .and_then(|p| at.ports.get(p))
             .copied())
-    }
-
-    /// Which processes' tasks wait for which others' (a `configure` or `start` for a provider's
-    /// `start` where it goes), as the rows say now.
-    async fn wait_graph(&self, env: &Environment) -> Result<WaitGraph, ServicesError> {
-        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for (record, doc) in self.current_processes(env).await? {
-            let own = set_of(&record.name);
-            let others: BTreeSet<String> = doc
-                .tasks
-                .iter()
-                .flat_map(|t| t.requires.iter())
-                .filter_map(|r| planner::parse_task_key(&r.key).map(|(set, _, _)| set))
-                .filter(|set| *set != own)
-                .filter_map(|set| set.strip_prefix(crate::services::SET_PREFIX).map(str::to_string))
-                .collect();
-            if !others.is_empty() {
-                edges.insert(record.name.clone(), others);
-            }
-        }
-        Ok(WaitGraph(edges))
     }
 
     /// Plans `processes`' tasks again with their connections as they are now, writes their rows
@@ -556,22 +532,15 @@ fn only_waits_dropped(set: &str, new: &[ResourceSpec], old: &[ResourceSpec]) -> 
         })
 }
 
-/// Process → the processes whose tasks its tasks wait for.
-struct WaitGraph(BTreeMap<String, BTreeSet<String>>);
-
-impl WaitGraph {
-    /// Whether `from` waits, directly or through others, for `to`.
-    fn reaches(&self, from: &str, to: &str) -> bool {
-        let mut seen = BTreeSet::new();
-        let mut stack = vec![from];
-        while let Some(at) = stack.pop() {
-            if at == to {
-                return true;
-            }
-            if seen.insert(at) {
-                stack.extend(self.0.get(at).into_iter().flatten().map(String::as_str));
-            }
-        }
-        false
-    }
+/// The other processes whose tasks `process`'s tasks (in `doc`) wait for: a `configure` or
+/// `start` for a provider's `start` where it goes.
+pub(super) fn waited_for(process: &str, doc: &ProcessDoc) -> BTreeSet<String> {
+    let own = set_of(process);
+    doc.tasks
+        .iter()
+        .flat_map(|t| t.requires.iter())
+        .filter_map(|r| planner::parse_task_key(&r.key).map(|(set, _, _)| set))
+        .filter(|set| *set != own)
+        .filter_map(|set| set.strip_prefix(crate::services::SET_PREFIX).map(str::to_string))
+        .collect()
 }

@@ -10,9 +10,10 @@
 //! the table's epoch on, and a load is installed only if the epoch it started at is still the
 //! table's. Dropped with the environment's [`Running`], so a restart loads afresh.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use super::connections::waited_for;
 use super::decode;
 use crate::app::App;
 use crate::app::running::Running;
@@ -41,6 +42,10 @@ pub(crate) struct Rows {
     processes: BTreeMap<String, Decoded>,
     /// By `(created_at, id)`, the order the store lists connections in.
     connections: BTreeMap<(i64, String), ConnectionRecord>,
+    /// Process → the other processes its tasks wait for ([`waited_for`]), those with any: kept
+    /// with the rows so that a question about the waits reads no task (it is asked for every
+    /// peer on its way elsewhere; built from the rows each time, a burst of n moves cost n²).
+    waits: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Rows {
@@ -64,12 +69,34 @@ impl Rows {
             .collect()
     }
 
+    /// Whether `from`'s tasks wait, directly or through others', for `to`'s.
+    pub(crate) fn waits_reach(&self, from: &str, to: &str) -> bool {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![from];
+        while let Some(at) = stack.pop() {
+            if at == to {
+                return true;
+            }
+            if seen.insert(at) {
+                stack.extend(self.waits.get(at).into_iter().flatten().map(String::as_str));
+            }
+        }
+        false
+    }
+
     pub(crate) fn put_process(&mut self, record: ProcessRecord, doc: Arc<ProcessDoc>) {
+        let waited = waited_for(&record.name, &doc);
+        if waited.is_empty() {
+            self.waits.remove(&record.name);
+        } else {
+            self.waits.insert(record.name.clone(), waited);
+        }
         self.processes.insert(record.name.clone(), (Arc::new(record), doc));
     }
 
     pub(crate) fn remove_process(&mut self, name: &str) {
         self.processes.remove(name);
+        self.waits.remove(name);
     }
 
     pub(crate) fn put_connection(&mut self, c: ConnectionRecord) {
