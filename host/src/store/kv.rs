@@ -32,7 +32,8 @@
 //! Architecture invariant: this process is the only writer of the scopes it serves (a scope is
 //! `environment/plugin` and an environment is served by one host), so its copies stay right.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -119,7 +120,8 @@ struct ReadRequest {
 enum Copy {
     /// Every committed entry of the scope.
     Complete {
-        entries: HashMap<String, Vec<u8>>,
+        /// Ordered, so that listing a prefix reads only the keys under it.
+        entries: BTreeMap<String, Vec<u8>>,
         bytes: usize,
         used: u64,
     },
@@ -450,7 +452,14 @@ impl DbKv {
                         copy.touch(now);
                         match copy {
                             Copy::Complete { entries, .. } => (
-                                Some(entries.keys().filter(|k| k.starts_with(prefix)).cloned().collect::<Vec<_>>()),
+                                Some(
+                                    entries
+                                        .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
+                                        .map(|(k, _)| k)
+                                        .take_while(|k| k.starts_with(prefix))
+                                        .cloned()
+                                        .collect::<Vec<_>>(),
+                                ),
                                 false,
                             ),
                             Copy::TooLarge { .. } => (None, false),
