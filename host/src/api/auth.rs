@@ -175,8 +175,7 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
             environment: audited_env,
             status: response.status().as_u16(),
             code: response.extensions().get::<ErrorCode>().map(|c| c.0.to_string()),
-        })
-        .await;
+        });
     }
     response
 }

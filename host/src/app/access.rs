@@ -512,15 +512,15 @@ impl App {
 
     // The audit trail.
 
-    /// Records one state-changing request. A failure is logged, not answered: the request's
-    /// outcome stands.
-    pub async fn record_audit(&self, entry: AuditRecord) {
-        if let Err(e) = self.store.insert_audit(&entry).await {
-            tracing::error!(error = %orc_manifest::error_chain(&e), method = %entry.method, path = %entry.path, "cannot write the audit trail");
-        }
+    /// Records one state-changing request, written shortly (see [`super::audit`]). A failure is
+    /// logged, not answered: the request's outcome stands.
+    pub fn record_audit(&self, entry: AuditRecord) {
+        self.audit.record(entry);
     }
 
+    /// The entries `filter` selects, every entry recorded before this call among them.
     pub async fn audit(&self, filter: &AuditFilter) -> Result<(Vec<AuditRecord>, Option<AuditId>), AccessError> {
+        self.audit.flush().await;
         Ok(self.store.list_audit(filter).await?)
     }
 }

@@ -12,6 +12,7 @@
 //! `secret.key` (the key node credentials are sealed with, unless `secret_key_file` says where).
 
 mod access;
+mod audit;
 pub mod clusters;
 mod environments;
 mod error;
@@ -76,6 +77,8 @@ pub struct App {
     access: access::AccessCache,
     /// Service versions read from the catalog (immutable once published).
     service_docs: services::ServiceDocs,
+    /// The audit trail's writer.
+    audit: audit::AuditTrail,
 }
 
 impl App {
@@ -114,7 +117,9 @@ impl App {
             Duration::from_secs(config.node_reverify_interval_s),
         )
         .await?;
+        let audit = audit::AuditTrail::start(store.clone());
         let environments = App {
+            audit,
             nodes,
             secrets,
             store,
@@ -198,6 +203,9 @@ impl App {
         // (the scheduler's sink already waited for what its batches depended on).
         if tokio::time::timeout(grace, self.kv.durable()).await.is_err() {
             tracing::warn!("plugin key/value writes not committed within the grace period are lost");
+        }
+        if tokio::time::timeout(grace, self.audit.flush()).await.is_err() {
+            tracing::warn!("audit entries not written within the grace period are lost");
         }
         self.store.close().await;
     }

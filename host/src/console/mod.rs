@@ -200,8 +200,7 @@ async fn audit(
         environment: env.map(|e| e.chars().take(256).collect()),
         status: outcome.map_or_else(|e| e.status.as_u16(), |()| StatusCode::SEE_OTHER.as_u16()),
         code: outcome.err().map(|e| e.code.to_string()),
-    })
-    .await;
+    });
 }
 
 // Signing in and out.

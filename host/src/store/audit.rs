@@ -1,8 +1,10 @@
 //! The audit trail: one row per state-changing request (who, what, when, the outcome), written
 //! by the API's authorization layer after the answer is known, listed newest first.
 
-use super::error::backend;
-use super::{AuditFilter, AuditId, AuditRecord, Result, Store, page_size, parse_id};
+use sqlx::QueryBuilder;
+
+use super::error::{backend, backend_with};
+use super::{AuditFilter, AuditId, AuditRecord, BeginWrite, Result, Store, page_size, parse_id, sqlite_rows_per_statement};
 
 type Row = (
     String,
@@ -19,28 +21,47 @@ type Row = (
 );
 
 impl Store {
-    pub async fn insert_audit(&self, entry: &AuditRecord) -> Result<()> {
-        let _turn = self.write_turn().await?;
+    /// Appends `entries` in one transaction, in their order.
+    pub async fn insert_audit(&self, entries: &[AuditRecord]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let context = || format!("writing {} entries to the audit trail", entries.len());
+        let rows: Vec<(String, Option<String>, Option<String>, &AuditRecord)> = entries
+            .iter()
+            .map(|e| {
+                (
+                    e.id.to_string(),
+                    e.user_id.map(|u| u.to_string()),
+                    e.token_id.map(|t| t.to_string()),
+                    e,
+                )
+            })
+            .collect();
         on_pool!(self, pool => {
-            sqlx::query(
-                "INSERT INTO audit (id, at, user_id, user_name, token_id, method, route, path, environment, status, code) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-            )
-            .bind(entry.id.to_string())
-            .bind(entry.at)
-            .bind(entry.user_id.map(|u| u.to_string()))
-            .bind(entry.user.as_deref())
-            .bind(entry.token_id.map(|t| t.to_string()))
-            .bind(&entry.method)
-            .bind(&entry.route)
-            .bind(&entry.path)
-            .bind(entry.environment.as_deref())
-            .bind(i32::from(entry.status))
-            .bind(entry.code.as_deref())
-            .execute(pool)
-            .await
-            .map_err(backend("writing the audit trail"))?
-            .rows_affected()
+            let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
+            // SQLite's bound on parameters is the lower of the two.
+            for chunk in rows.chunks(sqlite_rows_per_statement(11)) {
+                let mut q = QueryBuilder::new(
+                    "INSERT INTO audit (id, at, user_id, user_name, token_id, method, route, path, environment, status, code) ",
+                );
+                q.push_values(chunk, |mut row, (id, user_id, token_id, e)| {
+                    row.push_bind(id)
+                        .push_bind(e.at)
+                        .push_bind(user_id)
+                        .push_bind(e.user.as_deref())
+                        .push_bind(token_id)
+                        .push_bind(&e.method)
+                        .push_bind(&e.route)
+                        .push_bind(&e.path)
+                        .push_bind(e.environment.as_deref())
+                        .push_bind(i32::from(e.status))
+                        .push_bind(e.code.as_deref());
+                });
+                // Not cached: the text varies with the batch's size.
+                q.build().persistent(false).execute(&mut *tx).await.map_err(backend_with(context))?;
+            }
+            tx.commit().await.map_err(backend_with(context))?;
         });
         Ok(())
     }

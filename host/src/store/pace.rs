@@ -1,4 +1,4 @@
-//! Group commits, spaced: the store's writers (the scheduler's and the plugin kv's) each commit
+//! Group commits, spaced: the store's writers (the scheduler's, the plugin kv's, the audit trail's) each commit
 //! whatever accumulated while their previous commit ran. When commits are quick, that is a row or
 //! two, and every commit rewrites the pages it touches in the write-ahead log (a move of 200
 //! processes in `service-bench`: ~800 commits of ~6 states each, and as many of the plugin kv).

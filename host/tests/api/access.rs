@@ -761,6 +761,52 @@ pub async fn limits_answer_413_and_429_and_lose_nothing_accepted(backend: Backen
     host.stop().await;
 }
 
+/// The trail is written in batches behind the answers: every change of a concurrent burst is in
+/// it at once for whoever reads it, and a host shut down right after the burst (nobody having
+/// read it) has written every entry before it stopped.
+pub async fn a_burst_of_changes_is_audited_whole_and_kept_across_a_restart(backend: Backend) {
+    async fn burst(host: &Host) -> Vec<reqwest::Response> {
+        let requests = (0..40).map(|i| {
+            let path = if i % 2 == 0 {
+                "/environments/a/halt"
+            } else {
+                "/environments/a/resume"
+            };
+            call(host, Some(&host.token), Method::POST, path, None)
+        });
+        futures::future::join_all(requests).await
+    }
+    let host = Host::start(backend, 1 << 20).await;
+    host.create_environment("a").await;
+    assert!(burst(&host).await.iter().all(|r| r.status() == StatusCode::OK));
+    let audited = |page: &Value| -> Vec<String> {
+        page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["route"] == "/environments/{env}/halt" || e["route"] == "/environments/{env}/resume")
+            .map(|e| e["id"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (status, page) = host.get("/audit?environment=a&limit=500").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(audited(&page).len(), 40, "{page}");
+
+    assert!(burst(&host).await.iter().all(|r| r.status() == StatusCode::OK));
+    let token = host.token.clone();
+    let data = host.stop().await;
+    let host = Host::start_with(data, 1 << 20, Some(token)).await;
+    let (_, page) = host.get("/audit?environment=a&limit=500").await;
+    let ids = audited(&page);
+    assert_eq!(ids.len(), 80, "{page}");
+    assert_eq!(
+        ids.iter().collect::<std::collections::BTreeSet<_>>().len(),
+        80,
+        "ids are distinct: {page}"
+    );
+    host.stop().await;
+}
+
 /// A NUL character in a name from a path, a query or a sign-in (which PostgreSQL's text cannot
 /// hold) is an unknown name — 401, 403 or 404 — never a 500, and the refused request still
 /// reaches the audit trail.

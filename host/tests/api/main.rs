@@ -112,6 +112,7 @@ on_both_backends!(
     the_audit_trail_records_each_change_with_its_author,
     limits_answer_413_and_429_and_lose_nothing_accepted,
     nul_in_names_is_unknown_and_still_audited,
+    a_burst_of_changes_is_audited_whole_and_kept_across_a_restart,
     the_catalog_lists_published_service_versions,
     a_resource_set_is_replaced_without_touching_another,
     a_stale_if_match_is_refused_for_settings_and_templates,
