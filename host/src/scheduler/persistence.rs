@@ -89,7 +89,7 @@ impl StoreSink {
 
     async fn write(&self, events: Vec<Event>) -> Result<(), BatchError> {
         // The last state of a resource in a batch is the one that counts.
-        let mut states: HashMap<String, ResourceState> = HashMap::new();
+        let mut states: HashMap<String, ResourceState> = HashMap::with_capacity(events.len());
         let mut actions = Vec::new();
         let mut released = None;
         for event in events {
