@@ -1,7 +1,8 @@
-//! Group commits, spaced: the store's writers (the scheduler's, the plugin kv's, the audit trail's) each commit
-//! whatever accumulated while their previous commit ran. When commits are quick, that is a row or
-//! two, and every commit rewrites the pages it touches in the write-ahead log (a move of 200
-//! processes in `service-bench`: ~800 commits of ~6 states each, and as many of the plugin kv).
+//! Group commits, spaced: the store's writers (the scheduler's, the plugin kv's, the audit
+//! trail's) each commit whatever accumulated while their previous commit ran. When commits are
+//! quick, that is a row or two, and every commit rewrites the pages it touches in the write-ahead
+//! log (a move of 200 processes in `service-bench`: ~800 commits of ~6 states each, and as many of
+//! the plugin kv).
 //! [`Paced::receive`] spaces the starts of two batches by at least [`PACE`] while messages keep
 //! coming, so what arrives meanwhile shares one commit (~190 commits there). A writer that was idle
 //! that long takes the next message at once: only sustained streams wait, and what they write is
