@@ -4,20 +4,17 @@
 //! log (a move of 200 processes in `service-bench`: ~800 commits of ~6 states each, and as many of
 //! the plugin kv).
 //! [`Paced::receive`] spaces the starts of two batches by at least [`PACE`] while messages keep
-//! coming, so what arrives meanwhile shares one commit (~190 commits there, at 20 ms). A writer
-//! that was idle that long takes the next message at once: only sustained streams wait, and what
-//! they write is at most [`PACE`] later.
+//! coming, so what arrives meanwhile shares one commit (~190 commits there). A writer that was idle
+//! that long takes the next message at once: only sustained streams wait, and what they write is
+//! at most [`PACE`] later.
 
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-/// Least time between the starts of two batches while messages keep coming. 40 ms, not 20: seven
-/// interleaved pairs of `service-bench 200 4` (README, stop 29) moved with a median host CPU per
-/// process of 4.55 ms (4.35–4.90) against 4.80 (4.15–5.90), for at most 20 ms more before a
-/// release's receipt or a state is seen in the store.
-pub const PACE: Duration = Duration::from_millis(40);
+/// Least time between the starts of two batches while messages keep coming.
+pub const PACE: Duration = Duration::from_millis(20);
 
 /// A writer's receiving end, paced.
 pub struct Paced<T> {
