@@ -4,7 +4,8 @@
 //! write to the log, for 200 requests in a fifth of a second).
 //!
 //! A request does not wait for its entry to be written (it never did for its outcome: a failed
-//! write is logged, the answer stands). Whoever reads the trail here first waits for every entry
+//! write is logged, the answer stands). A batch that cannot be written is tried again, four times
+//! over ~0.7 s, before its entries are logged as lost. Whoever reads the trail here first waits for every entry
 //! recorded before, so a client sees its own requests at once; a shutdown waits for them too. A
 //! host that dies loses what it had not committed yet: at most [`crate::store::pace::PACE`] and
 //! one commit's worth, as Kubernetes' batching audit backends do.
@@ -16,6 +17,11 @@ use crate::store::{AuditRecord, Store};
 
 /// Entries per commit at most.
 const MAX_BATCH: usize = 1000;
+/// Tries of one batch before its entries are given up (logged), and the wait before the first
+/// retry, doubled for each next one: a database briefly away (a restart, a fail-over) loses no
+/// entry, while one that stays away does not hold the trail up for ever.
+const TRIES: u32 = 4;
+const FIRST_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 enum Message {
     Entry(AuditRecord),
@@ -64,9 +70,20 @@ async fn writer(store: Store, rx: mpsc::UnboundedReceiver<Message>) {
                 Message::Flush(done) => flushes.push(done),
             }
         }
-        if let Err(e) = store.insert_audit(&entries).await {
-            let first = entries.first().map(|e| format!("{} {}", e.method, e.path)).unwrap_or_default();
-            tracing::error!(error = %orc_manifest::error_chain(&e), entries = entries.len(), %first, "cannot write the audit trail");
+        let mut delay = FIRST_RETRY;
+        for attempt in 1..=TRIES {
+            match store.insert_audit(&entries).await {
+                Ok(()) => break,
+                Err(e) if attempt < TRIES => {
+                    tracing::warn!(error = %orc_manifest::error_chain(&e), entries = entries.len(), attempt, retry_in_ms = delay.as_millis() as u64, "cannot write the audit trail; trying again");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Err(e) => {
+                    let first = entries.first().map(|e| format!("{} {}", e.method, e.path)).unwrap_or_default();
+                    tracing::error!(error = %orc_manifest::error_chain(&e), entries = entries.len(), %first, "cannot write the audit trail; these entries are lost");
+                }
+            }
         }
         for done in flushes {
             let _ = done.send(());

@@ -878,11 +878,14 @@ async fn nothing_pending(host: &Host) {
 
 /// The node `process` was last told its one `echo` peer runs on (its `$OUT`).
 fn told_node(work: &std::path::Path, process: &str) -> String {
+    let peer = told_peer(work, process);
+    peer["node"].as_str().unwrap_or_else(|| panic!("{process}: {peer}")).to_string()
+}
+
+/// The first `echo` peer `process` was told at its last start (the file its script writes).
+fn told_peer(work: &std::path::Path, process: &str) -> Value {
     let peers: Value = serde_json::from_str(&std::fs::read_to_string(work.join(process)).unwrap()).unwrap();
-    peers["echo"][0]["node"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{process}: {peers}"))
-        .to_string()
+    peers["echo"][0].clone()
 }
 
 /// A consumer moved together with its provider (the consumer first, as an operator emptying a
@@ -974,8 +977,8 @@ async fn a_provider_updated_to_another_port_is_followed_by_its_consumer() {
     let work = tempfile::tempdir().unwrap();
     let processes = server_and_client(&host, work.path(), 3).await;
     let port = |process: &str| {
-        let peers: Value = serde_json::from_str(&std::fs::read_to_string(work.path().join(process)).unwrap()).unwrap();
-        peers["echo"][0]["port"].as_u64().unwrap_or_else(|| panic!("{process}: {peers}"))
+        let peer = told_peer(work.path(), process);
+        peer["port"].as_u64().unwrap_or_else(|| panic!("{process}: {peer}"))
     };
     assert_eq!(port("client"), 7101);
     let before = std::fs::read_to_string(work.path().join("log")).unwrap().lines().count();
