@@ -175,7 +175,7 @@ async fn a_redis_process_is_created_updated_rolled_back_and_terminated() {
         "{answer}"
     );
 
-    // Placed by the solver: any node the environment may use.
+    // Placed by the solver: n2, which runs fewer processes than n1.
     let (status, placed) = host
         .post(
             &processes,
@@ -183,7 +183,7 @@ async fn a_redis_process_is_created_updated_rolled_back_and_terminated() {
         )
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{placed}");
-    assert!(["n1", "n2"].contains(&placed["node"].as_str().unwrap()), "{placed}");
+    assert_eq!(placed["node"], "n2", "{placed}");
     wait_state(&host, "placed", "running").await;
     assert_eq!(ping(p2).await.as_deref(), Some("+PONG"));
     // The list by state; an unknown state is refused, naming it.
@@ -292,6 +292,98 @@ async fn a_redis_process_is_created_updated_rolled_back_and_terminated() {
 }
 
 /// The message schema of the `kv` interface, version 1.0.0.
+/// A service whose scripts only log (`$LOG`), declaring port `spot` (7000 unless a process says
+/// otherwise), and needing `needs` of its node.
+fn spot_service(name: &str, needs: Value) -> Value {
+    let log = |what: &str| format!("echo \"$ORC_NODE {what}\" >> \"$LOG\"");
+    json!({
+        "name": name, "version": "1.0.0",
+        "automator": orc_plugin_artifacts::by_name("shell").unwrap().digest,
+        "config": {"scripts": {"start": log("start"), "stop": log("stop"), "remove": log("remove")}},
+        "config_schema": {"type": "object"},
+        "ports": [{"name": "spot", "port": 7000}],
+        "needs": needs,
+        "interfaces": []
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_solver_places_a_process_where_its_ports_are_free_and_fewest_processes_run() {
+    let host = start_host(1).await;
+    // n1's rack is odd, n2's even.
+    let _sshd = nodes(&host, 2).await;
+    publish_service(&host, &spot_service("spot", json!({}))).await;
+    publish_service(&host, &spot_service("even", json!({"labels": {"rack": "even"}}))).await;
+    let work = tempfile::tempdir().unwrap();
+    let processes = format!("/environments/{ENV}/processes");
+    let config = json!({"log": work.path().join("log")});
+    let create = |name: &str, service: &str, node: Option<&str>, port: u16| {
+        let mut body = json!({"name": name, "service": service, "ports": {"spot": port}, "config": config});
+        if let Some(node) = node {
+            body["node"] = json!(node);
+        }
+        let (host, processes) = (&host, &processes);
+        async move { host.post(processes, &body).await }
+    };
+    let placed = |answer: &Value| answer["node"].as_str().unwrap_or_default().to_string();
+
+    let (status, a) = create("a", "spot@1.0.0", Some("n1"), 7000).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{a}");
+    // n2 runs fewer processes (none).
+    let (status, b) = create("b", "spot@1.0.0", None, 7001).await;
+    assert_eq!((status, placed(&b)), (StatusCode::ACCEPTED, "n2".into()), "{b}");
+    // Port 7000 is taken on n1 by `a`, though both run one process.
+    let (status, c) = create("c", "spot@1.0.0", None, 7000).await;
+    assert_eq!((status, placed(&c)), (StatusCode::ACCEPTED, "n2".into()), "{c}");
+    // n1 runs fewer (1 against 2) but is not in the even rack the service needs.
+    let (status, e) = create("e", "even@1.0.0", None, 7003).await;
+    assert_eq!((status, placed(&e)), (StatusCode::ACCEPTED, "n2".into()), "{e}");
+    // Named, a node that does not meet the needs is refused, naming it and the needs.
+    let (status, answer) = create("e2", "even@1.0.0", Some("n1"), 7004).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("node_unsuitable")),
+        "{answer}"
+    );
+    let message = answer["message"].as_str().unwrap();
+    assert!(message.contains("`n1`") && message.contains("even"), "{answer}");
+    // n1 runs fewer again (1 against 3).
+    let (status, d) = create("d", "spot@1.0.0", None, 7002).await;
+    assert_eq!((status, placed(&d)), (StatusCode::ACCEPTED, "n1".into()), "{d}");
+    // Port 7000 is taken on every node: refused, naming each holder; nothing is kept.
+    let (status, answer) = create("f", "spot@1.0.0", None, 7000).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_process_request")),
+        "{answer}"
+    );
+    let message = answer["message"].as_str().unwrap();
+    assert!(
+        message.contains("port 7000 on `n1` by process `a`") && message.contains("port 7000 on `n2` by process `c`"),
+        "{answer}"
+    );
+    let (status, _) = host.get(&format!("{processes}/f")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // Moved where the solver puts it: the only other node holds its port.
+    for name in ["a", "b", "c", "d", "e"] {
+        wait_state(&host, name, "running").await;
+    }
+    let (status, answer) = host.post(&format!("{processes}/a/move"), &json!({})).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_process_request")),
+        "{answer}"
+    );
+    assert!(
+        answer["message"].as_str().unwrap().contains("port 7000 on `n2` by process `c`"),
+        "{answer}"
+    );
+    // `b` moved: to n1, the one other node.
+    let (status, moved) = host.post(&format!("{processes}/b/move"), &json!({})).await;
+    assert_eq!((status, placed(&moved)), (StatusCode::ACCEPTED, "n1".into()), "{moved}");
+    wait_state(&host, "b", "running").await;
+}
+
 fn kv_schema() -> Value {
     json!({"type": "object", "required": ["command"], "properties": {"command": {"enum": ["GET", "SET"]}}})
 }

@@ -31,8 +31,8 @@ use serde_json::Value;
 
 use crate::app::App;
 use crate::app::clusters::{Progress, TaskView, progress_of};
-use crate::clusters::ClusterFailure;
 use crate::clusters::planner::{self, PlanInput};
+use crate::clusters::{ClusterError, ClusterFailure};
 use crate::intent::{ResourceId, ResourceSpec};
 use crate::services::{Deployment, Operation, ProcessDoc, ProcessState, ServicesError, set_of};
 use crate::store::{Environment, Millis, ProcessRecord, StoreError, now_ms};
@@ -192,7 +192,7 @@ impl App {
         }
         let doc = self.catalog_document(&req.service).await?;
         let target = self
-            .deployment(&env, &req.name, doc, req.node.as_deref(), req.config, &req.ports)
+            .deployment(&env, &req.name, doc, req.node.as_deref(), req.config, &req.ports, None)
             .await?;
         let set = set_of(&req.name);
         let tasks = plan(&set, Some(&target), &[], &Delivered::none())?;
@@ -303,7 +303,7 @@ impl App {
         let config = req.config.unwrap_or_else(|| doc.target.config.clone());
         let ports = req.ports.unwrap_or_else(|| doc.target.ports.clone());
         let node = doc.target.node.clone();
-        doc.target = self.deployment(&env, name, service_doc, Some(&node), config, &ports).await?;
+        doc.target = self.deployment(&env, name, service_doc, Some(&node), config, &ports, None).await?;
         let connections = self.delivered_connections(&env, name, &doc.target).await?;
         let previous = std::mem::take(&mut doc.tasks);
         doc.tasks = plan(&set_of(name), Some(&doc.target), &previous, &connections)?;
@@ -334,14 +334,9 @@ impl App {
         }
         let catalog = self.catalog_document(&doc.target.reference()).await?;
         let (config, ports) = (doc.target.config.clone(), doc.target.ports.clone());
-        let target = match node {
-            Some(node) => self.deployment(&env, name, catalog, Some(&node), config, &ports).await?,
-            None => {
-                let elsewhere = self.place(&env, &catalog.1, Some(&from)).await?;
-                self.deployment(&env, name, catalog, Some(&elsewhere), config, &ports).await?
-            }
-        };
-        doc.target = target;
+        doc.target = self
+            .deployment(&env, name, catalog, node.as_deref(), config, &ports, Some(&from))
+            .await?;
         let connections = self.delivered_connections(&env, name, &doc.target).await?;
         let previous = std::mem::take(&mut doc.tasks);
         doc.tasks = plan_move(&set_of(name), &doc.target, &from, &previous, &connections)?;
@@ -441,7 +436,7 @@ impl App {
     pub(crate) async fn process_tasks(&self, env: &Environment) -> Result<Vec<ResourceSpec>, crate::app::EnvError> {
         let mut tasks = Vec::new();
         let processes = self.current_processes(env).await.map_err(|e| match e {
-            ServicesError::Cluster(crate::clusters::ClusterError::Env(e)) => e,
+            ServicesError::Cluster(ClusterError::Env(e)) => e,
             e => crate::app::EnvError::Store(StoreError::Corrupt { what: e.to_string() }),
         })?;
         for (_, doc) in &processes {
@@ -479,6 +474,7 @@ impl App {
         node: Option<&str>,
         config: Value,
         ports: &BTreeMap<String, u16>,
+        except: Option<&str>,
     ) -> Result<Deployment, ServicesError> {
         let doc = &doc;
         check_config(&doc.config_schema, &config)?;
@@ -507,7 +503,7 @@ impl App {
                 self.check_node(env, node, &doc.needs).await?;
                 node.to_string()
             }
-            None => self.place(env, doc, None).await?,
+            None => self.place(env, doc, name, &effective, except).await?,
         };
         // No two processes of the environment listen on one port of a node.
         for (record, other) in self.current_processes(env).await? {
@@ -561,39 +557,81 @@ impl App {
         Ok(())
     }
 
-    /// Where the first-party solver puts one process of `doc` among the verified nodes `env` may
-    /// use, but `except` (a moving process's own node).
-    async fn place(&self, env: &Environment, doc: &ServiceDocument, except: Option<&str>) -> Result<String, ServicesError> {
-        let allowed: Vec<String> = match except {
-            None => Vec::new(),
-            Some(from) => {
-                let others: Vec<String> = self
-                    .cluster_nodes(env, &[])
-                    .await?
-                    .into_iter()
-                    .map(|n| n.name)
-                    .filter(|n| n != from)
-                    .collect();
-                if others.is_empty() {
-                    return Err(ServicesError::Invalid(format!(
-                        "node: no verified node this environment may use besides `{from}`"
-                    )));
-                }
-                others
+    /// Where the first-party solver puts process `name` of `doc` (ports `ports`), knowing what
+    /// already runs where: among the verified nodes `env` may use, but `except` (a moving
+    /// process's own node) and those where another process of the environment holds one of
+    /// `ports`, the solver is offered the nodes running the fewest processes first, and the next
+    /// fewest only when none of those meets the service's needs.
+    async fn place(
+        &self,
+        env: &Environment,
+        doc: &ServiceDocument,
+        name: &str,
+        ports: &BTreeMap<String, u16>,
+        except: Option<&str>,
+    ) -> Result<String, ServicesError> {
+        let nodes = self.cluster_nodes(env, &[]).await?;
+        let mut load: BTreeMap<String, usize> = nodes
+            .into_iter()
+            .filter(|n| Some(n.name.as_str()) != except)
+            .map(|n| (n.name, 0))
+            .collect();
+        if load.is_empty() {
+            let besides = except.map(|from| format!(" besides `{from}`")).unwrap_or_default();
+            return Err(ServicesError::Invalid(format!(
+                "node: no verified node this environment may use{besides}"
+            )));
+        }
+        let mut taken = Vec::new();
+        for (record, other) in self.current_processes(env).await? {
+            let node = &other.target.node;
+            if record.name == name || !load.contains_key(node) {
+                continue;
             }
-        };
+            match other.target.ports.values().find(|p| ports.values().any(|mine| mine == *p)) {
+                Some(port) => {
+                    load.remove(node);
+                    taken.push(format!("port {port} on `{node}` by process `{}`", record.name));
+                }
+                None => *load.get_mut(node).expect("counted") += 1,
+            }
+        }
+        if load.is_empty() {
+            return Err(ServicesError::Invalid(format!(
+                "node: every node this environment may use has a port of the process taken ({})",
+                taken.join(", ")
+            )));
+        }
+        let mut tiers: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+        for (node, count) in load {
+            tiers.entry(count).or_default().push(node);
+        }
         let grants = env.settings.capabilities.grants();
         let solver = self
             .pin_plugin(&doc.name, crate::app::clusters::DEFAULT_SOLVER, PluginKind::Solver, &grants)
             .await?;
         let mut template = single_service(&doc.name, doc.automator, &doc.needs);
         template.solver = Some(solver.to_string());
-        let layout = self.solve(env, &template, 1, &allowed, &Layout::default()).await?;
-        layout
-            .nodes_of(&doc.name)
-            .next()
-            .map(str::to_string)
-            .ok_or_else(|| ServicesError::Invalid("the solver placed the process nowhere".into()))
+        let several = tiers.len() > 1;
+        for tier in tiers.values() {
+            match self.solve(env, &template, 1, tier, &Layout::default()).await {
+                Ok(layout) => {
+                    return layout
+                        .nodes_of(&doc.name)
+                        .next()
+                        .map(str::to_string)
+                        .ok_or_else(|| ServicesError::Invalid("the solver placed the process nowhere".into()));
+                }
+                Err(ClusterError::NoValidLayout { .. }) if several => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // No tier alone had a node for it: the solver's own account, over all of them.
+        let all: Vec<String> = tiers.into_values().flatten().collect();
+        match self.solve(env, &template, 1, &all, &Layout::default()).await {
+            Ok(_) => Err(ServicesError::Invalid("the solver placed the process nowhere".into())),
+            Err(e) => Err(e.into()),
+        }
     }
 
     async fn process_view(&self, env: &Environment, record: &ProcessRecord, doc: &ProcessDoc) -> Result<ProcessView, ServicesError> {
