@@ -389,9 +389,35 @@ impl App {
                 Err(e) => tracing::error!(environment = %env.name, error = %e, "cannot resume the released version"),
             }
         }
+        follow_nodes_back(&r, self.nodes.back());
         running.insert(env.id, r.clone());
         Ok(r)
     }
+}
+
+/// Tells `r`'s scheduler of each node that is usable again, so what failed on it is retried at
+/// once (Inmanta's agents do the same when they reconnect); ends with the environment.
+fn follow_nodes_back(r: &Arc<Running>, mut back: tokio::sync::broadcast::Receiver<String>) {
+    use tokio::sync::broadcast::error::RecvError;
+    let running = Arc::downgrade(r);
+    tokio::spawn(async move {
+        loop {
+            let node = match back.recv().await {
+                Ok(node) => Some(node),
+                Err(RecvError::Lagged(_)) => None,
+                Err(RecvError::Closed) => return,
+            };
+            let Some(r) = running.upgrade() else { return };
+            let told = match node {
+                Some(node) => r.scheduler.node_back(node),
+                // Which nodes came back is lost: every failure is retried.
+                None => r.scheduler.deploy_failed(),
+            };
+            if told.is_err() {
+                return;
+            }
+        }
+    });
 }
 
 /// The root of an environment's local node.

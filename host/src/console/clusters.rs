@@ -766,6 +766,7 @@ mod tests {
             status: "done".into(),
             attempts: 1,
             last_error: None,
+            next_retry_at: None,
         }];
         let html = grid(
             "g",

@@ -112,6 +112,8 @@ struct Inner {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// When a refusal last made a node be re-verified (at most one every few seconds).
     probes: Mutex<HashMap<String, Instant>>,
+    /// Told the name of each node that becomes usable (verified) after it was not.
+    back: tokio::sync::broadcast::Sender<String>,
 }
 
 /// Every node the host knows. Cheap to clone.
@@ -119,6 +121,9 @@ struct Inner {
 pub struct NodeRegistry {
     inner: Arc<Inner>,
 }
+
+/// Nodes come back one at a time; a listener slower than this many is told it lagged.
+const BACK_CAPACITY: usize = 256;
 
 /// Least time between two re-verifications triggered by refused calls on one node.
 const PROBE_EVERY: Duration = Duration::from_secs(2);
@@ -147,6 +152,7 @@ impl NodeRegistry {
                 entries: RwLock::new(entries),
                 locks: Mutex::new(HashMap::new()),
                 probes: Mutex::new(HashMap::new()),
+                back: tokio::sync::broadcast::channel(BACK_CAPACITY).0,
             }),
         };
         let names: Vec<String> = registry
@@ -339,6 +345,14 @@ impl NodeRegistry {
         }
     }
 
+    /// The names of nodes as they become usable after they were not (unreachable or not yet
+    /// verified, then verified): an environment's scheduler retries what failed on them at
+    /// once rather than when its back-off says. A receiver that falls behind is told
+    /// `Lagged` and should treat every node as back.
+    pub fn back(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.inner.back.subscribe()
+    }
+
     /// The node directory of one environment: `local` is its own local node; any other name is
     /// a registered node, if the environment may use it and it is usable now.
     pub fn directory(&self, env: EnvironmentId, env_name: &str, local: Arc<dyn NodeBackend>) -> EnvironmentNodes {
@@ -451,6 +465,10 @@ impl Inner {
         };
         let mut entries = self.entries.write().expect("node entries");
         if let Some(e) = entries.get_mut(name) {
+            if !e.status.is_verified() && record.status.is_verified() {
+                // Nobody listening is no error.
+                let _ = self.back.send(name.to_string());
+            }
             e.status = record.status;
             e.environment = record.environment;
             e.last_error = record.last_error.clone();

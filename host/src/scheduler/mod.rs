@@ -222,6 +222,8 @@ enum Command {
     /// The receipt, if any, is answered once the release's states are recorded.
     Release(Arc<Version>, Option<oneshot::Sender<()>>),
     DeployFailed,
+    /// A node usable again: what failed on it is wanted now.
+    NodeBack(String),
     Repair,
     /// Replies once nothing runs and nothing is ready to run (timers aside).
     Settled(oneshot::Sender<Snapshot>),
@@ -392,6 +394,12 @@ impl Scheduler {
     /// Retries every failed, skipped or unavailable resource now (trigger 4).
     pub fn deploy_failed(&self) -> Result<(), Unavailable> {
         self.send(Command::DeployFailed)
+    }
+
+    /// `node` is usable again (it was unreachable): its resources that failed, were skipped
+    /// or found it unavailable are deployed now instead of at their next retry.
+    pub fn node_back(&self, node: String) -> Result<(), Unavailable> {
+        self.send(Command::NodeBack(node))
     }
 
     /// Re-reads and restores every resource now (trigger 5).

@@ -195,6 +195,14 @@ impl Loop {
                     }
                 }
             }
+            Command::NodeBack(node) => {
+                let Some(v) = self.version.clone() else { return };
+                for (i, spec) in v.intent.resources.iter().enumerate() {
+                    if spec.id.node == node && matches!(self.entries[i].status, Status::Failed | Status::Skipped | Status::Unavailable) {
+                        self.want(i, Trigger::Deploy);
+                    }
+                }
+            }
             Command::Repair => {
                 for i in 0..self.entries.len() {
                     self.want(i, Trigger::Repair);

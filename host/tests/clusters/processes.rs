@@ -565,33 +565,54 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
 
     // The consumer's node is cut off the network: the change (the connection dropped) stays
     // pending, attempted again and again, until the node is back and the consumer has taken it.
+    // Retries 5 s apart, doubling: the first is at 5 s, the next 10 s after it.
+    let (status, answer, _) = call(
+        &host,
+        Method::PATCH,
+        &format!("/environments/{ENV}"),
+        Some(&json!({"settings": {"retry_interval_s": 5}})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
     network.set_link(0, false);
     let (status, _) = host.delete(&format!("{connections}/{}", connection["id"].as_str().unwrap())).await;
     assert_eq!(status, StatusCode::OK);
+    let retried = |p: &Value| {
+        p["items"].as_array().unwrap().iter().find(|i| i["process"] == "app").and_then(|i| {
+            i["changes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                // Attempted, and attempted again by the scheduler's own retry.
+                .find(|c| c["attempts"].as_i64().unwrap_or(0) >= 2 && c["next_retry_at"].is_i64())
+                .cloned()
+        })
+    };
     let pending = host
-        .wait_for(&format!("/environments/{ENV}/pending"), "a pending change", OP_TIMEOUT, |_, p| {
-            p["items"].as_array().unwrap().iter().any(|i| {
-                i["process"] == "app"
-                    && i["changes"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        // Attempted, and attempted again by the scheduler's own retry.
-                        .any(|c| c["attempts"].as_i64().unwrap_or(0) >= 2)
-            })
+        .wait_for(&format!("/environments/{ENV}/pending"), "a change retried", OP_TIMEOUT, |_, p| {
+            retried(p).is_some()
         })
         .await;
-    let change = &pending["items"].as_array().unwrap().iter().find(|i| i["process"] == "app").unwrap()["changes"][0];
+    let change = retried(&pending).unwrap();
     assert!(
         change["last_error"].is_string() && change["since"].as_i64().unwrap() > 0,
         "{pending}"
     );
     assert_eq!(std::fs::read_to_string(work.path().join("app")).unwrap().trim(), "hello from app");
+    // Back: the node answers its re-verification, and the scheduler applies the change then,
+    // not when its back-off says (nobody asks it to).
     network.set_link(0, true);
-    // The retry backs off (doubling); an operator's deploy retries now rather than after it.
-    let (status, _) = host.post(&format!("/environments/{ENV}/deploy"), &json!({})).await;
-    assert_eq!(status, StatusCode::ACCEPTED);
     wait_file(&work.path().join("app"), "no kv peer").await;
+    let applied_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let due = change["next_retry_at"].as_i64().unwrap();
+    assert!(
+        applied_at < due,
+        "applied at {applied_at}, not before the retry due at {due}: {change}"
+    );
     host.wait_for(&format!("/environments/{ENV}/pending"), "nothing pending", OP_TIMEOUT, |_, p| {
         p["items"].as_array().unwrap().is_empty()
     })

@@ -127,6 +127,9 @@ pub struct TaskView {
     pub attempts: i64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// When the scheduler tries it again after a failure (milliseconds since the epoch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_retry_at: Option<Millis>,
 }
 
 /// A cluster as the API shows it.
@@ -1183,6 +1186,7 @@ pub(crate) fn progress_of(
             status: "pending".into(),
             attempts: 0,
             last_error: None,
+            next_retry_at: None,
         };
         match state {
             Some(s) if s.desired_hash == expected => {
@@ -1190,6 +1194,7 @@ pub(crate) fn progress_of(
                 view.status = if finished { "done".into() } else { s.status.as_str().to_string() };
                 view.attempts = s.attempts;
                 view.last_error = s.last_error.as_ref().map(|e| format!("{}: {}", e.code, e.message));
+                view.next_retry_at = s.next_retry_at;
                 done &= finished;
                 if s.status == ResourceStatus::Failed && s.attempts >= i64::from(max_attempts) && failed.is_none() {
                     failed = Some(ClusterFailure {

@@ -89,6 +89,10 @@ pub struct PendingChange {
     pub last_error: Option<String>,
     /// When the process's tasks last changed.
     pub since: Millis,
+    /// When the scheduler tries it again (milliseconds since the epoch); sooner when its node,
+    /// unreachable, answers again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_retry_at: Option<Millis>,
 }
 
 /// `GET …/pending`: each process with changes it has not taken.
@@ -116,6 +120,7 @@ pub(crate) fn pending_of(running: &Running, name: &str, tasks: &[TaskView], sinc
         attempts: 0,
         last_error: running.process_release_error.lock().expect("release error").clone(),
         since: queued_at,
+        next_retry_at: None,
     });
     queued
         .into_iter()
@@ -126,6 +131,7 @@ pub(crate) fn pending_of(running: &Running, name: &str, tasks: &[TaskView], sinc
             attempts: t.attempts,
             last_error: t.last_error.clone(),
             since,
+            next_retry_at: t.next_retry_at,
         }))
         .collect()
 }

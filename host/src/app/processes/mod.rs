@@ -170,6 +170,20 @@ pub struct ActiveView {
     pub node: String,
 }
 
+/// Where a process goes: the node an operator named, or where the solver puts it (never on
+/// `except`, the node a moving process leaves).
+#[derive(Debug, Clone, Copy)]
+enum NodeChoice<'a> {
+    Named(&'a str),
+    Solver { except: Option<&'a str> },
+}
+
+impl<'a> NodeChoice<'a> {
+    fn named_or_solver(node: Option<&'a str>, except: Option<&'a str>) -> NodeChoice<'a> {
+        node.map_or(NodeChoice::Solver { except }, NodeChoice::Named)
+    }
+}
+
 impl App {
     /// Creates a process: the service version resolved, its configuration validated, its node
     /// checked (or chosen by the solver), its tasks released. The process is `creating` until they
@@ -192,7 +206,14 @@ impl App {
         }
         let doc = self.catalog_document(&req.service).await?;
         let target = self
-            .deployment(&env, &req.name, doc, req.node.as_deref(), req.config, &req.ports, None)
+            .deployment(
+                &env,
+                &req.name,
+                doc,
+                NodeChoice::named_or_solver(req.node.as_deref(), None),
+                req.config,
+                &req.ports,
+            )
             .await?;
         let set = set_of(&req.name);
         let tasks = plan(&set, Some(&target), &[], &Delivered::none())?;
@@ -303,7 +324,9 @@ impl App {
         let config = req.config.unwrap_or_else(|| doc.target.config.clone());
         let ports = req.ports.unwrap_or_else(|| doc.target.ports.clone());
         let node = doc.target.node.clone();
-        doc.target = self.deployment(&env, name, service_doc, Some(&node), config, &ports, None).await?;
+        doc.target = self
+            .deployment(&env, name, service_doc, NodeChoice::Named(&node), config, &ports)
+            .await?;
         let connections = self.delivered_connections(&env, name, &doc.target).await?;
         let previous = std::mem::take(&mut doc.tasks);
         doc.tasks = plan(&set_of(name), Some(&doc.target), &previous, &connections)?;
@@ -335,7 +358,14 @@ impl App {
         let catalog = self.catalog_document(&doc.target.reference()).await?;
         let (config, ports) = (doc.target.config.clone(), doc.target.ports.clone());
         doc.target = self
-            .deployment(&env, name, catalog, node.as_deref(), config, &ports, Some(&from))
+            .deployment(
+                &env,
+                name,
+                catalog,
+                NodeChoice::named_or_solver(node.as_deref(), Some(&from)),
+                config,
+                &ports,
+            )
             .await?;
         let connections = self.delivered_connections(&env, name, &doc.target).await?;
         let previous = std::mem::take(&mut doc.tasks);
@@ -471,10 +501,9 @@ impl App {
         env: &Environment,
         name: &str,
         (digest, doc): (orc_manifest::Digest, ServiceDocument),
-        node: Option<&str>,
+        node: NodeChoice<'_>,
         config: Value,
         ports: &BTreeMap<String, u16>,
-        except: Option<&str>,
     ) -> Result<Deployment, ServicesError> {
         let doc = &doc;
         check_config(&doc.config_schema, &config)?;
@@ -499,11 +528,11 @@ impl App {
             effective.insert(port.clone(), *number);
         }
         let node = match node {
-            Some(node) => {
+            NodeChoice::Named(node) => {
                 self.check_node(env, node, &doc.needs).await?;
                 node.to_string()
             }
-            None => self.place(env, doc, name, &effective, except).await?,
+            NodeChoice::Solver { except } => self.place(env, doc, name, &effective, except).await?,
         };
         // No two processes of the environment listen on one port of a node.
         for (record, other) in self.current_processes(env).await? {
