@@ -67,10 +67,17 @@ pub async fn the_catalog_lists_published_service_versions(backend: Backend) {
     adaptor["automator"] = json!(orc_plugin_artifacts::by_name("file").unwrap().digest);
     let mut schema = kv_service("2.0.0");
     schema["config_schema"] = json!({"type": "no-such-type"});
+    let mut unpublished = kv_service("2.0.0");
+    unpublished["automator"] = json!(format!("sha256:{}", "ab".repeat(32)));
+    let mut twice = kv_service("2.0.0");
+    let kv = twice["interfaces"][0].clone();
+    twice["interfaces"].as_array_mut().unwrap().push(kv);
     for (doc, path) in [
         (zero, "interfaces[0].max_connections"),
         (adaptor, "automator"),
+        (unpublished, "automator"),
         (schema, "config_schema"),
+        (twice, "interfaces[1].name"),
     ] {
         let (status, body) = publish(&host, Some(&host.token), &serde_json::to_vec(&doc).unwrap()).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");

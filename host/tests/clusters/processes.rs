@@ -486,8 +486,26 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
     let (_, app) = host.get(&format!("{processes}/app")).await;
     assert_eq!(app["connections"][0]["id"], connection["id"], "{app}");
 
+    // A redis of another environment, on the same node, is no peer of this one's processes.
+    let staging = json!({"name": "staging", "settings": {"capabilities": {"node_commands": true}}});
+    let (status, env) = host.post("/environments", &staging).await;
+    assert_eq!(status, StatusCode::CREATED, "{env}");
+    let (status, p) = host
+        .post(
+            "/environments/staging/processes",
+            &json!({"name": "cache", "service": "redis@1.0.0", "node": "n1", "ports": {"kv": free_port()}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+
     // Refusals, each with its reason and its culprit.
     let refusals = [
+        (
+            json!({"from": {"process": "app2", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_process",
+            "to.process: `cache` is no process of environment `prod`",
+        ),
         (
             json!({"from": {"process": "app", "interface": "store"}, "to": {"process": "kvstore", "interface": "kv"}}),
             StatusCode::CONFLICT,

@@ -160,7 +160,7 @@ impl App {
         for (field, end) in [("from", &req.from), ("to", &req.to)] {
             let (record, doc) = self.find_process(&env, &end.process).await?.ok_or_else(|| {
                 ServicesError::UnknownPeer(format!(
-                    "{field}.process: `{}` is no process of environment `{}`",
+                    "{field}.process: `{}` is no process of environment `{}` (a connection joins two processes of one environment)",
                     clip(&end.process),
                     env.name
                 ))
