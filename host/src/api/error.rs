@@ -116,6 +116,7 @@ impl From<IntentError> for ApiError {
             IntentError::InvalidId { .. }
             | IntentError::InvalidPluginRef(_)
             | IntentError::AttributesNotObject { .. }
+            | IntentError::InvalidSensitive { .. }
             | IntentError::InvalidSet { .. } => "invalid_intent",
         };
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())

@@ -81,7 +81,14 @@ pub(super) struct VersionView {
 impl From<IntentVersion> for VersionView {
     fn from(v: IntentVersion) -> VersionView {
         VersionView {
-            intent: serde_json::from_str(&v.document).unwrap_or(Value::String(v.document)),
+            intent: match serde_json::from_str(&v.document) {
+                Ok(mut intent) => {
+                    crate::intent::redact_document(&mut intent);
+                    intent
+                }
+                // Stored documents are valid JSON; should one not be, none of it is shown.
+                Err(_) => Value::String(format!("<{} bytes that are not JSON>", v.document.len())),
+            },
             info: v.info.into(),
         }
     }

@@ -200,6 +200,7 @@ pub fn plan(input: &PlanInput<'_>) -> Result<Vec<ResourceSpec>, PlanError> {
                     requires,
                     purged: step == Step::Start && input.stopped.contains(&service),
                     set: None,
+                    sensitive: None,
                 });
             }
         }

@@ -384,7 +384,7 @@ pub fn resource(
                 p { "Adaptor " code { (spec.adaptor.to_string()) } @if spec.purged { " · purged" } }
                 p #requires { "Requires: " (resource_links(&base, &spec.requires)) }
                 p #dependents { "Waited for by: " (resource_links(&base, dependents)) }
-                pre { (pretty(spec.attributes.as_json())) }
+                pre { (pretty(&spec.shown_attributes().to_string())) }
             } @else {
                 p { "Not in the released version." }
             }

@@ -100,7 +100,17 @@ fn resource_fields(from: &ResourceSpec, to: &ResourceSpec) -> Vec<FieldDiff> {
     differ("requires", requires(from), requires(to));
     if from.attributes != to.attributes {
         let (a, b) = (from.attributes.to_value(), to.attributes.to_value());
+        let first = fields.len();
         values(&mut fields, "attributes".to_string(), Some(&a), Some(&b));
+        // A sensitive value (on either side) is said to differ, never shown.
+        let redacted = || Some(Value::String(crate::intent::REDACTED.into()));
+        for f in &mut fields[first..] {
+            let pointer = &f.field["attributes".len()..];
+            if from.is_sensitive(pointer) || to.is_sensitive(pointer) {
+                f.from = f.from.as_ref().and_then(|_| redacted());
+                f.to = f.to.as_ref().and_then(|_| redacted());
+            }
+        }
     }
     fields
 }
@@ -131,6 +141,33 @@ mod tests {
 
     fn intent(resources: Value) -> Intent {
         Intent::parse(json!({ "resources": resources }).to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_sensitive_value_is_said_to_differ_and_never_shown() {
+        let a = intent(json!([
+            { "id": "file[local,/a]", "adaptor": "file@0.1.0", "sensitive": ["/secret"],
+              "attributes": { "secret": {"k": "old"}, "mode": "0600" } },
+        ]));
+        let b = intent(json!([
+            { "id": "file[local,/a]", "adaptor": "file@0.1.0",
+              "attributes": { "secret": {"k": "new", "j": "added"}, "mode": "0600" } },
+        ]));
+        for d in [diff(1, &a, 2, &b), diff(2, &b, 1, &a)] {
+            let fields: Vec<_> = d.changed[0]
+                .fields
+                .iter()
+                .map(|f| (f.field.as_str(), f.from.clone(), f.to.clone()))
+                .collect();
+            let r = || Some(json!("<redacted>"));
+            let (j_from, j_to) = if d.from == 1 { (None, r()) } else { (r(), None) };
+            assert_eq!(
+                fields,
+                vec![("attributes/secret/j", j_from, j_to), ("attributes/secret/k", r(), r())],
+                "{d:?}"
+            );
+        }
+        assert!(!serde_json::to_string(&diff(1, &a, 2, &b)).unwrap().contains("old"));
     }
 
     #[test]

@@ -150,6 +150,65 @@ pub struct ResourceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
     pub set: Option<Box<str>>,
+    /// JSON pointers into `attributes` (`/password`, `/config/token`) whose values the host
+    /// never shows: its views (intent versions, diffs, the console) say `"<redacted>"`. The
+    /// adaptor receives them as they are. Not part of the desired state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<String>>, example = json!(["/content"]))]
+    pub sensitive: Option<Box<Vec<String>>>,
+}
+
+/// What the host shows in place of a sensitive value.
+pub const REDACTED: &str = "<redacted>";
+
+/// Most sensitive pointers one resource may name.
+pub const MAX_SENSITIVE: usize = 256;
+
+impl ResourceSpec {
+    /// The attributes as a client may see them: every `sensitive` value replaced by
+    /// [`REDACTED`].
+    pub fn shown_attributes(&self) -> serde_json::Value {
+        let mut value = self.attributes.to_value();
+        if let Some(pointers) = &self.sensitive {
+            redact(&mut value, pointers);
+        }
+        value
+    }
+
+    /// Whether `pointer` (into the attributes) is, or is inside, a sensitive value.
+    pub fn is_sensitive(&self, pointer: &str) -> bool {
+        self.sensitive.as_ref().is_some_and(|pointers| {
+            pointers
+                .iter()
+                .any(|p| pointer == p.as_str() || pointer.strip_prefix(p.as_str()).is_some_and(|rest| rest.starts_with('/')))
+        })
+    }
+}
+
+/// An intent document (as stored, a JSON tree) as a client may see it: each resource's
+/// `sensitive` values redacted in its attributes.
+pub fn redact_document(document: &mut serde_json::Value) {
+    let Some(resources) = document.get_mut("resources").and_then(serde_json::Value::as_array_mut) else {
+        return;
+    };
+    for r in resources {
+        let pointers: Vec<String> = match r.get("sensitive").and_then(serde_json::Value::as_array) {
+            Some(p) => p.iter().filter_map(|p| p.as_str().map(str::to_string)).collect(),
+            None => continue,
+        };
+        if let Some(attributes) = r.get_mut("attributes") {
+            redact(attributes, &pointers);
+        }
+    }
+}
+
+/// Replaces the value at each of `pointers` in `value` (those present) by [`REDACTED`].
+pub fn redact(value: &mut serde_json::Value, pointers: &[String]) {
+    for p in pointers {
+        if let Some(v) = value.pointer_mut(p) {
+            *v = serde_json::Value::String(REDACTED.into());
+        }
+    }
 }
 
 /// A resource's desired attributes, kept as canonical JSON text (object keys sorted, no
@@ -245,6 +304,8 @@ pub enum IntentError {
     AttributesNotObject { resource: String },
     #[error("resource `{resource}`: set `{set}` is refused: {reason}")]
     InvalidSet { resource: String, set: String, reason: String },
+    #[error("resource `{resource}`: sensitive: {reason}")]
+    InvalidSensitive { resource: String, reason: String },
 }
 
 /// An intent that passed validation: resources plus the dependency graph by index.
@@ -268,6 +329,21 @@ impl Intent {
                 return Err(IntentError::AttributesNotObject {
                     resource: r.id.to_string(),
                 });
+            }
+            if let Some(pointers) = &r.sensitive {
+                let refuse = |reason: String| IntentError::InvalidSensitive {
+                    resource: r.id.to_string(),
+                    reason,
+                };
+                if pointers.len() > MAX_SENSITIVE {
+                    return Err(refuse(format!("{} pointers, at most {MAX_SENSITIVE}", pointers.len())));
+                }
+                if let Some(p) = pointers.iter().find(|p| !p.starts_with('/')) {
+                    let shown: String = p.chars().take(100).collect();
+                    return Err(refuse(format!(
+                        "`{shown}` is not a JSON pointer into the attributes (it starts with `/`)"
+                    )));
+                }
             }
             if let Some(set) = &r.set {
                 orc_manifest::names::SERVICE.check(set).map_err(|e| IntentError::InvalidSet {
@@ -390,6 +466,40 @@ mod tests {
         assert_eq!(nested, format!("{{\"k\":{}}}", attributes.as_json()));
         let back: Attributes = serde_json::from_str(&text).unwrap();
         assert_eq!(back, attributes);
+    }
+
+    #[test]
+    fn sensitive_values_are_redacted_where_shown_and_bad_pointers_refused() {
+        let intent = doc(serde_json::json!([{
+            "id": "file[local,/etc/app.conf]", "adaptor": "file@0.1.0", "sensitive": ["/content", "/meta/a~1b", "/absent"],
+            "attributes": {"content": "password=hunter2", "meta": {"a/b": {"deep": 1}, "mode": "0600"}}
+        }]))
+        .unwrap();
+        let r = &intent.resources[0];
+        let shown = serde_json::json!({"content": REDACTED, "meta": {"a/b": REDACTED, "mode": "0600"}});
+        assert_eq!(r.shown_attributes(), shown);
+        assert!(r.is_sensitive("/content") && r.is_sensitive("/meta/a~1b/deep"));
+        assert!(!r.is_sensitive("/contents") && !r.is_sensitive("/meta/mode") && !r.is_sensitive("/meta"));
+        // The stored document, as the API shows it.
+        let mut stored = serde_json::to_value(IntentDocument {
+            resources: intent.resources.clone(),
+        })
+        .unwrap();
+        redact_document(&mut stored);
+        assert_eq!(stored["resources"][0]["attributes"], shown);
+        assert!(!stored.to_string().contains("hunter2"));
+        // What the adaptor gets is untouched.
+        assert!(r.attributes.as_json().contains("hunter2"));
+
+        let e = doc(serde_json::json!([{"id": "file[local,/a]", "adaptor": "file@0.1.0", "sensitive": ["content"]}])).unwrap_err();
+        assert!(matches!(e, IntentError::InvalidSensitive { .. }), "{e}");
+        assert!(
+            e.to_string().contains("file[local,/a]") && e.to_string().contains("`content`"),
+            "{e}"
+        );
+        let many: Vec<String> = (0..=MAX_SENSITIVE).map(|i| format!("/k{i}")).collect();
+        let e = doc(serde_json::json!([{"id": "file[local,/a]", "adaptor": "file@0.1.0", "sensitive": many}])).unwrap_err();
+        assert!(e.to_string().contains("at most 256"), "{e}");
     }
 
     /// Found by the scheduler's model-based test: `b` stays and requires `a`; `a` and `c` are

@@ -95,6 +95,7 @@ mod tests {
                 requires: Vec::new(),
                 purged,
                 set: None,
+                sensitive: None,
             };
             let value = serde_json::json!({"adaptor": adaptor.to_string(), "attributes": attributes, "purged": purged});
             assert_eq!(desired_hash(&spec, &adaptor), Digest::of(value.to_string().as_bytes()));

@@ -146,6 +146,10 @@ pub struct Deployment {
     /// Where the automator takes the process's connections, if it does.
     #[serde(default)]
     pub connections_key: Option<String>,
+    /// JSON pointers into `config` of the values the service's schema marks secret: its tasks
+    /// name them sensitive, so no view of the host shows them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 impl Deployment {
@@ -315,6 +319,7 @@ mod tests {
             port_keys: [("kv".to_string(), "port".to_string())].into(),
             base_config: serde_json::json!({"maxmemory": "1mb", "bind": "127.0.0.1"}),
             connections_key: None,
+            secrets: Vec::new(),
         };
         assert_eq!(
             d.effective_config(),

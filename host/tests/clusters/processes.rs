@@ -384,6 +384,95 @@ async fn the_solver_places_a_process_where_its_ports_are_free_and_fewest_process
     wait_state(&host, "b", "running").await;
 }
 
+/// The released version once nothing waits for the releaser.
+async fn settled_version(host: &Host) -> Value {
+    let env = host
+        .wait_for(&format!("/environments/{ENV}"), "nothing to release", OP_TIMEOUT, |_, e| {
+            e["processes_release_pending"] == false
+        })
+        .await;
+    env["released_version"].clone()
+}
+
+/// A secret of a process's configuration reaches its automator, and no view of the host shows
+/// it: not the process, not the intent version its tasks are in, not a diff between versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_in_a_process_configuration_reaches_the_node_and_is_never_shown() {
+    let host = start_host(1).await;
+    let _sshd = nodes(&host, 1).await;
+    let mut service = spot_service("vault", json!({}));
+    service["config"]["scripts"]["start"] = json!("printf '%s' \"$CREDENTIALS\" > \"$OUT\"");
+    service["config_schema"] = json!({"type": "object", "properties": {
+        "out": {"type": "string"},
+        "credentials": {"type": "object", "properties": {
+            "user": {"type": "string"},
+            "token": {"type": "string", "writeOnly": true}
+        }}
+    }});
+    publish_service(&host, &service).await;
+    let work = tempfile::tempdir().unwrap();
+    let out = work.path().join("seen");
+    let path = format!("/environments/{ENV}/processes/vault");
+    let config = |token: &str| json!({"out": out, "credentials": {"user": "app", "token": token}});
+    let (status, p) = host
+        .post(
+            &format!("/environments/{ENV}/processes"),
+            &json!({"name": "vault", "service": "vault@1.0.0", "node": "n1", "config": config("s3cr3t-one")}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+    wait_state(&host, "vault", "running").await;
+    let seen: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(seen, json!({"user": "app", "token": "s3cr3t-one"}));
+    let first = settled_version(&host).await;
+
+    let (status, p, _) = call(&host, Method::PATCH, &path, Some(&json!({"config": config("s3cr3t-two")})), None).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+    let running = wait_state(&host, "vault", "running").await;
+    let seen: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(seen["token"], "s3cr3t-two");
+    let second = settled_version(&host).await;
+    assert_ne!(first, second);
+
+    assert_eq!(
+        running["config"]["credentials"],
+        json!({"user": "app", "token": "<redacted>"}),
+        "{running}"
+    );
+    let (status, v) = host.get(&format!("/environments/{ENV}/intents/{second}")).await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    let tasks: Vec<&Value> = v["intent"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["id"].as_str().unwrap().contains(",process.vault/"))
+        .collect();
+    assert!(!tasks.is_empty(), "{v}");
+    for t in &tasks {
+        assert_eq!(t["sensitive"], json!(["/config/credentials/token"]), "{t}");
+        assert_eq!(t["attributes"]["config"]["credentials"]["token"], "<redacted>", "{t}");
+        assert_eq!(t["attributes"]["config"]["credentials"]["user"], "app", "{t}");
+    }
+    let (status, diff) = host.get(&format!("/environments/{ENV}/intents/{first}/diff/{second}")).await;
+    assert_eq!(status, StatusCode::OK, "{diff}");
+    assert!(
+        diff["changed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["fields"].as_array().unwrap())
+            .any(|f| f["field"] == "attributes/config/credentials/token" && f["to"] == "<redacted>"),
+        "{diff}"
+    );
+    for (what, body) in [
+        ("process", running.to_string()),
+        ("version", v.to_string()),
+        ("diff", diff.to_string()),
+    ] {
+        assert!(!body.contains("s3cr3t"), "the {what} shows the secret: {body}");
+    }
+}
+
 fn kv_schema() -> Value {
     json!({"type": "object", "required": ["command"], "properties": {"command": {"enum": ["GET", "SET"]}}})
 }

@@ -551,6 +551,7 @@ impl App {
             }
         }
         Ok(Deployment {
+            secrets: secret_pointers(&doc.config_schema, &config),
             service: doc.name.clone(),
             version: doc.version.clone(),
             digest,
@@ -799,6 +800,13 @@ pub(crate) fn plan(
         keep_removals: true,
     })
     .map_err(|e| ServicesError::Invalid(e.to_string()))?;
+    // The configuration's secrets are never shown (undoings keep what they had).
+    if let Some(t) = target {
+        let sensitive = (!t.secrets.is_empty()).then(|| Box::new(t.secrets.iter().map(|p| format!("/config{p}")).collect::<Vec<_>>()));
+        for task in tasks.iter_mut().filter(|task| !task.purged) {
+            task.sensitive = sensitive.clone();
+        }
+    }
     // The one requirement across sets: the steps told the connections (`configure`, `start`:
     // each may be the only one to run, the other unchanged) wait for the moving providers'
     // starts at their destinations, where they are told those run.
@@ -850,28 +858,33 @@ fn check_config(schema: &Value, config: &Value) -> Result<(), ServicesError> {
     Ok(())
 }
 
-/// `config` with the values `schema` marks secret (`writeOnly`, `format: password`) replaced.
+/// `config` with the values `schema` marks secret replaced (see [`secret_pointers`]).
 fn redacted(schema: &Value, config: &Value) -> Value {
-    match (config, schema.get("properties").and_then(Value::as_object)) {
-        (Value::Object(map), Some(properties)) => Value::Object(
-            map.iter()
-                .map(|(k, v)| {
-                    let value = match properties.get(k) {
-                        Some(p)
-                            if p.get("writeOnly") == Some(&Value::Bool(true))
-                                || p.get("format").and_then(Value::as_str) == Some("password") =>
-                        {
-                            Value::String("<redacted>".into())
-                        }
-                        Some(p) => redacted(p, v),
-                        None => v.clone(),
-                    };
-                    (k.clone(), value)
-                })
-                .collect(),
-        ),
-        _ => config.clone(),
+    let mut shown = config.clone();
+    crate::intent::redact(&mut shown, &secret_pointers(schema, config));
+    shown
+}
+
+/// JSON pointers to the values of `config` that `schema` marks secret (`writeOnly`, `format:
+/// password`), in nested objects at any depth.
+fn secret_pointers(schema: &Value, config: &Value) -> Vec<String> {
+    fn walk(schema: &Value, config: &Value, at: &str, out: &mut Vec<String>) {
+        let (Value::Object(map), Some(properties)) = (config, schema.get("properties").and_then(Value::as_object)) else {
+            return;
+        };
+        for (key, value) in map {
+            let Some(p) = properties.get(key) else { continue };
+            let here = format!("{at}/{}", key.replace('~', "~0").replace('/', "~1"));
+            if p.get("writeOnly") == Some(&Value::Bool(true)) || p.get("format").and_then(Value::as_str) == Some("password") {
+                out.push(here);
+            } else {
+                walk(p, value, &here, out);
+            }
+        }
     }
+    let mut out = Vec::new();
+    walk(schema, config, "", &mut out);
+    out
 }
 
 fn check_if_match(name: &str, record: &ProcessRecord, if_match: Option<&str>) -> Result<(), ServicesError> {
