@@ -181,6 +181,9 @@ async fn execute_in_span(plugin: &Plugin, ctx: &CallContext, spec: &ResourceSpec
         }
     }
     bound(&mut report);
+    for change in &mut report.changes {
+        spec.redact_change(&change.field, [&mut change.current, &mut change.desired]);
+    }
     report.duration = started.elapsed();
     report
 }

@@ -175,6 +175,34 @@ impl ResourceSpec {
         value
     }
 
+    /// A change an adaptor reports for `field` (an attribute's name, a `.`-separated path, or a
+    /// JSON pointer) as a client may see it: its values redacted when the field is, or is inside,
+    /// a sensitive value, and the sensitive values inside them when it holds some.
+    pub fn redact_change(&self, field: &str, values: [&mut Option<serde_json::Value>; 2]) {
+        let Some(pointers) = &self.sensitive else { return };
+        let at = if field.starts_with('/') {
+            field.to_string()
+        } else {
+            field
+                .split('.')
+                .map(|k| format!("/{}", k.replace('~', "~0").replace('/', "~1")))
+                .collect()
+        };
+        if self.is_sensitive(&at) {
+            for v in values.into_iter().filter(|v| v.is_some()) {
+                *v = Some(serde_json::Value::String(REDACTED.into()));
+            }
+            return;
+        }
+        let inner: Vec<String> = pointers
+            .iter()
+            .filter_map(|p| p.strip_prefix(at.as_str()).filter(|rest| rest.starts_with('/')).map(str::to_string))
+            .collect();
+        for v in values.into_iter().flatten() {
+            redact(v, &inner);
+        }
+    }
+
     /// Whether `pointer` (into the attributes) is, or is inside, a sensitive value.
     pub fn is_sensitive(&self, pointer: &str) -> bool {
         self.sensitive.as_ref().is_some_and(|pointers| {
@@ -490,6 +518,25 @@ mod tests {
         assert!(!stored.to_string().contains("hunter2"));
         // What the adaptor gets is untouched.
         assert!(r.attributes.as_json().contains("hunter2"));
+        // What an adaptor reports would change: by field name, dotted path or pointer.
+        let change = |field: &str, value: serde_json::Value| {
+            let (mut current, mut desired) = (Some(value.clone()), Some(value));
+            r.redact_change(field, [&mut current, &mut desired]);
+            (current, desired)
+        };
+        let hidden = Some(serde_json::json!(REDACTED));
+        assert_eq!(
+            change("content", serde_json::json!("password=hunter2")),
+            (hidden.clone(), hidden.clone())
+        );
+        assert_eq!(change("meta.a/b", serde_json::json!(1)).0, hidden);
+        assert_eq!(change("/meta/a~1b/deep", serde_json::json!(1)).0, hidden);
+        assert_eq!(change("mode", serde_json::json!("0600")).0, Some(serde_json::json!("0600")));
+        let meta = change("meta", serde_json::json!({"a/b": {"deep": 1}, "mode": "0600"}));
+        assert_eq!(meta.1, Some(serde_json::json!({"a/b": REDACTED, "mode": "0600"})));
+        let (mut current, mut desired) = (None, Some(serde_json::json!("x")));
+        r.redact_change("content", [&mut current, &mut desired]);
+        assert_eq!((current, desired), (None, hidden));
 
         let e = doc(serde_json::json!([{"id": "file[local,/a]", "adaptor": "file@0.1.0", "sensitive": ["content"]}])).unwrap_err();
         assert!(matches!(e, IntentError::InvalidSensitive { .. }), "{e}");

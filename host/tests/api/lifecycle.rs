@@ -294,6 +294,86 @@ pub async fn diff_dryrun_and_rollback_of_versions(backend: Backend) {
     );
 }
 
+/// A file whose content is named `sensitive` is written whole, and no view shows it: the
+/// version, the diff between versions (which still says the content changed), a dryrun's
+/// findings, the action log.
+pub async fn a_sensitive_value_is_deployed_whole_and_never_shown(backend: Backend) {
+    let host = Host::start(backend, 1 << 20).await;
+    host.create_environment("dev").await;
+    let intent = |token: &str| {
+        serde_json::to_vec(&json!({"resources": [{
+            "id": "file[local,/app.env]", "adaptor": "file@0.1.0", "sensitive": ["/content"],
+            "attributes": {"content": format!("TOKEN={token}\n"), "mode": "0600"}
+        }]}))
+        .unwrap()
+    };
+    let (status, answer) = host.post_raw("/environments/dev/intents", &intent("hunter2")).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    host.wait_all_deployed("dev", 1).await;
+    let root = host.node_root("dev");
+    assert_eq!(read(&root, "app.env"), "TOKEN=hunter2\n");
+
+    let (_, env) = host
+        .patch("/environments/dev", &json!({ "settings": { "auto_deploy": false } }))
+        .await;
+    assert_eq!(env["settings"]["auto_deploy"], false);
+    let (status, answer) = host.post_raw("/environments/dev/intents", &intent("swordfish")).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let (_, v2) = host.get("/environments/dev/intents/2").await;
+    let r = &v2["intent"]["resources"][0];
+    assert_eq!(
+        (&r["attributes"]["content"], &r["attributes"]["mode"]),
+        (&json!("<redacted>"), &json!("0600")),
+        "{v2}"
+    );
+    let (_, diff) = host.get("/environments/dev/intents/1/diff/2").await;
+    assert_eq!(
+        diff["changed"],
+        json!([{"resource": "file[local,/app.env]", "fields": [{"field": "attributes/content", "from": "<redacted>", "to": "<redacted>"}]}]),
+        "{diff}"
+    );
+    let dryrun = host.run_to_completion("/environments/dev/dryrun", None).await;
+    let finding = &dryrun["report"]["resources"][0];
+    assert_eq!(finding["finding"], "would_change", "{dryrun}");
+    assert_eq!(finding["changes"][0]["field"], "content", "{dryrun}");
+    assert_eq!(finding["changes"][0]["desired"], "<redacted>", "{dryrun}");
+
+    let (status, answer) = host.post("/environments/dev/intents/2/release", &json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    for _ in 0..200 {
+        if read(&root, "app.env") == "TOKEN=swordfish\n" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(read(&root, "app.env"), "TOKEN=swordfish\n");
+    let (_, v1) = host.get("/environments/dev/intents/1").await;
+    // The second write's action is recorded a moment after the file is written.
+    let mut actions = Value::Null;
+    for _ in 0..200 {
+        actions = host.get("/environments/dev/actions?resource=file%5Blocal%2C%2Fapp.env%5D").await.1;
+        if actions["items"].as_array().unwrap().len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(actions["items"].as_array().unwrap().len() >= 2, "{actions}");
+    assert_eq!(actions["items"][0]["changes"][0]["desired"], "<redacted>", "{actions}");
+    for (what, body) in [
+        ("version 1", &v1),
+        ("version 2", &v2),
+        ("diff", &diff),
+        ("dryrun", &dryrun),
+        ("action log", &actions),
+    ] {
+        let text = body.to_string();
+        assert!(
+            !text.contains("hunter2") && !text.contains("swordfish"),
+            "the {what} shows a secret: {text}"
+        );
+    }
+}
+
 pub async fn deploy_and_repair_report_their_outcome_and_the_log_is_queried(backend: Backend) {
     let host = Host::start(backend, 1 << 20).await;
     host.create_environment("dev").await;

@@ -80,6 +80,7 @@ on_both_backends!(
     the_api_requires_the_admin_token,
     settings_change_and_halt_holds_everything_until_resume,
     diff_dryrun_and_rollback_of_versions,
+    a_sensitive_value_is_deployed_whole_and_never_shown,
     deploy_and_repair_report_their_outcome_and_the_log_is_queried,
     the_event_stream_shows_states_and_actions,
     the_openapi_document_validates_and_matches_the_answers,

@@ -21,6 +21,7 @@ mod processes;
 mod races;
 #[path = "../../ssh/tests/support/sshd.rs"]
 mod sshd;
+mod walkthrough;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

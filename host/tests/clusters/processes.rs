@@ -384,6 +384,97 @@ async fn the_solver_places_a_process_where_its_ports_are_free_and_fewest_process
     wait_state(&host, "b", "running").await;
 }
 
+/// (The sshd nodes of all tests are this machine: a redis process's name is unique across the
+/// suite, since the redis automator names its files after the process.)
+/// A process's tasks are resources like any other: a dryrun checks them and changes nothing, a
+/// redis killed by hand is seen by the next dryrun and started again by a repair, each action in
+/// the action log; a create that fails is undone and the process left `failed`, its failure kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_redis_process_is_seen_by_a_dryrun_and_restored_by_a_repair() {
+    use tokio::io::AsyncWriteExt;
+    let host = start_host(1).await;
+    let _sshd = nodes(&host, 1).await;
+    publish_service(&host, &redis_service()).await;
+    let processes = format!("/environments/{ENV}/processes");
+    let port = free_port();
+    let (status, p) = host
+        .post(
+            &processes,
+            &json!({"name": "healer", "service": "redis@1.0.0", "node": "n1", "ports": {"kv": port}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+    wait_state(&host, "healer", "running").await;
+    settled_version(&host).await;
+
+    let dryrun = host.run_to_completion(&format!("/environments/{ENV}/dryrun"), None).await;
+    let summary = &dryrun["report"]["summary"];
+    assert_eq!(
+        (summary["would_change"].as_i64(), summary["unchecked"].as_i64()),
+        (Some(0), Some(0)),
+        "{dryrun:#}"
+    );
+    assert!(summary["no_change"].as_i64().unwrap() >= 4, "{dryrun:#}");
+
+    // Killed behind the orchestrator's back.
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    s.write_all(b"SHUTDOWN NOSAVE\r\n").await.unwrap();
+    drop(s);
+    for _ in 0..100 {
+        if ping(port).await.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ping(port).await, None, "redis still answers");
+    let dryrun = host.run_to_completion(&format!("/environments/{ENV}/dryrun"), None).await;
+    assert_eq!(dryrun["report"]["summary"]["would_change"], 1, "{dryrun:#}");
+    assert_eq!(ping(port).await, None, "a dryrun changed something");
+    let changed: Vec<&Value> = dryrun["report"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["finding"] == "would_change")
+        .collect();
+    assert_eq!(changed.len(), 1, "{dryrun:#}");
+    assert_eq!(changed[0]["resource"], "task[n1,process.healer/redis/start]", "{dryrun:#}");
+
+    host.run_to_completion(&format!("/environments/{ENV}/repair"), None).await;
+    assert_eq!(ping(port).await.as_deref(), Some("+PONG"));
+    let (_, actions) = host
+        .get(&format!(
+            "/environments/{ENV}/actions?resource={}&kind=repair",
+            crate::paths::encode("task[n1,process.healer/redis/start]")
+        ))
+        .await;
+    assert!(
+        actions["items"].as_array().unwrap().iter().any(|a| a["outcome"] == "changed"),
+        "{actions:#}"
+    );
+
+    // A create that cannot succeed (an address no interface has): undone, `failed`, the failure kept.
+    let (status, p) = host
+        .post(
+            &processes,
+            &json!({"name": "unbound", "service": "redis@1.0.0", "node": "n1", "ports": {"kv": free_port()},
+                "config": {"bind": "203.0.113.7"}, "max_attempts": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+    let failed = wait_state(&host, "unbound", "failed").await;
+    assert!(
+        failed["failure"]["task"]
+            .as_str()
+            .unwrap()
+            .starts_with("task[n1,process.unbound/redis/"),
+        "{failed:#}"
+    );
+    assert!(failed["active"].is_null(), "{failed:#}");
+    let (_, list) = host.get(&format!("{processes}?state=failed")).await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(ping(port).await.as_deref(), Some("+PONG"), "the other process is untouched");
+}
+
 /// The released version once nothing waits for the releaser.
 async fn settled_version(host: &Host) -> Value {
     let env = host
@@ -582,7 +673,7 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
     let (status, p) = host
         .post(
             "/environments/staging/processes",
-            &json!({"name": "cache", "service": "redis@1.0.0", "node": "n1", "ports": {"kv": free_port()}}),
+            &json!({"name": "offsite", "service": "redis@1.0.0", "node": "n1", "ports": {"kv": free_port()}}),
         )
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{p}");
@@ -590,13 +681,20 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
     // Refusals, each with its reason and its culprit.
     let refusals = [
         (
-            json!({"from": {"process": "app2", "interface": "store"}, "to": {"process": "cache", "interface": "kv"}}),
+            json!({"from": {"process": "app2", "interface": "store"}, "to": {"process": "offsite", "interface": "kv"}}),
             StatusCode::UNPROCESSABLE_ENTITY,
             "unknown_process",
-            "to.process: `cache` is no process of environment `prod`",
+            "to.process: `offsite` is no process of environment `prod`",
         ),
         (
             json!({"from": {"process": "app", "interface": "store"}, "to": {"process": "kvstore", "interface": "kv"}}),
+            StatusCode::CONFLICT,
+            "connection_exists",
+            "already",
+        ),
+        // The same two ends named the other way round.
+        (
+            json!({"from": {"process": "kvstore", "interface": "kv"}, "to": {"process": "app", "interface": "store"}}),
             StatusCode::CONFLICT,
             "connection_exists",
             "already",

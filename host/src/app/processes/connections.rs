@@ -215,12 +215,14 @@ impl App {
                 existing.push(c);
             }
         }
-        if let Some(same) = existing.iter().find(|c| {
-            c.from_process == req.from.process
-                && c.from_interface == req.from.interface
-                && c.to_process == req.to.process
-                && c.to_interface == req.to.interface
-        }) {
+        // The same two ends, named in either order.
+        let joins = |c: &ConnectionRecord, a: &Endpoint, b: &Endpoint| {
+            c.from_process == a.process && c.from_interface == a.interface && c.to_process == b.process && c.to_interface == b.interface
+        };
+        if let Some(same) = existing
+            .iter()
+            .find(|c| joins(c, &req.from, &req.to) || joins(c, &req.to, &req.from))
+        {
             return Err(ServicesError::ConnectionExists(format!(
                 "`{}.{}` is connected to `{}.{}` already (connection {})",
                 same.from_process, same.from_interface, same.to_process, same.to_interface, same.id
