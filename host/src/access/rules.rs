@@ -103,6 +103,7 @@ pub const RULES: &[(&str, &str, Rule)] = &[
     ("POST", "/environments/{env}/processes/{name}/move", OPERATOR),
     ("GET", "/environments/{env}/connections", VIEWER),
     ("POST", "/environments/{env}/connections", OPERATOR),
+    ("GET", "/environments/{env}/connections/{id}", VIEWER),
     ("DELETE", "/environments/{env}/connections/{id}", OPERATOR),
     ("GET", "/environments/{env}/pending", VIEWER),
 ];

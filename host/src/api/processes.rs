@@ -24,7 +24,7 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(create_process, list_processes))
         .routes(routes!(get_process, update_process, terminate_process))
         .routes(routes!(connect, list_connections))
-        .routes(routes!(disconnect))
+        .routes(routes!(get_connection, disconnect))
         .routes(routes!(pending))
         .routes(routes!(move_process))
 }
@@ -93,6 +93,16 @@ async fn list_connections(State(app): State<AppState>, Path(env): Path<String>) 
     Ok(axum::Json(ConnectionList {
         items: app.connections(&env).await?,
     }))
+}
+
+/// One connection; its `ETag` is its revision, `"1"` (a connection is made or deleted, never
+/// changed).
+#[utoipa::path(get, path = "/environments/{env}/connections/{id}", tag = "services",
+    params(("env" = String, Path, description = "Environment name or id"), ("id" = String, Path, description = "Connection id")),
+    responses((status = 200, body = ConnectionView), (status = 404, body = ErrorBody)))]
+async fn get_connection(State(app): State<AppState>, Path((env, id)): Path<(String, String)>) -> Result<impl IntoResponse> {
+    let view = app.connection(&env, &id).await?;
+    Ok((etag(CONNECTION_REVISION), axum::Json(view)))
 }
 
 /// Deletes a connection; both processes are told.

@@ -209,10 +209,48 @@ pub(crate) struct ProcessDoc {
     /// Who started the current operation; `None`: the host itself.
     pub author: Option<String>,
     pub started_at: Millis,
-    /// When the tasks last changed (an operation, or a connection made or dropped): what is
-    /// not deployed yet has been pending since.
+    /// When the tasks last changed (an operation, or a connection made or dropped).
     #[serde(default)]
     pub changed_at: Millis,
+    /// Since when each task (by id) has been as it is, for the tasks older than `changed_at`
+    /// (the others are as of `changed_at`): what is not deployed yet has been pending since.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub task_since: BTreeMap<String, Millis>,
+}
+
+impl ProcessDoc {
+    /// Since when task `id` has been as it is.
+    pub fn since(&self, id: &str) -> Millis {
+        self.task_since.get(id).copied().unwrap_or(self.changed_at)
+    }
+
+    /// Dates its tasks against `previous`, the row it replaces: a task the same as there (id,
+    /// adaptor, attributes, purged) keeps its time, any other is as of `now`, and `changed_at`
+    /// becomes `now` when there is one.
+    pub fn stamp_since(&mut self, previous: &ProcessDoc, now: Millis) {
+        let mut since = BTreeMap::new();
+        let mut changed = false;
+        for t in &self.tasks {
+            let id = t.id.to_string();
+            let same = previous
+                .tasks
+                .iter()
+                .find(|p| p.id == t.id)
+                .is_some_and(|p| p.adaptor == t.adaptor && p.attributes == t.attributes && p.purged == t.purged);
+            if same {
+                let kept = previous.since(&id);
+                since.insert(id, kept);
+            } else {
+                changed = true;
+                since.insert(id, now);
+            }
+        }
+        if changed {
+            self.changed_at = now;
+        }
+        let changed_at = self.changed_at;
+        self.task_since = since.into_iter().filter(|(_, at)| *at != changed_at).collect();
+    }
 }
 
 /// Why a process request is refused.
@@ -304,6 +342,62 @@ mod tests {
             assert_eq!(state.allows(Operation::Terminate), terminate, "{state:?}");
             assert_eq!(ProcessState::parse(state.as_str()), Some(state));
         }
+    }
+
+    #[test]
+    fn each_task_is_pending_since_it_became_what_it_is() {
+        let tasks = |configure: &str, start: &str| -> Vec<ResourceSpec> {
+            let intent = crate::intent::Intent::parse(
+                serde_json::json!({"resources": [
+                    {"id": "task[n1,process.a/s/configure]", "adaptor": "file@0.1.0", "attributes": {"v": configure}},
+                    {"id": "task[n1,process.a/s/start]", "adaptor": "file@0.1.0", "attributes": {"v": start}},
+                ]})
+                .to_string()
+                .as_bytes(),
+            )
+            .unwrap();
+            intent.resources
+        };
+        let deployment: Deployment = serde_json::from_value(serde_json::json!({
+            "service": "s", "version": "1.0.0", "digest": Digest::of(b"d").to_string(),
+            "automator": Digest::of(b"a").to_string(), "node": "n1", "config": {}, "ports": {}
+        }))
+        .unwrap();
+        let first = ProcessDoc {
+            target: deployment,
+            active: None,
+            tasks: tasks("c1", "s1"),
+            generation: 1,
+            max_attempts: 3,
+            failure: None,
+            author: None,
+            started_at: 100,
+            changed_at: 100,
+            task_since: BTreeMap::new(),
+        };
+        // At 200 only `start` changes: `configure` keeps 100.
+        let mut second = ProcessDoc {
+            tasks: tasks("c1", "s2"),
+            ..first.clone()
+        };
+        second.stamp_since(&first, 200);
+        let (c, s) = ("task[n1,process.a/s/configure]", "task[n1,process.a/s/start]");
+        assert_eq!((second.since(c), second.since(s), second.changed_at), (100, 200, 200));
+        assert_eq!(second.task_since.len(), 1, "only the older time is kept");
+        // At 300 nothing changes: both keep theirs, and so does `changed_at`.
+        let mut third = second.clone();
+        third.stamp_since(&second, 300);
+        assert_eq!((third.since(c), third.since(s), third.changed_at), (100, 200, 200));
+        // Encoded and decoded, the times stay.
+        let back: ProcessDoc = serde_json::from_str(&serde_json::to_string(&third).unwrap()).unwrap();
+        assert_eq!((back.since(c), back.since(s)), (100, 200));
+        // At 400 `configure` changes too.
+        let mut fourth = ProcessDoc {
+            tasks: tasks("c2", "s2"),
+            ..third.clone()
+        };
+        fourth.stamp_since(&third, 400);
+        assert_eq!((fourth.since(c), fourth.since(s), fourth.changed_at), (400, 200, 400));
     }
 
     #[test]

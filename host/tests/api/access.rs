@@ -96,6 +96,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("POST", "/environments/{env}/processes/{name}/move", "operator"),
     ("GET", "/environments/{env}/connections", "viewer"),
     ("POST", "/environments/{env}/connections", "operator"),
+    ("GET", "/environments/{env}/connections/{id}", "viewer"),
     ("DELETE", "/environments/{env}/connections/{id}", "operator"),
     ("GET", "/environments/{env}/pending", "viewer"),
 ];

@@ -665,6 +665,15 @@ async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pend
     wait_file(&work.path().join("app"), "hello from app").await;
     let (_, app) = host.get(&format!("{processes}/app")).await;
     assert_eq!(app["connections"][0]["id"], connection["id"], "{app}");
+    let one = format!("{connections}/{}", connection["id"].as_str().unwrap());
+    let (status, got, tag) = call(&host, Method::GET, &one, None, None).await;
+    assert_eq!((status, &got, tag.as_deref()), (StatusCode::OK, &connection, Some("\"1\"")));
+    let (status, answer, _) = call(&host, Method::GET, &format!("{connections}/nope"), None, None).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unknown_connection")),
+        "{answer}"
+    );
 
     // A redis of another environment, on the same node, is no peer of this one's processes.
     let staging = json!({"name": "staging", "settings": {"capabilities": {"node_commands": true}}});

@@ -87,7 +87,7 @@ pub struct PendingChange {
     pub status: String,
     pub attempts: i64,
     pub last_error: Option<String>,
-    /// When the process's tasks last changed.
+    /// Since when the step has been as it is (the change made; not the process's last change).
     pub since: Millis,
     /// When the scheduler tries it again (milliseconds since the epoch); sooner when its node,
     /// unreachable, answers again.
@@ -112,7 +112,7 @@ pub struct PendingProcess {
 /// waits to be told its peers' new nodes ([`Running::queue_tells`]), that change: task
 /// `<set>/connections`, step `connections`, status `queued`, since it was queued, with the
 /// releaser's error if its last round failed.
-pub(crate) fn pending_of(running: &Running, name: &str, tasks: &[TaskView], since: Millis) -> Vec<PendingChange> {
+pub(crate) fn pending_of(running: &Running, name: &str, tasks: &[TaskView], doc: &ProcessDoc) -> Vec<PendingChange> {
     let queued = running.tell_queued_since(name).map(|queued_at| PendingChange {
         task: format!("{}/connections", set_of(name)),
         step: "connections".into(),
@@ -130,7 +130,7 @@ pub(crate) fn pending_of(running: &Running, name: &str, tasks: &[TaskView], sinc
             status: t.status.clone(),
             attempts: t.attempts,
             last_error: t.last_error.clone(),
-            since,
+            since: doc.since(&t.id),
             next_retry_at: t.next_retry_at,
         }))
         .collect()
@@ -282,6 +282,17 @@ impl App {
         Ok(self.all_connections(&env).await?.into_iter().map(Into::into).collect())
     }
 
+    /// One connection, by id.
+    pub async fn connection(&self, key: &str, id: &str) -> Result<ConnectionView, ServicesError> {
+        let env = self.get(key).await?;
+        self.all_connections(&env)
+            .await?
+            .into_iter()
+            .find(|c| c.id == id)
+            .map(Into::into)
+            .ok_or_else(|| ServicesError::UnknownConnection(clip(id)))
+    }
+
     /// Deletes a connection and tells both processes.
     pub async fn disconnect(
         self: &Arc<Self>,
@@ -364,7 +375,7 @@ impl App {
         let running = self.running(&env).await?;
         for (record, doc) in processes {
             let progress = crate::app::clusters::progress_of(&doc.tasks, doc.max_attempts, &states)?;
-            let changes = pending_of(&running, &record.name, &progress.tasks, doc.changed_at);
+            let changes = pending_of(&running, &record.name, &progress.tasks, &doc);
             if !changes.is_empty() {
                 items.push(PendingProcess {
                     process: record.name.clone(),
@@ -512,7 +523,7 @@ impl App {
             let mut doc = crate::services::ProcessDoc::clone(&doc);
             doc.tasks = tasks;
             doc.changed_at = now_ms();
-            self.write_process(env, &record, state, &Arc::new(doc)).await?;
+            self.write_process(env, &record, state, doc).await?;
             changed = true;
         }
         Ok(changed)

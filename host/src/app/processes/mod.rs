@@ -228,6 +228,7 @@ impl App {
             author: author.map(str::to_string),
             started_at: now,
             changed_at: now,
+            task_since: BTreeMap::new(),
         };
         self.check_tasks(&env, &running, &process.tasks).await?;
         let process = Arc::new(process);
@@ -420,8 +421,7 @@ impl App {
         }
         let running = self.running(env).await?;
         self.check_tasks(env, &running, &doc.tasks).await?;
-        let doc = Arc::new(doc);
-        let stored = self.write_process(env, record, state, &doc).await?;
+        let (stored, doc) = self.write_process(env, record, state, doc).await?;
         let elsewhere = doc.active.as_ref().is_some_and(|a| !a.reached_as(&doc.target));
         if matches!(state, ProcessState::Moving | ProcessState::RollingBack) || (state == ProcessState::Updating && elsewhere) {
             // Those told where it runs learn where it goes now (their `configure` and `start`
@@ -435,18 +435,23 @@ impl App {
         self.process_view(env, &stored, &doc).await
     }
 
-    /// Writes `doc` in `state` over `record`, refused when the row is no longer at its revision.
+    /// Writes `doc` in `state` over `record`, refused when the row is no longer at its revision;
+    /// its tasks dated against the row it replaces ([`ProcessDoc::stamp_since`]).
     pub(crate) async fn write_process(
         &self,
         env: &Environment,
         record: &ProcessRecord,
         state: ProcessState,
-        doc: &Arc<ProcessDoc>,
-    ) -> Result<ProcessRecord, ServicesError> {
+        mut doc: ProcessDoc,
+    ) -> Result<(ProcessRecord, Arc<ProcessDoc>), ServicesError> {
         let running = self.running(env).await?;
+        if let Some((_, previous)) = self.find_process(env, &record.name).await? {
+            doc.stamp_since(&previous, now_ms());
+        }
+        let doc = Arc::new(doc);
         let written = self
             .store
-            .update_process(&env.id, &record.name, record.revision, state.as_str(), &encode(doc))
+            .update_process(&env.id, &record.name, record.revision, state.as_str(), &encode(&doc))
             .await;
         match App::table_write(&running, written, |rows, stored| rows.put_process(stored.clone(), doc.clone())) {
             Err(StoreError::Conflict { .. }) => {
@@ -458,7 +463,7 @@ impl App {
                 })
             }
             Err(StoreError::NotFound { .. }) => Err(ServicesError::UnknownProcess(record.name.clone())),
-            other => Ok(other?),
+            other => Ok((other?, doc)),
         }
     }
 
@@ -700,7 +705,7 @@ impl App {
         for t in &tasks {
             *progress.entry(t.status.clone()).or_insert(0) += 1;
         }
-        let pending = connections::pending_of(&shared.running, &record.name, &tasks, doc.changed_at);
+        let pending = connections::pending_of(&shared.running, &record.name, &tasks, doc);
         let connections = shared
             .connections
             .iter()

@@ -219,7 +219,7 @@ impl App {
         };
         let changed = doc.tasks != before;
         // Revision-checked: a row that moved on meanwhile is looked at again.
-        self.write_process(env, record, state, &Arc::new(doc)).await?;
+        self.write_process(env, record, state, doc).await?;
         if changed {
             // Removals done are dropped from the released version too, unhurried.
             let running = self.running(env).await?;
