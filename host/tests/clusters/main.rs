@@ -378,8 +378,33 @@ async fn a_shell_cluster_is_created_amended_reconfigured_and_deleted() {
         .await;
     assert_eq!((status, unknown["code"].as_str()), (StatusCode::NOT_FOUND, Some("unknown_service")));
 
-    // Delete: web stopped before db, services removed, the tasks gone from the environment.
-    let (status, c) = host.delete(&format!("/environments/{ENV}/clusters/shop")).await;
+    // A stale `If-Match` changes nothing: 409 naming the current revision.
+    let shop = format!("/environments/{ENV}/clusters/shop");
+    let (_, current, tag) = processes::call(&host, Method::GET, &shop, None, None).await;
+    let tag = tag.unwrap();
+    assert_eq!(tag, format!("\"{}\"", current["revision"]), "{current}");
+    assert_ne!(tag, "\"1\"");
+    for (method, path, body) in [
+        (Method::POST, format!("{shop}/amend"), Some(json!({"size": 4}))),
+        (Method::DELETE, shop.clone(), None),
+    ] {
+        let (status, answer, _) = processes::call(&host, method, &path, body.as_ref(), Some("\"1\"")).await;
+        assert_eq!(
+            (status, answer["code"].as_str()),
+            (StatusCode::CONFLICT, Some("version_conflict")),
+            "{answer}"
+        );
+        assert!(
+            answer["message"].as_str().unwrap().contains(&current["revision"].to_string()),
+            "{answer}"
+        );
+    }
+    let (_, unchanged, again) = processes::call(&host, Method::GET, &shop, None, None).await;
+    assert_eq!((again.as_deref(), &unchanged["status"]), (Some(tag.as_str()), &current["status"]));
+
+    // Delete (with the current revision): web stopped before db, services removed, the tasks
+    // gone from the environment.
+    let (status, c, _) = processes::call(&host, Method::DELETE, &shop, None, Some(&tag)).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{c}");
     let before = events(root).len();
     wait_gone(&host, "shop").await;

@@ -382,6 +382,45 @@ async fn the_solver_places_a_process_where_its_ports_are_free_and_fewest_process
     let (status, moved) = host.post(&format!("{processes}/b/move"), &json!({})).await;
     assert_eq!((status, placed(&moved)), (StatusCode::ACCEPTED, "n1".into()), "{moved}");
     wait_state(&host, "b", "running").await;
+
+    // Interfaces offering several versions connect at the highest version both offer.
+    let version = |v: &str, title: &str| json!({"version": v, "schema": {"type": "object", "title": title}});
+    let with = |name: &str, role: &str, versions: Value| {
+        let mut doc = spot_service(name, json!({}));
+        doc["interfaces"] = json!([{"name": "feed", "role": role, "allow_multiple": true, "versions": versions}]);
+        if role == "provides" {
+            doc["interfaces"][0]["port"] = json!("spot");
+        }
+        doc
+    };
+    publish_service(
+        &host,
+        &with(
+            "feeder",
+            "provides",
+            json!([version("1.0.0", "v1"), version("2.0.0", "v2"), version("3.0.0", "v3")]),
+        ),
+    )
+    .await;
+    publish_service(
+        &host,
+        &with("reader", "requires", json!([version("1.0.0", "v1"), version("2.0.0", "v2")])),
+    )
+    .await;
+    publish_service(&host, &with("legacy-reader", "requires", json!([version("1.0.0", "v1")]))).await;
+    for (name, service, port) in [
+        ("feed", "feeder@1.0.0", 7101),
+        ("r2", "reader@1.0.0", 7102),
+        ("r1", "legacy-reader@1.0.0", 7103),
+    ] {
+        let (status, p) = create(name, service, Some("n2"), port).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{p}");
+    }
+    for (reader, agreed) in [("r2", "2.0.0"), ("r1", "1.0.0")] {
+        let body = json!({"from": {"process": reader, "interface": "feed"}, "to": {"process": "feed", "interface": "feed"}});
+        let (status, c) = host.post(&format!("/environments/{ENV}/connections"), &body).await;
+        assert_eq!((status, c["version"].as_str()), (StatusCode::CREATED, Some(agreed)), "{c}");
+    }
 }
 
 /// (The sshd nodes of all tests are this machine: a redis process's name is unique across the
