@@ -166,7 +166,9 @@ impl App {
                 ))
             })?;
             let state = state_of(&record);
-            if matches!(state, ProcessState::Terminating | ProcessState::Failed) {
+            // Nor one undoing a create that failed: it never ran, and ends `failed`.
+            let undoing_create = state == ProcessState::RollingBack && doc.active.is_none();
+            if matches!(state, ProcessState::Terminating | ProcessState::Failed) || undoing_create {
                 return Err(ServicesError::InvalidTransition {
                     name: record.name.clone(),
                     state: state.as_str(),
