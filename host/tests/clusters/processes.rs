@@ -20,6 +20,32 @@ fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
+/// The redis servers of the named processes, and their files: the nodes of these tests are this
+/// machine, and a server daemonizes, so what a test leaves running (or a failed test) is stopped
+/// when the guard drops. Declared before the host, it drops after it.
+struct RedisProcesses(&'static [&'static str]);
+
+impl Drop for RedisProcesses {
+    fn drop(&mut self) {
+        for process in self.0 {
+            let instance = format!("process.{process}-redis");
+            let pidfile = format!("/run/orc/redis/{instance}.pid");
+            if let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|p| p.trim().parse::<u32>().ok()) {
+                let _ = std::process::Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+            }
+            for file in [
+                pidfile,
+                format!("/run/orc/redis/{instance}.started"),
+                format!("/etc/orc/redis/{instance}.conf"),
+                format!("/var/log/orc/redis/{instance}.log"),
+            ] {
+                let _ = std::fs::remove_file(file);
+            }
+            let _ = std::fs::remove_dir_all(format!("/var/lib/orc/redis/{instance}"));
+        }
+    }
+}
+
 /// The redis service, as `plugins/redis/service.toml` describes it, with its automator pinned.
 fn redis_service() -> Value {
     json!({
@@ -92,6 +118,7 @@ async fn config_get(port: u16, key: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_process_is_created_updated_rolled_back_and_terminated() {
+    let _servers = RedisProcesses(&["cache", "placed"]);
     let host = start_host(1).await;
     let _sshd = nodes(&host, 2).await;
     publish_service(&host, &redis_service()).await;
@@ -431,6 +458,7 @@ async fn the_solver_places_a_process_where_its_ports_are_free_and_fewest_process
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_redis_process_is_seen_by_a_dryrun_and_restored_by_a_repair() {
     use tokio::io::AsyncWriteExt;
+    let _servers = RedisProcesses(&["healer", "unbound"]);
     let host = start_host(1).await;
     let _sshd = nodes(&host, 1).await;
     publish_service(&host, &redis_service()).await;
@@ -651,6 +679,7 @@ async fn wait_file(path: &std::path::Path, content: &str) {
 // consumer reaches its redis. Needs root (namespaces), as the netns test does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connected_processes_exchange_data_and_a_change_to_a_cut_node_stays_pending() {
+    let _servers = RedisProcesses(&["kvstore", "offsite"]);
     let network = crate::network::Network::create(1);
     let ns = &network.namespaces[0];
     // Declared after the network: stopped before its namespace is removed.
