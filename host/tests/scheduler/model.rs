@@ -1,5 +1,6 @@
 //! The scheduler against a reference model: random sequences of triggers (new versions, user
-//! deploy and repair, halt and resume, retry and self-healing timers on a paused clock) and of
+//! deploy and repair, a node answering again, halt and resume, retry and self-healing timers on a
+//! paused clock) and of
 //! action completions in random order with random outcomes (changed, unchanged, failed,
 //! unavailable, a panic), checked after every step, then drained: every trigger must have been
 //! honoured. The actions are the test's own (`Actions`): it decides when each finishes and how.
@@ -63,6 +64,8 @@ enum Op {
     Release(Vec<Option<(u8, bool)>>, Vec<(usize, usize)>),
     Repair,
     DeployFailed,
+    /// Node `n{0 % 2}` answers again: what failed there is wanted now.
+    NodeBack(usize),
     Halt,
     Resume,
     /// Finish the `n`-th (mod the number) action in flight.
@@ -88,6 +91,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (resources, edges).prop_map(|(r, e)| Op::Release(r, e)),
         2 => Just(Op::Repair),
         1 => Just(Op::DeployFailed),
+        1 => (0usize..2).prop_map(Op::NodeBack),
         1 => Just(Op::Halt),
         1 => Just(Op::Resume),
         10 => (any::<usize>(), end()).prop_map(|(n, e)| Op::Finish(n, e)),
@@ -302,6 +306,7 @@ impl Run {
                 }
             }
             Op::DeployFailed => self.scheduler.deploy_failed().unwrap(),
+            Op::NodeBack(n) => self.scheduler.node_back(format!("n{}", n % 2)).unwrap(),
             Op::Halt => {
                 self.scheduler.set_halted(true).unwrap();
                 self.model.halted = true;
@@ -660,6 +665,56 @@ fn extreme_intervals_do_not_stop_the_scheduler() {
         let i = run.settle().await;
         assert!(i.resources.iter().all(|r| r.status == Status::Deployed), "{i:?}");
         assert!(run.scheduler.failure().is_none());
+    });
+}
+
+/// A node answering again brings its failures' retries forward, and only its own: with retries
+/// never due, the failure on `n0` runs again at once, the one on `n1` waits.
+#[test]
+fn a_node_back_retries_its_own_failures_at_once_and_no_others() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut run = Run::new();
+        run.scheduler
+            .update_settings(Settings {
+                retry_interval: Duration::MAX,
+                max_retry_interval: Duration::MAX,
+                ..settings(ENV_LIMIT, NODE_LIMIT)
+            })
+            .unwrap();
+        let mut two = vec![None; R];
+        two[0] = Some((1, false));
+        two[1] = Some((1, false));
+        let mut step = 1;
+        for op in [
+            Op::Release(two, Vec::new()),
+            Op::Finish(0, End::Unavailable),
+            Op::Finish(0, End::Failed),
+        ] {
+            run.apply(step, &op).await;
+            run.settle().await;
+            step += 1;
+        }
+        let status = |i: &Inspection, r: usize| i.resources.iter().find(|x| x.resource == id(r)).unwrap().status;
+        let i = run.settle().await;
+        assert!(
+            matches!(status(&i, 0), Status::Failed | Status::Unavailable) && matches!(status(&i, 1), Status::Failed | Status::Unavailable),
+            "{i:?}"
+        );
+        run.apply(step, &Op::NodeBack(0)).await;
+        let i = run.settle().await;
+        assert_eq!(status(&i, 0), Status::Deploying, "{i:?}");
+        assert!(
+            matches!(status(&i, 1), Status::Failed | Status::Unavailable),
+            "n1's failure waits: {i:?}"
+        );
+        run.apply(step + 1, &Op::NodeBack(1)).await;
+        let i = run.settle().await;
+        assert_eq!(status(&i, 1), Status::Deploying, "{i:?}");
     });
 }
 

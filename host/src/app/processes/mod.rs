@@ -539,21 +539,20 @@ impl App {
             }
             NodeChoice::Solver { except } => self.place(env, doc, name, &effective, except).await?,
         };
-        // No two processes of the environment listen on one port of a node.
-        for (record, other) in self.current_processes(env).await? {
-            if record.name == name {
-                continue;
-            }
-            if other.target.node != node {
-                continue;
-            }
-            if let Some((_, port)) = other.target.ports.iter().find(|(_, p)| effective.values().any(|mine| mine == *p)) {
-                return Err(ServicesError::PortInUse {
-                    node,
-                    port: *port,
-                    process: record.name.clone(),
-                });
-            }
+        // No two processes of the environment listen on one port of a node (the rows read in
+        // place, not copied: this runs for every create, update and move).
+        let holder = self
+            .table_read(env, |rows| {
+                rows.processes()
+                    .filter(|(record, other)| record.name != name && other.target.node == node)
+                    .find_map(|(record, other)| {
+                        let port = other.target.ports.values().find(|p| effective.values().any(|mine| mine == *p))?;
+                        Some((*port, record.name.clone()))
+                    })
+            })
+            .await?;
+        if let Some((port, process)) = holder {
+            return Err(ServicesError::PortInUse { node, port, process });
         }
         Ok(Deployment {
             secrets: secret_pointers(&doc.config_schema, &config),
@@ -606,7 +605,7 @@ impl App {
         except: Option<&str>,
     ) -> Result<String, ServicesError> {
         let nodes = self.cluster_nodes(env, &[]).await?;
-        let mut load: BTreeMap<String, usize> = nodes
+        let load: BTreeMap<String, usize> = nodes
             .into_iter()
             .filter(|n| Some(n.name.as_str()) != except)
             .map(|n| (n.name, 0))
@@ -617,20 +616,26 @@ impl App {
                 "node: no verified node this environment may use{besides}"
             )));
         }
-        let mut taken = Vec::new();
-        for (record, other) in self.current_processes(env).await? {
-            let node = &other.target.node;
-            if record.name == name || !load.contains_key(node) {
-                continue;
-            }
-            match other.target.ports.values().find(|p| ports.values().any(|mine| mine == *p)) {
-                Some(port) => {
-                    load.remove(node);
-                    taken.push(format!("port {port} on `{node}` by process `{}`", record.name));
+        // Read in place: the rows are not copied for it.
+        let (load, taken) = self
+            .table_read(env, |rows| {
+                let (mut load, mut taken) = (load.clone(), Vec::new());
+                for (record, other) in rows.processes() {
+                    let node = &other.target.node;
+                    if record.name == name || !load.contains_key(node) {
+                        continue;
+                    }
+                    match other.target.ports.values().find(|p| ports.values().any(|mine| mine == *p)) {
+                        Some(port) => {
+                            load.remove(node);
+                            taken.push(format!("port {port} on `{node}` by process `{}`", record.name));
+                        }
+                        None => *load.get_mut(node).expect("counted") += 1,
+                    }
                 }
-                None => *load.get_mut(node).expect("counted") += 1,
-            }
-        }
+                (load, taken)
+            })
+            .await?;
         if load.is_empty() {
             return Err(ServicesError::Invalid(format!(
                 "node: every node this environment may use has a port of the process taken ({})",
