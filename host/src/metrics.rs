@@ -25,6 +25,7 @@ use prometheus_client::registry::Registry;
 use crate::executor::Outcome;
 use crate::scheduler::ResourceStatus;
 use crate::scheduler::events::Observer;
+use crate::scheduler::subscribers::StreamStats;
 use crate::scheduler::{Event, Trigger};
 
 /// The content type of [`Metrics::render`]'s output.
@@ -89,6 +90,8 @@ pub struct Metrics {
     /// sharing a hash (odds about 3·10⁻¹⁰ for 100,000 resources) would only skew the gauge.
     statuses: Mutex<HashMap<String, HashMap<u64, ResourceStatus>>>,
     hasher: RandomState,
+    /// The event streams' queued bytes and lagged subscribers, moved by the streams themselves.
+    streams: StreamStats,
 }
 
 impl Default for Metrics {
@@ -132,7 +135,19 @@ impl Metrics {
             "Time to answer HTTP requests, by method and route",
             request_seconds.clone(),
         );
+        let streams = StreamStats::default();
+        registry.register(
+            "event_stream_buffered_bytes",
+            "Bytes of events queued for event stream subscribers (each bounded by event_buffer_bytes)",
+            streams.buffered_bytes.clone(),
+        );
+        registry.register(
+            "event_stream_lagged",
+            "Event stream subscribers ended because they fell behind their buffer",
+            streams.lagged.clone(),
+        );
         Metrics {
+            streams,
             registry,
             resources,
             actions,
@@ -145,6 +160,11 @@ impl Metrics {
             statuses: Mutex::new(HashMap::new()),
             hasher: RandomState::new(),
         }
+    }
+
+    /// What every environment's event stream moves.
+    pub fn streams(&self) -> &StreamStats {
+        &self.streams
     }
 
     /// Starts (or restarts) `environment` from the stored status of each of its resources, as

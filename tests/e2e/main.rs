@@ -3,3 +3,4 @@
 
 mod plugin_author;
 mod quickstart;
+mod sign_in;

@@ -27,9 +27,41 @@ pub struct ErrorCode(pub &'static str);
 /// handler on the answer.
 #[derive(Debug, Clone)]
 pub struct AuditSubject {
-    pub user_id: UserId,
+    /// `None`: the name was given, but no user was signed in (a failed attempt).
+    pub user_id: Option<UserId>,
     pub user: String,
     pub token_id: Option<crate::store::TokenId>,
+}
+
+impl AuditSubject {
+    /// A failed sign-in under `name` as given (bounded, and storable whatever it holds).
+    pub fn attempted(name: &str) -> AuditSubject {
+        let mut user = name.to_string();
+        orc_runtime::bounded::storable(&mut user, 256);
+        AuditSubject {
+            user_id: None,
+            user,
+            token_id: None,
+        }
+    }
+}
+
+/// The address the request came from, when the transport told it (the accept loop does).
+pub(crate) fn source_of(extensions: &axum::http::Extensions) -> Option<std::net::IpAddr> {
+    extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| info.0.ip())
+}
+
+/// Extractor: the address the request came from, if known.
+pub struct ClientAddress(pub Option<std::net::IpAddr>);
+
+impl<S: Send + Sync> FromRequestParts<S> for ClientAddress {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<ClientAddress, std::convert::Infallible> {
+        Ok(ClientAddress(source_of(&parts.extensions)))
+    }
 }
 
 /// The caller of a request, as the authorization layer found it.
@@ -87,6 +119,7 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
         e
     });
     let path: String = parts.uri.path().chars().take(2048).collect();
+    let source = source_of(&parts.extensions).map(|ip| ip.to_string());
     let token = parts
         .headers
         .get(header::AUTHORIZATION)
@@ -160,7 +193,7 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
         let subject = response.extensions().get::<AuditSubject>().cloned();
         let (user_id, user, token_id) = match (&principal, subject) {
             (Some(p), _) => (Some(p.user_id), Some(p.user.clone()), Some(p.token_id)),
-            (None, Some(s)) => (Some(s.user_id), Some(s.user), s.token_id),
+            (None, Some(s)) => (s.user_id, Some(s.user), s.token_id),
             (None, None) => (None, None, None),
         };
         app.record_audit(AuditRecord {
@@ -175,6 +208,7 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
             environment: audited_env,
             status: response.status().as_u16(),
             code: response.extensions().get::<ErrorCode>().map(|c| c.0.to_string()),
+            source,
         });
     }
     response

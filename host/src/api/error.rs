@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::app::sign_in::Refusal;
 use crate::app::{AccessError, EnvError};
 use crate::intent::IntentError;
 use crate::intent::pinning::PinError;
@@ -57,6 +58,11 @@ impl ApiError {
 
     pub fn forbidden(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
+    /// 401 `unauthorized` saying why.
+    pub fn unauthorized_with(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
     }
 
     pub fn unauthorized() -> ApiError {
@@ -179,6 +185,13 @@ impl From<AccessError> for ApiError {
             AccessError::Password(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_password"),
             AccessError::InvalidScope(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_scope"),
             AccessError::WrongCredentials => (StatusCode::UNAUTHORIZED, "invalid_credentials"),
+            AccessError::SignIn(Refusal::Throttled { retry_after_s, .. }) => return ApiError::rate_limited(retry_after_s, e.to_string()),
+            AccessError::SignIn(Refusal::Busy { retry_after_s }) => {
+                return ApiError {
+                    retry_after_s: Some(retry_after_s),
+                    ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "busy", e.to_string())
+                };
+            }
         };
         ApiError::new(status, code, e.to_string())
     }

@@ -3,8 +3,9 @@
 //! (a version was released; the resources it dropped are no longer managed), each with its JSON
 //! as `data`, in the order the scheduler recorded them. A release sends the states it changes:
 //! a resource it keeps deployed as it was has no `state` event, and now belongs to the version
-//! `released` names. A watcher too slow to keep up
-//! gets a `lagged` event saying how many batches it missed, and should re-read what it shows.
+//! `released` names. A watcher that falls behind by more than the host's `event_buffer_bytes`
+//! is not waited for: it gets a `lagged` event saying what it missed, and its stream ends; it
+//! should read the resource listing again and open a new stream.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -14,8 +15,6 @@ use axum::extract::State;
 use axum::http::Method;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::{Stream, StreamExt};
-use tokio_stream::wrappers::BroadcastStream;
-use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -23,6 +22,7 @@ use super::auth::Caller;
 use super::extract::Path;
 use super::{AppState, ErrorBody, Result};
 use crate::access::{Principal, rules};
+use crate::scheduler::subscribers::{Delivery, Missed, Want};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(events))
@@ -30,8 +30,8 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
 
 /// Server-sent events: `event: state` (data: `{"event":"state", resource, version, status, …}`),
 /// `event: action` (data: `{"event":"action", version, trigger, report}`), `event: released`
-/// (data: `{"event":"released", version, dropped}`), `event: lagged`
-/// (data: `{"missed_batches": n}`).
+/// (data: `{"event":"released", version, dropped}`), and last, for a watcher that fell behind,
+/// `event: lagged` (data: `{"missed_batches", "missed_events", "buffer_bytes", "catch_up"}`).
 #[utoipa::path(get, path = "/environments/{env}/events", tag = "events",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 200, description = "An endless event stream", content_type = "text/event-stream", body = String), (status = 404, body = ErrorBody)))]
@@ -40,19 +40,30 @@ async fn events(
     Caller(caller): Caller,
     Path(env): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    let receiver = envs.subscribe(&env).await?;
+    let subscription = envs.subscribe(&env, Want::Batches).await?;
+    let catch_up = format!("GET /api/v1/environments/{env}/resources, then open this stream again");
     let revoked = revoked(envs.clone(), caller, env);
-    let stream = BroadcastStream::new(receiver).flat_map(|batch| {
-        let events: Vec<Result<Event, Infallible>> = match batch {
-            Ok(batch) => batch.iter().map(|p| Ok(Event::default().event(p.name).data(&p.data))).collect(),
-            Err(BroadcastStreamRecvError::Lagged(n)) => {
-                vec![Ok(Event::default().event("lagged").data(format!("{{\"missed_batches\":{n}}}")))]
-            }
+    let stream = subscription.into_stream().flat_map(move |delivery| {
+        let events: Vec<Result<Event, Infallible>> = match delivery {
+            Delivery::Batch(batch) => batch.iter().map(|p| Ok(Event::default().event(p.name).data(&p.data))).collect(),
+            Delivery::Lagged(missed) => vec![Ok(lagged(&missed, &catch_up))],
+            Delivery::Changed(_) => Vec::new(),
         };
         futures::stream::iter(events)
     });
     let stream = stream.take_until(revoked);
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))))
+}
+
+/// The last event of a stream that fell behind: what it missed, and how to catch up.
+fn lagged(missed: &Missed, catch_up: &str) -> Event {
+    let data = serde_json::json!({
+        "missed_batches": missed.batches,
+        "missed_events": missed.events,
+        "buffer_bytes": missed.buffer_bytes,
+        "catch_up": catch_up,
+    });
+    Event::default().event("lagged").data(data.to_string())
 }
 
 /// Completes when the caller's token no longer lets it read the environment's events (revoked,

@@ -16,6 +16,7 @@ mod error;
 mod etag;
 pub(crate) mod events;
 pub(crate) mod extract;
+pub(crate) mod headers;
 mod intents;
 mod nodes;
 mod ops;
@@ -47,6 +48,11 @@ pub use serve::serve;
 use crate::app::App;
 
 type AppState = Arc<App>;
+
+/// The largest body a sign-in takes (`POST /api/v1/login`, the console's form): a name, a
+/// password of at most 1,024 bytes and a scope fit many times over; a sign-in's body is read
+/// before it is throttled, so it must stay small whatever `max_body_bytes` allows.
+pub const SIGN_IN_BODY_BYTES: usize = 16 * 1024;
 type Result<T, E = ApiError> = std::result::Result<T, E>;
 
 #[derive(OpenApi)]
@@ -147,6 +153,7 @@ pub fn router(environments: Arc<App>, max_body_bytes: usize) -> Router {
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(serve::refuse_oversized_heads))
+        .layer(middleware::from_fn(headers::security_headers))
         .layer(middleware::from_fn_with_state(environments.clone(), ops::track_requests))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(TraceLayer::new_for_http())

@@ -14,15 +14,17 @@ use std::pin::pin;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::Request;
+use axum::extract::{ConnectInfo, Request};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tower::ServiceExt as _;
 
 use super::ApiError;
 
@@ -99,7 +101,7 @@ pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Out
     let (open, open_rx) = watch::channel(());
     let mut shutdown = pin!(shutdown);
     loop {
-        let (stream, _remote) = tokio::select! {
+        let (stream, remote) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
@@ -110,7 +112,12 @@ pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Out
             () = &mut shutdown => break,
         };
         let builder = builder.clone();
-        let service = TowerToHyperService::new(app.clone());
+        // Each request knows its peer's address (`ConnectInfo`): the sign-in throttle and the
+        // audit trail read it.
+        let service = TowerToHyperService::new(app.clone().map_request(move |mut request: Request<Incoming>| {
+            request.extensions_mut().insert(ConnectInfo(remote));
+            request
+        }));
         let mut stopping = stopping.clone();
         let open_rx = open_rx.clone();
         tokio::spawn(async move {

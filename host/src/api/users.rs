@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
@@ -13,7 +13,7 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::auth::{AuditSubject, Caller};
+use super::auth::{AuditSubject, Caller, ClientAddress};
 use super::extract::{Json, Path, Query, bounded};
 use super::tokens::{NewToken, ScopeBody};
 use super::views::{AuditEntry, Member, User};
@@ -24,7 +24,11 @@ use crate::store::{AuditFilter, AuditId, MAX_PAGE, Millis};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
-        .routes(routes!(login))
+        .merge(
+            OpenApiRouter::new()
+                .routes(routes!(login))
+                .layer(DefaultBodyLimit::max(super::SIGN_IN_BODY_BYTES)),
+        )
         .routes(routes!(me))
         .routes(routes!(create_user, list_users))
         .routes(routes!(get_user, change_user, delete_user))
@@ -48,27 +52,36 @@ pub(super) struct Login {
 }
 
 /// Signs in with a user's name and password: a new token of that user. A wrong name, a wrong
-/// password and a disabled user get the same answer, after the same work.
+/// password and a disabled user get the same answer, after the same work. Attempts are
+/// throttled per source address and per user name (429), and password checks wait for a turn
+/// at a bounded pool (503 when it is full); every attempt is in the audit trail, a failed one
+/// under the name it gave.
 #[utoipa::path(post, path = "/login", tag = "access", security(()), request_body = Login,
-    responses((status = 201, body = NewToken), (status = 401, description = "Wrong name or password (`invalid_credentials`)", body = ErrorBody)))]
-async fn login(State(app): State<AppState>, Json(body): Json<Login>) -> Result<axum::response::Response> {
+    responses((status = 201, body = NewToken), (status = 401, description = "Wrong name or password (`invalid_credentials`)", body = ErrorBody),
+        (status = 429, description = "Too many attempts from this address or for this name (`rate_limited`, with `Retry-After`)", body = ErrorBody),
+        (status = 503, description = "Too many password checks waiting (`busy`, with `Retry-After`)", body = ErrorBody)))]
+async fn login(State(app): State<AppState>, ClientAddress(source): ClientAddress, Json(body): Json<Login>) -> axum::response::Response {
     let description = if body.description.is_empty() {
         "signed in".to_string()
     } else {
         body.description
     };
-    let (view, secret) = app
-        .login(&body.name, &body.password, body.scope.map(Into::into), &description)
-        .await
-        .map_err(ApiError::from)?;
-    let subject = AuditSubject {
-        user_id: view.record.user_id,
-        user: view.record.user.clone(),
-        token_id: Some(view.record.id),
+    let signed_in = app
+        .login(&body.name, &body.password, body.scope.map(Into::into), &description, source)
+        .await;
+    let (mut response, subject) = match signed_in {
+        Ok((view, secret)) => {
+            let subject = AuditSubject {
+                user_id: Some(view.record.user_id),
+                user: view.record.user.clone(),
+                token_id: Some(view.record.id),
+            };
+            (NewToken::created((view, secret)).into_response(), subject)
+        }
+        Err(e) => (ApiError::from(e).into_response(), AuditSubject::attempted(&body.name)),
     };
-    let mut response = NewToken::created((view, secret)).into_response();
     response.extensions_mut().insert(subject);
-    Ok(response)
+    response
 }
 
 /// Who the caller is: its user and token, and the roles the token carries now.

@@ -297,6 +297,8 @@ pub(super) struct AuditEntry {
     pub status: u16,
     /// The error's `code`, when the answer was an error.
     pub code: Option<String>,
+    /// The address the request came from, when known.
+    pub source: Option<String>,
 }
 
 impl From<store::AuditRecord> for AuditEntry {
@@ -312,6 +314,7 @@ impl From<store::AuditRecord> for AuditEntry {
             environment: a.environment,
             status: a.status,
             code: a.code,
+            source: a.source,
         }
     }
 }

@@ -101,14 +101,6 @@ fn validate_user_name(name: &str) -> Result<(), AccessError> {
     Ok(())
 }
 
-/// Hashes a password off the async workers (argon2 takes tens of milliseconds).
-async fn hash_password(password: String) -> Result<String, AccessError> {
-    tokio::task::spawn_blocking(move || password::hash(&password))
-        .await
-        .map_err(|e| AccessError::Password(password::PasswordError::Hash(e.to_string())))?
-        .map_err(AccessError::Password)
-}
-
 /// A new secret (a token's, a console session's): `orc_` and 64 hex digits.
 pub(crate) fn new_secret() -> String {
     // Two v4 UUIDs: 244 bits from the operating system's random source.
@@ -116,6 +108,15 @@ pub(crate) fn new_secret() -> String {
 }
 
 impl App {
+    /// Hashes a password on the password pool ([`super::sign_in`]), off the async workers.
+    async fn hash_password(&self, password: String) -> Result<String, AccessError> {
+        self.sign_in
+            .run(move || password::hash(&password))
+            .await?
+            .ok_or_else(|| AccessError::Password(password::PasswordError::Hash("the check stopped".into())))?
+            .map_err(AccessError::Password)
+    }
+
     /// On a first start (no user yet): the user `admin` (server-wide admin, no password) and a
     /// token for it, returned to be shown once (the store keeps only its sha256).
     pub(crate) async fn ensure_first_admin(&self) -> Result<Option<String>, StoreError> {
@@ -217,7 +218,7 @@ impl App {
     pub async fn create_user(&self, new: NewUser) -> Result<UserRecord, AccessError> {
         validate_user_name(&new.name)?;
         let hash = match new.password {
-            Some(p) => Some(hash_password(p).await?),
+            Some(p) => Some(self.hash_password(p).await?),
             None => None,
         };
         let user = self.store.insert_user(&new.name, hash.as_deref(), new.admin, new.publisher).await?;
@@ -246,7 +247,7 @@ impl App {
     pub async fn change_user(&self, name: &str, patch: UserPatch) -> Result<UserRecord, AccessError> {
         let user = self.user(name).await?;
         let password_hash = match patch.password {
-            Some(Some(p)) => Some(Some(hash_password(p).await?)),
+            Some(Some(p)) => Some(Some(self.hash_password(p).await?)),
             Some(None) => Some(None),
             None => None,
         };
@@ -489,19 +490,25 @@ impl App {
         Ok(())
     }
 
-    /// Signs in with a name and password: a new token of the user (with `scope`, if given).
-    /// Every failure takes as long and says the same.
+    /// Signs in with a name and password from `source` (the client's address, when known): a
+    /// new token of the user (with `scope`, if given). Every wrong name, wrong password and
+    /// disabled user takes as long and says the same; throttled and busy attempts are refused
+    /// before the store is read ([`super::sign_in`]).
     pub async fn login(
         &self,
         name: &str,
         password: &str,
         scope: Option<ScopeRequest>,
         description: &str,
+        source: Option<std::net::IpAddr>,
     ) -> Result<(TokenView, String), AccessError> {
+        self.sign_in.attempt(source, name)?;
+        let turn = self.sign_in.turn().await?;
         let found = self.store.find_user_with_password(name).await?;
         let stored = found.as_ref().and_then(|(_, hash)| hash.clone());
         let password = password.to_string();
-        let matches = tokio::task::spawn_blocking(move || password::verify(&password, stored.as_deref()))
+        let matches = turn
+            .run(move || password::verify(&password, stored.as_deref()))
             .await
             .unwrap_or(false);
         match found {

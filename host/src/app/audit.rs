@@ -23,6 +23,8 @@ const MAX_BATCH: usize = 1000;
 const TRIES: u32 = 4;
 const FIRST_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
+// Nearly every message is an entry: boxing it would add an allocation to each.
+#[allow(clippy::large_enum_variant)]
 enum Message {
     Entry(AuditRecord),
     /// Answered once every entry sent before it is written (or its write failed and was logged).

@@ -128,6 +128,9 @@ pub enum AccessError {
     /// not said).
     #[error("wrong user name or password, or the user is disabled")]
     WrongCredentials,
+    /// Signing in was throttled, or the password pool is full: nothing was checked.
+    #[error(transparent)]
+    SignIn(#[from] super::sign_in::Refusal),
     #[error("{0}")]
     Environment(#[from] EnvError),
     #[error(transparent)]

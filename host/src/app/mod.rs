@@ -22,6 +22,7 @@ pub mod processes;
 mod resources;
 mod running;
 mod services;
+pub mod sign_in;
 mod versions;
 
 pub(crate) use access::new_secret;
@@ -40,14 +41,15 @@ use std::time::Duration;
 use orc_manifest::error_chain;
 use orc_registry::StoreOptions;
 use orc_runtime::{Runtime, RuntimeConfig};
-use tokio::sync::{Mutex, broadcast};
+use tokio::sync::Mutex;
 
 use crate::metrics::Metrics;
 use crate::nodes::{NodeRegistry, SECRET_KEY_FILE, SecretKey};
 use crate::policy::outbound::HostSecrets;
 use crate::policy::settings::EnvironmentSettings;
 use crate::scheduler::ResourceStatus;
-use crate::scheduler::events::{Batch, Observer};
+use crate::scheduler::events::Observer;
+use crate::scheduler::subscribers::{Subscription, Want};
 use crate::server::config::HostConfig;
 use crate::store::{DbKv, Environment, EnvironmentId, Store};
 
@@ -79,6 +81,10 @@ pub struct App {
     service_docs: services::ServiceDocs,
     /// The audit trail's writer.
     audit: audit::AuditTrail,
+    /// The password pool and the sign-in throttle.
+    sign_in: sign_in::SignInGate,
+    /// The bound of each event stream subscriber's queue, in bytes.
+    event_buffer_bytes: usize,
 }
 
 impl App {
@@ -135,6 +141,8 @@ impl App {
             stopping: tokio::sync::watch::channel(false).0,
             access: access::AccessCache::new(config.token_requests_per_s, config.token_burst),
             service_docs: services::ServiceDocs::default(),
+            sign_in: sign_in::SignInGate::new(&config.sign_in),
+            event_buffer_bytes: config.event_buffer_bytes,
         };
         for env in environments.store.list_environments().await? {
             // One environment that cannot resume (say, a plugin gone from the registry) must
@@ -179,10 +187,10 @@ impl App {
         failed
     }
 
-    /// The environment's event stream, from now on.
-    pub async fn subscribe(&self, key: &str) -> Result<broadcast::Receiver<Batch>, EnvError> {
+    /// The environment's event stream, from now on: the batches, or only their count.
+    pub async fn subscribe(&self, key: &str, want: Want) -> Result<Subscription, EnvError> {
         let env = self.get(key).await?;
-        Ok(self.running(&env).await?.stream.subscribe())
+        Ok(self.running(&env).await?.stream.subscribe(want))
     }
 
     /// Stops every scheduler: nothing new starts, and actions in flight get `grace` to finish and

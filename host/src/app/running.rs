@@ -319,7 +319,7 @@ impl App {
         let known = resumed.known;
         let mut observers = self.observers.clone();
         observers.push(Arc::new(self.metrics.environment(&env.name)));
-        let stream = EventStream::default();
+        let stream = EventStream::new(self.event_buffer_bytes, self.metrics.streams().clone());
         let counts = Arc::new(StatusCounts::seed(
             resumed.states.iter().map(|s| (s.resource_id.as_str(), s.status, s.version)),
         ));

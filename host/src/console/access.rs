@@ -121,7 +121,7 @@ fn tokens_page(signed_in: &SignedIn, list: &[TokenView], created: Option<Result<
                             td { (time(t.record.created_at)) }
                             td {
                                 form.inline method="post" action=(format!("/tokens/{}/revoke", t.record.id))
-                                    onsubmit="return confirm('Revoke this token? Whatever uses it stops working at once.')" {
+                                    data-confirm="Revoke this token? Whatever uses it stops working at once." {
                                     input type="hidden" name="_csrf" value=(signed_in.csrf);
                                     button type="submit" class="revoke" { "Revoke" }
                                 }

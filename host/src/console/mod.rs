@@ -54,7 +54,12 @@ const RECENT_ACTIONS: u32 = 20;
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(|| async { Redirect::to("/environments") }))
-        .route("/sign-in", get(sign_in_page).post(sign_in))
+        .route(
+            "/sign-in",
+            get(sign_in_page)
+                .post(sign_in)
+                .layer(axum::extract::DefaultBodyLimit::max(crate::api::SIGN_IN_BODY_BYTES)),
+        )
         .route("/sign-out", post(sign_out))
         .route("/environments", get(environments).post(create_environment))
         .route("/environments/{env}", get(environment))
@@ -200,6 +205,7 @@ async fn audit(
         environment: env.map(|e| e.chars().take(256).collect()),
         status: outcome.map_or_else(|e| e.status.as_u16(), |()| StatusCode::SEE_OTHER.as_u16()),
         code: outcome.err().map(|e| e.code.to_string()),
+        source: None,
     });
 }
 
@@ -220,10 +226,11 @@ struct SignInForm {
 }
 
 /// Signs in with a token, or a user's name and password (a new token for the session, revoked
-/// when it ends).
+/// when it ends). A password sign-in is throttled and audited as `POST /api/v1/login` is.
 async fn sign_in(
     State(app): State<AppState>,
     Extension(sessions): Extension<Arc<Sessions>>,
+    crate::api::auth::ClientAddress(source): crate::api::auth::ClientAddress,
     headers: HeaderMap,
     Form(form): Form<SignInForm>,
 ) -> Response {
@@ -234,16 +241,43 @@ async fn sign_in(
     let started = if !token.is_empty() {
         match app.authenticate(token).await {
             Ok(Some(_)) => Ok(sessions.start(hash_token(token), None)),
-            Ok(None) => Err("that token is not valid: unknown, revoked, or its user is disabled".to_string()),
-            Err(e) => Err(ApiError::from(e).message),
+            Ok(None) => Err(ApiError::unauthorized_with(
+                "that token is not valid: unknown, revoked, or its user is disabled",
+            )),
+            Err(e) => Err(ApiError::from(e)),
         }
     } else if !form.name.is_empty() {
-        match app.login(&form.name, &form.password, None, "console session").await {
-            Ok((view, secret)) => Ok(sessions.start(hash_token(&secret), Some(view.record.id))),
-            Err(e) => Err(ApiError::from(e).message),
-        }
+        let outcome = app
+            .login(&form.name, &form.password, None, "console session", source)
+            .await
+            .map_err(ApiError::from);
+        let subject = match &outcome {
+            Ok((view, _)) => crate::api::auth::AuditSubject {
+                user_id: Some(view.record.user_id),
+                user: view.record.user.clone(),
+                token_id: Some(view.record.id),
+            },
+            Err(_) => crate::api::auth::AuditSubject::attempted(&form.name),
+        };
+        app.record_audit(AuditRecord {
+            id: AuditId::new(),
+            at: now_ms(),
+            user_id: subject.user_id,
+            user: Some(subject.user),
+            token_id: subject.token_id,
+            method: Method::POST.to_string(),
+            route: "console:/sign-in".to_string(),
+            path: "/sign-in".to_string(),
+            environment: None,
+            status: outcome
+                .as_ref()
+                .map_or_else(|e| e.status.as_u16(), |_| StatusCode::SEE_OTHER.as_u16()),
+            code: outcome.as_ref().err().map(|e| e.code.to_string()),
+            source: source.map(|ip| ip.to_string()),
+        });
+        outcome.map(|(view, secret)| sessions.start(hash_token(&secret), Some(view.record.id)))
     } else {
-        Err("give a token, or a user name and password".to_string())
+        Err(ApiError::unauthorized_with("give a token, or a user name and password"))
     };
     match started {
         Ok(secret) => (
@@ -251,7 +285,13 @@ async fn sign_in(
             Redirect::to("/environments"),
         )
             .into_response(),
-        Err(message) => (StatusCode::UNAUTHORIZED, pages::sign_in(Some(&message))).into_response(),
+        Err(refusal) => {
+            let mut response = (refusal.status, pages::sign_in(Some(&refusal.message))).into_response();
+            if let Some(wait) = refusal.retry_after_s {
+                response.headers_mut().insert(header::RETRY_AFTER, wait.into());
+            }
+            response
+        }
     }
 }
 
@@ -467,7 +507,11 @@ async fn live(
 ) -> Result<Response, PageError> {
     use futures::StreamExt;
     let signed_in = authorize(&app, &sessions, &headers, Method::GET, "/environments/{env}/events", Some(&key)).await?;
-    let receiver = app.subscribe(&key).await.map_err(refused)?;
+    // Only that something changed: the page reads itself again, so nothing is queued for it.
+    let subscription = app
+        .subscribe(&key, crate::scheduler::subscribers::Want::Counts)
+        .await
+        .map_err(refused)?;
     // It ends as the API's stream does when access is taken away, and when the session ends.
     let revoked = crate::api::events::revoked(app.clone(), signed_in.principal.clone(), key);
     let ended = async move { sessions.ended(&signed_in).await };
@@ -476,8 +520,11 @@ async fn live(
     let opened =
         futures::stream::once(async { Ok::<_, std::convert::Infallible>(axum::response::sse::Event::default().comment("following")) });
     let stream = opened
-        .chain(tokio_stream::wrappers::BroadcastStream::new(receiver).map(|batch| {
-            let n = batch.map_or(0, |b| b.len());
+        .chain(subscription.into_stream().map(|delivery| {
+            let n = match delivery {
+                crate::scheduler::subscribers::Delivery::Changed(n) => n,
+                _ => 1,
+            };
             Ok::<_, std::convert::Infallible>(axum::response::sse::Event::default().event("changed").data(n.to_string()))
         }))
         .take_until(async move {

@@ -59,10 +59,16 @@ ul.tasks li.s-deploying { border-left-color: #1565c0; } ul.tasks li.s-pending, u
 .cluster-operations fieldset { max-width: 50rem; }
 "#;
 
-/// The pages' only script: a page with `data-live` follows the environment's events and, a
-/// moment after a change, fetches itself again and swaps in its `data-part` sections (the
-/// filters, the page and the scroll position stay). Without it the pages work, only not live.
+/// The pages' only script (the content security policy allows no other, and no inline script):
+/// a form with `data-confirm` asks before it is sent; a page with `data-live` follows the
+/// environment's events and, a moment after a change, fetches itself again and swaps in its
+/// `data-part` sections (the filters, the page and the scroll position stay). Without it the
+/// pages work, only not live and without the questions.
 pub const SCRIPT: &str = r#"
+document.addEventListener('submit', function (e) {
+  var question = e.target.getAttribute && e.target.getAttribute('data-confirm');
+  if (question && !window.confirm(question)) e.preventDefault();
+});
 (function () {
   var main = document.querySelector('[data-live]');
   if (!main) return;

@@ -178,22 +178,14 @@ pub fn check_origin(headers: &HeaderMap) -> Result<(), Refused> {
 
 /// The `Set-Cookie` value that hands a browser its session.
 pub fn set_cookie(secret: &str, headers: &HeaderMap) -> HeaderValue {
-    let secure = if over_tls(headers) { "; Secure" } else { "" };
+    let secure = if crate::api::headers::over_tls(headers) { "; Secure" } else { "" };
     HeaderValue::from_str(&format!("{COOKIE}={secret}; Path=/; HttpOnly; SameSite=Strict{secure}")).expect("a cookie is ASCII")
 }
 
 /// The `Set-Cookie` value that takes it away.
 pub fn clear_cookie(headers: &HeaderMap) -> HeaderValue {
-    let secure = if over_tls(headers) { "; Secure" } else { "" };
+    let secure = if crate::api::headers::over_tls(headers) { "; Secure" } else { "" };
     HeaderValue::from_str(&format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}")).expect("a cookie is ASCII")
-}
-
-/// Whether the browser reached the console over TLS (a proxy in front that says so).
-fn over_tls(headers: &HeaderMap) -> bool {
-    headers
-        .get("x-forwarded-proto")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|p| p.eq_ignore_ascii_case("https"))
 }
 
 /// The value of cookie `name` in the request's `Cookie` headers.

@@ -168,14 +168,14 @@ fn users_markup(
                                     }
                                 } @else {
                                     form.inline method="post" action=(format!("{base}/disable"))
-                                        onsubmit="return confirm('Disable this user? Its tokens stop working at once.')" {
+                                        data-confirm="Disable this user? Its tokens stop working at once." {
                                         input type="hidden" name="_csrf" value=(signed_in.csrf);
                                         button type="submit" class="disable" { "Disable" }
                                     }
                                 }
                                 " "
                                 form.inline method="post" action=(format!("{base}/delete"))
-                                    onsubmit="return confirm('Delete this user, its tokens and its roles?')" {
+                                    data-confirm="Delete this user, its tokens and its roles?" {
                                     input type="hidden" name="_csrf" value=(signed_in.csrf);
                                     button type="submit" class="delete" { "Delete" }
                                 }
@@ -307,7 +307,7 @@ fn members_markup(signed_in: &SignedIn, env: &str, list: &[Membership], error: O
                                 td.role { (m.role.as_str()) }
                                 td {
                                     form.inline method="post" action=(format!("{base}/members/{}/remove", path_segment(&m.user)))
-                                        onsubmit="return confirm('Take this user\\'s role away?')" {
+                                        data-confirm="Take this user's role away?" {
                                         input type="hidden" name="_csrf" value=(signed_in.csrf);
                                         button type="submit" class="remove" { "Remove" }
                                     }

@@ -204,7 +204,7 @@ fn versions_page(signed_in: &SignedIn, env: &Environment, list: &[VersionInfo], 
                                             }
                                         } @else {
                                             form.inline method="post" action=(format!("{base}/versions/{}/rollback", v.version))
-                                                onsubmit=(format!("return confirm('Roll back to version {}? It becomes a new version, released at once.')", v.version)) {
+                                                data-confirm=(format!("Roll back to version {}? It becomes a new version, released at once.", v.version)) {
                                                 input type="hidden" name="_csrf" value=(signed_in.csrf);
                                                 button type="submit" class="rollback" { "Roll back to this" }
                                             }

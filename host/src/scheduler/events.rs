@@ -8,14 +8,10 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher as _, RandomState};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::broadcast;
-
 use crate::scheduler::ResourceStatus;
 use crate::scheduler::persistence::StoreSink;
+use crate::scheduler::subscribers::{Fanout, StreamStats, Subscription, Want};
 use crate::scheduler::{BoxFuture, Event, Sink};
-
-/// Batches kept for slow watchers before they miss some (they are told, and can re-read).
-const STREAM_CAPACITY: usize = 1024;
 
 /// One event as watchers receive it: its name (`state` or `action`) and its JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,28 +39,28 @@ pub trait Follower: Send + Sync + 'static {
 /// store took it (`false`: given up, what the store holds is not known).
 pub type Delivery = Box<dyn FnOnce(bool) + Send>;
 
-/// The event stream of one environment.
+/// The event stream of one environment: each subscriber's queue is bounded in bytes (see
+/// [`crate::scheduler::subscribers`]).
 #[derive(Clone)]
 pub struct EventStream {
-    sender: broadcast::Sender<Batch>,
-}
-
-impl Default for EventStream {
-    fn default() -> Self {
-        EventStream {
-            sender: broadcast::channel(STREAM_CAPACITY).0,
-        }
-    }
+    fanout: Arc<Fanout>,
 }
 
 impl EventStream {
-    pub fn subscribe(&self) -> broadcast::Receiver<Batch> {
-        self.sender.subscribe()
+    /// A stream whose subscribers each queue at most `buffer_bytes` of event data.
+    pub fn new(buffer_bytes: usize, stats: StreamStats) -> EventStream {
+        EventStream {
+            fanout: Arc::new(Fanout::new(buffer_bytes, stats)),
+        }
+    }
+
+    pub fn subscribe(&self, want: Want) -> Subscription {
+        self.fanout.subscribe(want)
     }
 
     /// `events` serialised, when someone watches.
     fn prepare(&self, events: &[Event]) -> Option<Batch> {
-        (self.sender.receiver_count() > 0).then(|| events.iter().map(published).collect())
+        self.fanout.is_watched().then(|| events.iter().map(published).collect())
     }
 }
 
@@ -265,7 +261,7 @@ impl Sink for EnvironmentSink {
                 delivery(persisted);
             }
             if let Some(batch) = batch {
-                let _ = self.stream.sender.send(batch);
+                self.stream.fanout.send(batch);
             }
         })
     }

@@ -20,7 +20,8 @@
 //! heap, checked clock arithmetic), `writer` (the sink's task and the backpressure it applies),
 //! `actions` (how one action runs), `dryrun` (a whole version read and diffed; its `report`),
 //! `version`; and what connects it to the rest: `persistence` (the store as its sink, and the
-//! resume) and `events` (the event stream and observers after persistence).
+//! resume), `events` (the event stream and observers after persistence) and `subscribers` (the
+//! stream's fan-out, each subscriber's queue bounded in bytes).
 
 mod actions;
 pub mod dryrun;
@@ -28,6 +29,7 @@ pub mod events;
 pub mod persistence;
 mod state;
 mod status;
+pub mod subscribers;
 mod timers;
 mod version;
 mod writer;

@@ -8,8 +8,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::app::sign_in::SignInLimits;
 use crate::policy::outbound::{self, SecretConfig};
 use crate::policy::settings::EnvironmentSettings;
+use crate::scheduler::subscribers::DEFAULT_BUFFER_BYTES;
 use crate::store::SQLITE_FILE;
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -43,6 +45,11 @@ pub struct HostConfig {
     /// is sent as the `Authorization` header of the requests that name the secret, from
     /// environments whose `http.secrets` list it, only to the origins given (required).
     pub secrets: BTreeMap<String, SecretConfig>,
+    /// Signing in with a password: the password pool and the throttle.
+    pub sign_in: SignInLimits,
+    /// Bytes of events each event stream subscriber may fall behind by before it is told it
+    /// lagged and its stream ends (a reader that does not read costs at most this).
+    pub event_buffer_bytes: usize,
 }
 
 impl Default for HostConfig {
@@ -59,9 +66,15 @@ impl Default for HostConfig {
             secret_key_file: None,
             node_reverify_interval_s: 30,
             secrets: BTreeMap::new(),
+            sign_in: SignInLimits::default(),
+            event_buffer_bytes: DEFAULT_BUFFER_BYTES,
         }
     }
 }
+
+/// The bounds of `event_buffer_bytes`: 64 KiB to 1 GiB.
+pub const MIN_EVENT_BUFFER_BYTES: usize = 64 * 1024;
+pub const MAX_EVENT_BUFFER_BYTES: usize = 1024 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {0}")]
@@ -77,6 +90,12 @@ impl HostConfig {
             .validate()
             .map_err(|e| ConfigError(format!("environment_defaults: {e}")))?;
         outbound::check_config(&config.secrets).map_err(|e| ConfigError(e.to_string()))?;
+        if !(MIN_EVENT_BUFFER_BYTES..=MAX_EVENT_BUFFER_BYTES).contains(&config.event_buffer_bytes) {
+            return Err(ConfigError(format!(
+                "event_buffer_bytes: {} is outside {MIN_EVENT_BUFFER_BYTES}–{MAX_EVENT_BUFFER_BYTES}",
+                config.event_buffer_bytes
+            )));
+        }
         Ok(config)
     }
 

@@ -18,6 +18,7 @@ type Row = (
     Option<String>,
     i32,
     Option<String>,
+    Option<String>,
 );
 
 impl Store {
@@ -41,9 +42,9 @@ impl Store {
         on_pool!(self, pool => {
             let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
             // SQLite's bound on parameters is the lower of the two.
-            for chunk in rows.chunks(sqlite_rows_per_statement(11)) {
+            for chunk in rows.chunks(sqlite_rows_per_statement(12)) {
                 let mut q = QueryBuilder::new(
-                    "INSERT INTO audit (id, at, user_id, user_name, token_id, method, route, path, environment, status, code) ",
+                    "INSERT INTO audit (id, at, user_id, user_name, token_id, method, route, path, environment, status, code, source) ",
                 );
                 q.push_values(chunk, |mut row, (id, user_id, token_id, e)| {
                     row.push_bind(id)
@@ -56,7 +57,8 @@ impl Store {
                         .push_bind(&e.path)
                         .push_bind(e.environment.as_deref())
                         .push_bind(i32::from(e.status))
-                        .push_bind(e.code.as_deref());
+                        .push_bind(e.code.as_deref())
+                        .push_bind(e.source.as_deref());
                 });
                 // Not cached: the text varies with the batch's size.
                 q.build().persistent(false).execute(&mut *tx).await.map_err(backend_with(context))?;
@@ -75,7 +77,7 @@ impl Store {
         }
         let rows: Vec<Row> = on_pool!(self, pool => {
             sqlx::query_as(
-                "SELECT id, at, user_id, user_name, token_id, method, route, path, environment, status, code FROM audit \
+                "SELECT id, at, user_id, user_name, token_id, method, route, path, environment, status, code, source FROM audit \
                  WHERE ($1 IS NULL OR user_name = $1) AND ($2 IS NULL OR environment = $2) \
                    AND ($3 IS NULL OR at >= $3) AND ($4 IS NULL OR at <= $4) \
                    AND ($5 IS NULL OR (status >= 400) = $5) AND ($6 IS NULL OR id < $6) \
@@ -95,7 +97,7 @@ impl Store {
         let mut items = rows
             .into_iter()
             .map(
-                |(id, at, user_id, user, token_id, method, route, path, environment, status, code)| {
+                |(id, at, user_id, user, token_id, method, route, path, environment, status, code, source)| {
                     Ok(AuditRecord {
                         id: parse_id(&id, "audit entry")?,
                         at,
@@ -108,6 +110,7 @@ impl Store {
                         environment,
                         status: u16::try_from(status).unwrap_or_default(),
                         code,
+                        source,
                     })
                 },
             )

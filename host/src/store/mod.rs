@@ -304,6 +304,11 @@ pub(crate) trait BeginWrite {
     /// the pool in autocommit: held while it runs, it keeps that statement out of SQLite's busy
     /// handler too (a process row, an audit entry, a job written while the scheduler records).
     async fn write_turn(&self) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, sqlx::Error>;
+
+    /// A write transaction that changes of one kind take in turns, even on PostgreSQL (where
+    /// it first waits for the transaction-scoped advisory lock `key`): one that reads what
+    /// another may be changing sees it committed.
+    async fn begin_serialized(&self, key: i64) -> Result<WriteTx<Self::Db>, sqlx::Error>;
 }
 
 /// A write transaction: derefs to its connection like sqlx's `Transaction`, rolled back if
@@ -317,6 +322,15 @@ impl<DB: sqlx::Database> WriteTx<DB> {
     pub(crate) async fn commit(self) -> Result<(), sqlx::Error> {
         let WriteTx { tx, turn } = self;
         tx.commit().await?;
+        drop(turn);
+        Ok(())
+    }
+
+    /// Rolls back now, before the turn is handed on (a dropped transaction rolls back only when
+    /// its connection is next used).
+    pub(crate) async fn rollback(self) -> Result<(), sqlx::Error> {
+        let WriteTx { tx, turn } = self;
+        tx.rollback().await?;
         drop(turn);
         Ok(())
     }
@@ -362,6 +376,11 @@ impl BeginWrite for SqlitePool {
             .map_err(|_| sqlx::Error::PoolTimedOut)?;
         Ok(Some(turn))
     }
+
+    async fn begin_serialized(&self, _key: i64) -> Result<WriteTx<Sqlite>, sqlx::Error> {
+        // `BEGIN IMMEDIATE`: SQLite's writers take turns already.
+        self.begin_write().await
+    }
 }
 
 impl BeginWrite for PgPool {
@@ -375,6 +394,12 @@ impl BeginWrite for PgPool {
 
     async fn write_turn(&self) -> Result<Option<tokio::sync::OwnedMutexGuard<()>>, sqlx::Error> {
         Ok(None)
+    }
+
+    async fn begin_serialized(&self, key: i64) -> Result<WriteTx<Postgres>, sqlx::Error> {
+        let mut tx = self.begin_write().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(key).execute(&mut *tx).await?;
+        Ok(tx)
     }
 }
 
@@ -409,6 +434,7 @@ const SQLITE_MIGRATIONS: Embedded = &[
     (7, "services", include_str!("../../migrations/sqlite/0007_services.sql")),
     (8, "revisions", include_str!("../../migrations/sqlite/0008_revisions.sql")),
     (9, "process_heads", include_str!("../../migrations/sqlite/0009_process_heads.sql")),
+    (10, "audit_source", include_str!("../../migrations/sqlite/0010_audit_source.sql")),
 ];
 const POSTGRES_MIGRATIONS: Embedded = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -420,6 +446,7 @@ const POSTGRES_MIGRATIONS: Embedded = &[
     (7, "services", include_str!("../../migrations/postgres/0007_services.sql")),
     (8, "revisions", include_str!("../../migrations/postgres/0008_revisions.sql")),
     (9, "process_heads", include_str!("../../migrations/postgres/0009_process_heads.sql")),
+    (10, "audit_source", include_str!("../../migrations/postgres/0010_audit_source.sql")),
 ];
 
 fn migrator(embedded: Embedded) -> Migrator {

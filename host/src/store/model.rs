@@ -345,6 +345,8 @@ pub struct AuditRecord {
     pub environment: Option<String>,
     pub status: u16,
     pub code: Option<String>,
+    /// The address the request came from (`None`: not known, or recorded before addresses were).
+    pub source: Option<String>,
 }
 
 /// Which audit entries to list: newest first, before `before` (a cursor), at most `limit`.

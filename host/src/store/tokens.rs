@@ -2,6 +2,7 @@
 //! ([`hash_token`]), with the narrower scope it may carry (JSON). A token is looked up with its
 //! user in one query ([`Store::find_credential`]).
 
+use super::BeginWrite as _;
 use super::error::{backend, backend_with};
 use super::users::guarded;
 use super::{Result, Store, StoreError, TokenId, TokenRecord, UserId, now_ms, parse_id};
@@ -134,8 +135,8 @@ impl Store {
         rows.into_iter().map(token).collect()
     }
 
-    /// Deletes a token, unless no enabled admin would be left with a way in (a token or a
-    /// password): that is a [`StoreError::Conflict`].
+    /// Deletes a token, unless no way in that can act as admin would remain (see
+    /// [`guarded!`]): that is a [`StoreError::Conflict`].
     pub async fn delete_token(&self, id: &TokenId) -> Result<()> {
         let deleted = guarded!(self, tx => {
             sqlx::query("DELETE FROM tokens WHERE id = $1")
@@ -144,7 +145,7 @@ impl Store {
                 .await
                 .map_err(backend_with(|| format!("deleting token {id}")))?
                 .rows_affected()
-        }, format!("token {id} is the last way in of the last enabled admin; create another token (or set a password) first"));
+        }, format!("token {id} is the last way in that can act as admin; {}", super::users::MAKE_ONE));
         if deleted == 0 {
             return Err(StoreError::not_found(format!("token {id}")));
         }

@@ -1,28 +1,58 @@
 //! Users (local accounts; the password only as its argon2id hash) and their roles per
 //! environment (memberships). Changes that could lock every admin out — deleting, disabling or
 //! demoting a user, removing a password, deleting a token — run in a transaction that is rolled
-//! back when no enabled admin would keep a way in ([`guarded!`]).
+//! back when no way in that can act as admin would remain ([`guarded!`]).
 
 use super::error::{backend, backend_with};
-use super::{EnvironmentId, Membership, Result, Store, StoreError, UserId, UserRecord, now_ms, parse_id, parse_name};
+use super::{BeginWrite as _, EnvironmentId, Membership, Result, Store, StoreError, UserId, UserRecord, now_ms, parse_id, parse_name};
 use crate::access::Role;
 
-/// How many enabled admins keep a way in: a token or a password.
-pub(super) const WAYS_IN: &str = "SELECT COUNT(*) FROM users u WHERE u.admin AND NOT u.disabled \
-     AND (u.password_hash IS NOT NULL OR EXISTS (SELECT 1 FROM tokens t WHERE t.user_id = u.id))";
+/// The ways in that can act as admin without any scope to check: an enabled admin's password,
+/// or an unscoped token of one.
+pub(super) const PLAIN_WAYS_IN: &str = "SELECT COUNT(*) FROM users u WHERE u.admin AND NOT u.disabled \
+     AND (u.password_hash IS NOT NULL OR EXISTS (SELECT 1 FROM tokens t WHERE t.user_id = u.id AND t.scope IS NULL))";
 
-/// Runs `$body` (statements on `&mut *$tx`) in a transaction that commits only if some enabled
-/// admin keeps a way in afterwards; otherwise rolls back and answers `Conflict { what: $refusal }`.
+/// The scopes of the scoped tokens of enabled admins: a way in if one carries `admin`.
+pub(super) const SCOPED_WAYS_IN: &str = "SELECT t.scope FROM tokens t JOIN users u ON u.id = t.user_id \
+     WHERE u.admin AND NOT u.disabled AND t.scope IS NOT NULL";
+
+/// The advisory lock (PostgreSQL) every change that could remove an admin's way in takes first,
+/// so that two such changes never both see the other's way in still there and both commit.
+/// SQLite's write transactions already take turns.
+pub(super) const ACCESS_LOCK: i64 = 0x6f72_635f_6163_6373; // "orc_accs"
+
+/// Whether a scope (a token's, as stored) lets its admin act as admin.
+pub(super) fn scope_acts_as_admin(text: &str) -> bool {
+    serde_json::from_str::<crate::access::Scope>(text).is_ok_and(|scope| scope.admin)
+}
+
+/// Runs `$body` (statements on `&mut *$tx`) in a transaction that first takes its turn at
+/// [`ACCESS_LOCK`] and commits only if a way in that can act as admin remains afterwards: an
+/// enabled admin with a password, or a token of an enabled admin that is unscoped or whose
+/// scope includes `admin`. Otherwise it rolls back and answers `Conflict { what: $refusal }`.
+///
+/// Architecture invariant: every change that can remove such a way in (deleting a token,
+/// disabling, demoting or deleting a user, removing a password) runs through here.
 macro_rules! guarded {
     ($store:expr, $tx:ident => $body:expr, $refusal:expr) => {
         on_pool!($store, pool => {
-            let mut $tx = pool.begin().await.map_err(backend("starting a transaction"))?;
+            let mut $tx = pool
+                .begin_serialized($crate::store::users::ACCESS_LOCK)
+                .await
+                .map_err(backend("starting a change of users or tokens"))?;
             let out = $body;
-            let ways: i64 = sqlx::query_scalar($crate::store::users::WAYS_IN)
+            let plain: i64 = sqlx::query_scalar($crate::store::users::PLAIN_WAYS_IN)
                 .fetch_one(&mut *$tx)
                 .await
-                .map_err(backend("counting the admins' ways in"))?;
-            if ways == 0 {
+                .map_err(backend("counting the ways in that can act as admin"))?;
+            let remains = plain > 0 || {
+                let scopes: Vec<String> = sqlx::query_scalar($crate::store::users::SCOPED_WAYS_IN)
+                    .fetch_all(&mut *$tx)
+                    .await
+                    .map_err(backend("reading the scopes of admins' tokens"))?;
+                scopes.iter().any(|s| $crate::store::users::scope_acts_as_admin(s))
+            };
+            if !remains {
                 $tx.rollback().await.map_err(backend("rolling back a refused change"))?;
                 return Err(StoreError::Conflict { what: $refusal });
             }
@@ -32,6 +62,9 @@ macro_rules! guarded {
     };
 }
 pub(super) use guarded;
+
+/// What a refusal says to do instead.
+pub(super) const MAKE_ONE: &str = "make another first (an admin with a password, or an admin's token carrying `admin`)";
 
 type UserRow = (String, String, bool, bool, bool, bool, i64);
 
@@ -135,7 +168,7 @@ impl Store {
         .transpose()
     }
 
-    /// Changes a user, unless the change would leave no enabled admin with a way in.
+    /// Changes a user, unless the change would leave no way in that can act as admin.
     pub async fn update_user(&self, id: &UserId, change: &UserChange) -> Result<()> {
         let password = change.password_hash.clone();
         let updated = guarded!(self, tx => {
@@ -155,15 +188,15 @@ impl Store {
             .await
             .map_err(backend_with(|| format!("changing user {id}")))?
             .rows_affected()
-        }, "the change would leave no enabled admin with a token or a password; make another admin first".to_string());
+        }, format!("the change would leave no way in that can act as admin (an enabled admin with a password, or a token of one that is unscoped or scoped to `admin`); {MAKE_ONE}"));
         if updated == 0 {
             return Err(StoreError::not_found(format!("user {id}")));
         }
         Ok(())
     }
 
-    /// Deletes a user with its tokens and memberships, unless no enabled admin would be left
-    /// with a way in.
+    /// Deletes a user with its tokens and memberships, unless no way in that can act as admin
+    /// would remain.
     pub async fn delete_user(&self, id: &UserId) -> Result<()> {
         let deleted = guarded!(self, tx => {
             sqlx::query("DELETE FROM users WHERE id = $1")
@@ -172,7 +205,7 @@ impl Store {
                 .await
                 .map_err(backend_with(|| format!("deleting user {id}")))?
                 .rows_affected()
-        }, "this is the last enabled admin with a way in; make another admin first".to_string());
+        }, format!("user {id} holds the last way in that can act as admin; {MAKE_ONE}"));
         if deleted == 0 {
             return Err(StoreError::not_found(format!("user {id}")));
         }

@@ -20,6 +20,7 @@ mod access;
 mod contract;
 mod dropped;
 mod grants;
+mod hardening;
 mod http_policy;
 mod kv_quota;
 mod lifecycle;
@@ -39,6 +40,7 @@ use access::*;
 use contract::*;
 use dropped::*;
 use grants::*;
+use hardening::*;
 use http_policy::*;
 use kv_quota::*;
 use lifecycle::*;
@@ -117,6 +119,9 @@ on_both_backends!(
     the_catalog_lists_published_service_versions,
     a_resource_set_is_replaced_without_touching_another,
     a_stale_if_match_is_refused_for_settings_and_templates,
+    sign_in_is_throttled_per_name_and_per_address_and_a_real_user_gets_back_in,
+    the_last_way_in_that_can_act_as_admin_is_never_removed,
+    stalled_event_streams_cost_at_most_their_buffers_and_are_told_they_lagged,
 );
 
 const QUICKSTART: &str = include_str!("../../intents/quickstart.json");

@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod browser;
+mod headers;
 #[path = "../support/host.rs"]
 mod host;
 #[path = "../support/pg.rs"]

@@ -5,6 +5,7 @@
 // An integration test: an unwrap that fails is the test failing, where it failed.
 #![allow(clippy::unwrap_used)]
 
+mod access;
 mod cases;
 mod clusters;
 mod harness;
@@ -58,6 +59,10 @@ on_both_backends!(
         migrations_are_idempotent_on_reconnect,
         jobs_migration_keeps_operations_and_dryruns,
         batch_timings_10k,
+    ],
+    access: [
+        no_sequence_of_changes_leaves_no_way_in_that_can_act_as_admin,
+        two_removals_racing_for_the_last_two_ways_in_leave_one,
     ],
     clusters: [
         template_versions_per_name_and_environment,

@@ -48,7 +48,7 @@ impl App {
                 }
             };
             let mut events = match self.running(&env).await {
-                Ok(r) => r.stream.subscribe(),
+                Ok(r) => r.stream.subscribe(crate::scheduler::subscribers::Want::Counts),
                 Err(e) => {
                     tracing::warn!(error = %error_chain(&e), "environment not running");
                     tokio::time::sleep(TICK).await;
