@@ -126,6 +126,8 @@ mod tests {
         assert_eq!(config.database_url(), "sqlite:/var/lib/orc/orc.db");
         assert_eq!(config.environment_defaults.retry_interval_s, 60);
         assert_eq!(config.environment_defaults.call_timeout_s, 30);
+        assert_eq!(config.sign_in, SignInLimits::default());
+        assert_eq!(config.event_buffer_bytes, DEFAULT_BUFFER_BYTES);
         assert_eq!(
             config.environment_defaults.kv_quota,
             crate::policy::settings::KvQuotaSettings::default()
@@ -169,6 +171,10 @@ mod tests {
         assert!(err.to_string().contains("`kv_quota.max_keys` must be at least 1"), "{err}");
         let err = HostConfig::from_toml("[environment_defaults.kv_quota]\nmax_values = 3\n").unwrap_err();
         assert!(err.to_string().contains("max_values"), "{err}");
+        let err = HostConfig::from_toml("[sign_in]\nper_user_per_minute = 3\n").unwrap_err();
+        assert!(err.to_string().contains("per_user_per_minute"), "{err}");
+        let err = HostConfig::from_toml("event_buffer_bytes = 100\n").unwrap_err();
+        assert!(err.to_string().contains("event_buffer_bytes: 100 is outside"), "{err}");
     }
 
     #[test]
