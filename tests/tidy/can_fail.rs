@@ -204,3 +204,33 @@ fn a_forbidden_dependency_is_found_directly_or_behind_a_feature() {
     let ssh = checks::forbidden_dependencies(&cargo(), root, "orc-ssh", forbidden).expect("cargo tree");
     assert_eq!(ssh.len(), 2, "through orc-runtime now too: {ssh:?}");
 }
+
+#[test]
+fn talk_of_rounds_of_work_and_reviewers_is_found_in_every_kind_of_file() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let root = dir.path();
+    write(
+        root,
+        "README.md",
+        "# orc\n\n### Stop 30: faster\nServices stop, start and restart.\n",
+    );
+    write(root, "docs/guide.md", "A process stops 2 s after\nthe non-stop 4 lanes\n");
+    write(
+        root,
+        "host/src/a.rs",
+        "//! A.\n// As the reviewer asked.\nfn stop(n: u8) {}\nfn f() { stop(3); }\n",
+    );
+    write(root, ".ci/run", "#!/bin/sh\n# added this stop\n");
+    write(root, "target/debug/notes.md", "stop 5\n");
+    write(root, ".git/COMMIT_EDITMSG", "stop 5\n");
+    write(root, "host/migrations/sqlite/0001_init.sql", "-- made in stop 5\n");
+    let findings = checks::development_talk(root).expect("read the tree");
+    assert_eq!(
+        found(&findings),
+        [
+            (".ci/run".to_string(), 2),
+            ("README.md".to_string(), 3),
+            ("host/src/a.rs".to_string(), 2),
+        ]
+    );
+}

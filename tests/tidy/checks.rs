@@ -77,6 +77,88 @@ pub fn files_without_header(root: &Path) -> io::Result<Vec<Finding>> {
     Ok(findings)
 }
 
+/// The kinds of text file the repository speaks in: sources, docs, configuration, scripts.
+const TEXT_EXTENSIONS: &[&str] = &["rs", "md", "toml", "sql", "sh", "py", "yml", "wit", "json"];
+
+/// Every text file under `root` (see [`TEXT_EXTENSIONS`], and every file under `.ci/`),
+/// relative to it and sorted; build output and hidden folders but `.ci` are skipped.
+pub fn text_files(root: &Path) -> io::Result<Vec<PathBuf>> {
+    fn walk(root: &Path, dir: &Path, in_ci: bool, out: &mut Vec<PathBuf>) -> io::Result<()> {
+        for entry in std::fs::read_dir(root.join(dir))? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let path = dir.join(&*name);
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                let ci = dir.as_os_str().is_empty() && name == ".ci";
+                if ci || (!name.starts_with("target") && !name.starts_with('.')) {
+                    walk(root, &path, in_ci || ci, out)?;
+                }
+            } else if kind.is_file() && (in_ci || TEXT_EXTENSIONS.iter().any(|e| name.ends_with(&format!(".{e}")))) {
+                out.push(path);
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(root, Path::new(""), false, &mut out)?;
+    out.sort();
+    Ok(out)
+}
+
+/// What a line says of how the product is being developed, if anything: a numbered round of
+/// work ("stop 12"), "this stop", or a reviewer. The repository speaks of the product only.
+pub fn development_talk_in(line: &str) -> Option<&'static str> {
+    let lower = line.to_ascii_lowercase();
+    let bytes = lower.as_bytes();
+    for (at, _) in lower.match_indices("stop") {
+        let word_start = at == 0 || !(bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'-');
+        // Singular only: "stops 2 s after" is a process, not a round of work.
+        let rest = &lower[at + 4..];
+        let numbered = rest.strip_prefix(' ').is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()));
+        if word_start && numbered {
+            return Some("a numbered round of work (`stop N`)");
+        }
+    }
+    if ["this stop", "last stop", "previous stop"].iter().any(|p| lower.contains(p)) {
+        return Some("a round of work (`this stop`)");
+    }
+    if lower.contains("reviewer") {
+        return Some("a reviewer");
+    }
+    None
+}
+
+/// Files [`development_talk`] leaves alone: the rule's own (it names what it forbids), and the
+/// migrations, which are immutable once released (the store checks each applied migration's
+/// checksum, comments included, so an edit would refuse every existing database).
+pub const DEVELOPMENT_TALK_EXEMPT: &[&str] = &["tests/tidy/", "host/migrations/"];
+
+/// Rule: no text file speaks of how the product is being developed ([`development_talk_in`]).
+pub fn development_talk(root: &Path) -> io::Result<Vec<Finding>> {
+    let mut findings = Vec::new();
+    for path in text_files(root)? {
+        if DEVELOPMENT_TALK_EXEMPT.iter().any(|e| path.starts_with(e)) {
+            continue;
+        }
+        // A file that is not UTF-8 text is not prose.
+        let Ok(text) = std::fs::read_to_string(root.join(&path)) else {
+            continue;
+        };
+        for (i, line) in text.lines().enumerate() {
+            if let Some(what) = development_talk_in(line) {
+                findings.push(Finding {
+                    path: path.clone(),
+                    line: i + 1,
+                    what: format!("speaks of {what}: {:?}", line.trim()),
+                });
+            }
+        }
+    }
+    Ok(findings)
+}
+
 /// The folders that hold production crates.
 pub const PRODUCTION_ROOTS: &[&str] = &["host", "plugins", "sdk", "registry"];
 

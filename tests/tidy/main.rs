@@ -76,6 +76,15 @@ fn apt_get_runs_only_through_the_sdks_apt_command() {
 }
 
 #[test]
+fn nothing_in_the_repository_speaks_of_how_it_is_developed() {
+    let findings = checks::development_talk(&root()).expect("read the repository's files");
+    assert_none(
+        "docs, comments, tests and scripts speak of the product, not of rounds of work or reviewers",
+        findings,
+    );
+}
+
+#[test]
 fn the_runtime_and_the_node_transports_depend_on_no_http_server_or_sql() {
     assert_no_dependency(WITHOUT_SERVER_DEPENDENCIES, SERVER_CRATES);
 }

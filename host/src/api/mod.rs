@@ -62,7 +62,7 @@ type Result<T, E = ApiError> = std::result::Result<T, E>;
         description = "Intent-based orchestration: environments, versioned intents, resources, actions and events. \
                        Every call but health, readiness and this document needs `Authorization: Bearer <token>`. \
                        Errors are `{code, message}` with a stable `code`. Any request may also be answered \
-                       414 `uri_too_long` or 431 `headers_too_large` (see the README for the limits). \
+                       414 `uri_too_long` or 431 `headers_too_large` (see docs/api.md for the limits). \
                        A token belongs to a user and carries its roles (or a narrower set): each operation's \
                        description says which role it needs; a token without it is answered 403 `forbidden` \
                        naming the role, and a missing, unknown or revoked token, or a disabled user's, 401 `unauthorized`."

@@ -6,7 +6,7 @@
 //! ours ([`HYPER_MAX_BUF_BYTES`], [`HYPER_MAX_HEADERS`]), and [`refuse_oversized_heads`] answers
 //! what lies between with `{code, message}`: 414 `uri_too_long` past [`MAX_URI_BYTES`], 431
 //! `headers_too_large` past [`MAX_HEADER_BYTES`] or [`MAX_HEADERS`]. What hyper still answers
-//! itself is only what lies past its own limits (documented in the README).
+//! itself is only what lies past its own limits (documented in `docs/api.md`).
 
 use std::future::Future;
 use std::io;

@@ -85,7 +85,7 @@ impl Host {
 }
 
 /// 414 and 431 are JSON up to hyper's own limits; past them hyper answers alone, with a bare
-/// status (the README says so). A head within the limits is served as usual.
+/// status (docs/api.md says so). A head within the limits is served as usual.
 pub async fn request_heads_over_the_limits_are_refused_in_json(backend: Backend) {
     let host = Host::start(backend, 1 << 20).await;
     let auth = format!("authorization: Bearer {}", host.token);

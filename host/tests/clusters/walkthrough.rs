@@ -1,12 +1,12 @@
-//! The README's services walkthrough, run as it is written: the `sh` blocks after
-//! `<!-- walkthrough:services -->` and `<!-- walkthrough:services-end -->` in "Services,
-//! processes and connections", each with `bash -euo pipefail` from the repository's root, against
-//! a real server and two real sshd nodes registered as `web1` and `web2`, with `ORC`, `TOKEN`,
-//! `AUTH` and `PATH` (the `orc-plugin` CLI) set as the README's setup lines set them. Every
+//! The services walkthrough of `docs/clusters-and-services.md`, run as it is written: the `sh`
+//! blocks after `<!-- walkthrough:services -->` and `<!-- walkthrough:services-end -->` in
+//! "Services, processes and connections", each with `bash -euo pipefail` from the repository's
+//! root, against a real server and two real sshd nodes registered as `web1` and `web2`, with `ORC`,
+//! `TOKEN`, `AUTH` and `PATH` (the `orc-plugin` CLI) set as the guide's setup lines set them. Every
 //! `# → ` line of a block is what the block must print, in that order (`…`: anything). Then the
 //! data is checked where it went (redis itself, the consumer's file on its node) and through the
 //! API (states, the connection and its interface id, the refused connection not made), and after
-//! the second block that everything is gone. A drift in the README (a path, a header, a field, an
+//! the second block that everything is gone. A drift in the guide (a path, a header, a field, an
 //! answer) fails it.
 
 use std::path::{Path, PathBuf};
@@ -30,14 +30,18 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
-/// The `sh` block right after `marker` in the README (the marker must be there once).
+/// The `sh` block right after `marker` in the guide (the marker must be there once).
 fn block(readme: &str, marker: &str) -> String {
     let line = format!("<!-- {marker} -->");
-    assert_eq!(readme.matches(&line).count(), 1, "README.md: `{line}` must appear once");
+    assert_eq!(
+        readme.matches(&line).count(),
+        1,
+        "docs/clusters-and-services.md: `{line}` must appear once"
+    );
     let after = &readme[readme.find(&line).unwrap() + line.len()..];
     let body = after
         .strip_prefix("\n```sh\n")
-        .unwrap_or_else(|| panic!("README.md: `{line}` is not followed by a ```sh block"));
+        .unwrap_or_else(|| panic!("docs/clusters-and-services.md: `{line}` is not followed by a ```sh block"));
     body[..body.find("\n```\n").expect("the block ends")].to_string()
 }
 
@@ -174,8 +178,8 @@ impl Drop for Leftovers {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readmes_services_walkthrough_runs_as_written() {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+async fn the_guides_services_walkthrough_runs_as_written() {
+    let readme = std::fs::read_to_string(repo_root().join("docs/clusters-and-services.md")).unwrap();
     let (walk, end) = (block(&readme, "walkthrough:services"), block(&readme, "walkthrough:services-end"));
     // The setup lines before the block define `AUTH` as this test does.
     let section =
