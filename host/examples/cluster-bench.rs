@@ -18,17 +18,15 @@
 
 #[path = "support/serve.rs"]
 mod serve;
-#[path = "../ssh/tests/support/sshd.rs"]
-mod sshd;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
+use orc_tests::sshd::{Sshd, TEST_USER};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use serve::Host;
-use sshd::{Sshd, TEST_USER};
 
 const ENV: &str = "bench";
 

@@ -25,18 +25,16 @@
 
 #[path = "support/serve.rs"]
 mod serve;
-#[path = "../ssh/tests/support/sshd.rs"]
-mod sshd;
 
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
+use orc_tests::sshd::{Sshd, TEST_USER};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use serve::Host;
-use sshd::{Sshd, TEST_USER};
 
 /// The content of file `i`: what Ansible and pyinfra write too (`tests/compare`).
 fn content(i: usize) -> String {

@@ -1,4 +1,10 @@
-//! Helpers for the end-to-end tests: find the workspace's binaries and run them.
+//! Test support for the whole workspace: the end-to-end tests' helpers (find the workspace's
+//! binaries and run them), and what the other crates' integration tests share — a real OpenSSH
+//! `sshd` ([`sshd`]) and a real PostgreSQL ([`pg`]).
+//! Depends on no crate of this workspace, so any crate can take it as a dev-dependency.
+
+pub mod pg;
+pub mod sshd;
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

@@ -59,7 +59,7 @@ fn a_use_outside_its_home_is_found_by_file_and_line() {
     );
     write(root, "host/src/scheduler/mod.rs", "//! S.\n#[cfg(test)]\nmod tests;\n");
     write(root, "host/src/scheduler/tests.rs", "//! Its tests.\nuse sqlx::Row;\n");
-    write(root, "host/tests/support/pg.rs", "//! Harness.\nuse sqlx::PgConnection;\n");
+    write(root, "host/tests/it/store/cases.rs", "//! Harness.\nuse sqlx::PgConnection;\n");
     write(root, "host/examples/bench.rs", "//! Bench.\nuse sqlx::PgConnection;\n");
     write(root, "tests/e2e/main.rs", "//! E2e.\nuse sqlx::PgConnection;\n");
 

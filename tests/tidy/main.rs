@@ -48,7 +48,7 @@ fn every_rust_file_opens_with_a_doc_header() {
     assert_none("every .rs file opens with a `//!` line saying what it is for", findings);
 }
 
-/// Test harnesses are not production sources and may use sqlx (`host/tests/support/pg.rs` and
+/// Test harnesses are not production sources and may use sqlx (`orc_tests::pg` and
 /// `host/examples/api-bench.rs` create and drop PostgreSQL databases, the store's tests look at
 /// rows), as may `#[cfg(test)]` modules.
 #[test]

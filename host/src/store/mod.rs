@@ -32,7 +32,7 @@
 //! serves them: no index on a resource's `status` (it changes at every step of a deploy; status
 //! filters scan the environment's key range instead), `fillfactor` headroom on PostgreSQL for
 //! in-place updates, time-ordered action ids ([`ActionId::new`]). The integration tests print
-//! the 10,000-row timings (`cargo test -p orc-host --test store -- --nocapture batch_timings`).
+//! the 10,000-row timings (`cargo test -p orc-host --test it -- --nocapture batch_timings`).
 //!
 //! # Conventions
 //! `get_*` answers [`StoreError::NotFound`] for a missing row, `find_*` answers `None`. Every

@@ -4,14 +4,12 @@
 //! instead of the test user: then each command also pays for root's login shell, e.g. a
 //! `.bashrc` that bash reads under sshd)
 
-#[path = "../tests/support/sshd.rs"]
-mod sshd;
-
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use orc_node::{NodeBackend, NodeCommand};
 use orc_ssh::{Credential, HostKeyPolicy, SshNode, SshOptions, SshTarget};
+use orc_tests::sshd;
 
 const FILES: usize = 1000;
 

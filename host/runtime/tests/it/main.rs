@@ -1,5 +1,6 @@
 //! Runtime tests against real components built from source (first-party plugins and fixtures
-//! that misbehave on purpose), on a real local node in a temporary directory.
+//! that misbehave on purpose), on a real local node in a temporary directory; and the
+//! first-party `layout-solver` called as the host calls it (`solver`).
 
 // An integration test: an unwrap that fails is the test failing, where it failed.
 #![allow(clippy::unwrap_used)]
@@ -9,6 +10,7 @@ mod file_adaptor;
 mod fixtures;
 mod http;
 mod node_adaptors;
+mod solver;
 
 use std::sync::Arc;
 

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use orc_node::{NodeBackend, NodeCommand, NodeErrorKind};
 use orc_ssh::HostKeyPolicy;
 
-use crate::sshd::Sshd;
 use crate::{connect, options, target};
+use orc_tests::sshd::Sshd;
 
 fn sh(script: &str) -> NodeCommand {
     NodeCommand {

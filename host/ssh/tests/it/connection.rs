@@ -3,8 +3,8 @@
 use orc_node::{NodeBackend, NodeCommand, NodeErrorKind};
 use orc_ssh::{Credential, HostKeyPolicy, SshError, SshNode};
 
-use crate::sshd::{Sshd, TEST_PASSWORD, TEST_USER};
 use crate::{options, target};
+use orc_tests::sshd::{Sshd, TEST_PASSWORD, TEST_USER};
 
 fn echo(text: &str) -> NodeCommand {
     NodeCommand {

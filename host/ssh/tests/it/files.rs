@@ -4,8 +4,8 @@ use std::os::unix::fs::MetadataExt;
 
 use orc_node::{FileKind, MAX_READ, NodeBackend, NodeErrorKind};
 
-use crate::sshd::Sshd;
 use crate::{connect, path};
+use orc_tests::sshd::Sshd;
 
 #[tokio::test]
 async fn write_read_stat_mode_mkdir_and_remove() {
@@ -231,9 +231,9 @@ async fn symlinks_and_owners() {
     let me = std::fs::metadata(&file).unwrap();
     let owner = node.owner(&file).await.unwrap().unwrap();
     assert_eq!((owner.uid, owner.gid), (me.uid(), me.gid()));
-    assert_eq!(owner.user.as_deref(), Some(crate::sshd::TEST_USER));
+    assert_eq!(owner.user.as_deref(), Some(orc_tests::sshd::TEST_USER));
     assert_eq!(node.owner(&path(&scratch, "missing")).await.unwrap(), None);
-    node.set_owner(&file, Some(crate::sshd::TEST_USER), owner.group.as_deref())
+    node.set_owner(&file, Some(orc_tests::sshd::TEST_USER), owner.group.as_deref())
         .await
         .unwrap();
     let err = node.set_owner(&file, Some("root"), None).await.unwrap_err();

@@ -1,17 +1,14 @@
-//! orc-ssh against a real OpenSSH sshd started per test (see `tests/support/sshd.rs`).
+//! orc-ssh against a real OpenSSH sshd started per test (`orc_tests::sshd`).
 
 // An integration test: an unwrap that fails is the test failing, where it failed.
 #![allow(clippy::unwrap_used)]
-
-#[path = "../support/sshd.rs"]
-mod sshd;
 
 mod commands;
 mod connection;
 mod files;
 
 use orc_ssh::{Credential, HostKeyPolicy, SshNode, SshOptions, SshTarget};
-use sshd::{Sshd, TEST_USER};
+use orc_tests::sshd::{Sshd, TEST_USER};
 
 /// The target of the test user on `sshd`, with the client key.
 pub fn target(sshd: &Sshd, user: &str, host_key: HostKeyPolicy) -> SshTarget {
