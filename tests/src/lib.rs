@@ -1,10 +1,13 @@
 //! Test support for the whole workspace: the end-to-end tests' helpers (find the workspace's
 //! binaries and run them), and what the other crates' integration tests share — a real OpenSSH
-//! `sshd` ([`sshd`]) and a real PostgreSQL ([`pg`]).
+//! `sshd` ([`sshd`]), a real PostgreSQL ([`pg`]), and polling for a condition ([`wait_for`]).
 //! Depends on no crate of this workspace, so any crate can take it as a dev-dependency.
 
 pub mod pg;
 pub mod sshd;
+mod wait;
+
+pub use wait::{Look, wait_for};
 
 use std::path::PathBuf;
 use std::process::{Command, Output};

@@ -180,16 +180,13 @@ async fn ended(pid: &str) -> bool {
 
 /// The pid a script wrote to `file`, once it is there (at most 10 s).
 async fn pid_in(file: &std::path::Path) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok(pid) = std::fs::read_to_string(file)
-            && pid.ends_with('\n')
-        {
-            return pid.trim().to_string();
-        }
-        assert!(Instant::now() < deadline, "{} never written", file.display());
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    orc_tests::wait_for(&format!("{} to be written", file.display()), Duration::from_secs(10), async || {
+        std::fs::read_to_string(file)
+            .ok()
+            .filter(|pid| pid.ends_with('\n'))
+            .map(|pid| pid.trim().to_string())
+    })
+    .await
 }
 
 /// The command's process group on the node is killed at its timeout: a grandchild the shell

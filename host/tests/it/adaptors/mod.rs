@@ -16,6 +16,7 @@ use orc_manifest::{Digest, PluginKind};
 use orc_node::Nodes;
 use orc_runtime::{CallContext, Grants, Runtime, RuntimeConfig};
 use orc_tests::sshd::{self, Sshd};
+use orc_tests::wait_for;
 use serde_json::{Value, json};
 
 use crate::support::ssh_node;
@@ -132,17 +133,13 @@ impl Harness {
 
     /// Waits until one action per resource of the released version was recorded after `before`.
     async fn wait_for_actions(&self, before: usize, what: &str) -> Vec<(Trigger, ActionReport)> {
-        let started = Instant::now();
-        loop {
+        wait_for(what, Duration::from_secs(20), async || {
             let snap = self.scheduler.settled().await.unwrap();
             let n: usize = snap.counts.iter().map(|(_, n)| n).sum();
             let recorded = self.recorder.0.lock().unwrap()[before..].to_vec();
-            if recorded.len() >= n {
-                return recorded;
-            }
-            assert!(started.elapsed() < Duration::from_secs(20), "timed out waiting for {what}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            (recorded.len() >= n).then_some(recorded)
+        })
+        .await
     }
 
     /// Holds the scheduler (nothing new starts, nothing is in flight) while `drift` runs and a
@@ -161,15 +158,14 @@ impl Harness {
     async fn heal(&self, what: &str, repaired: impl Fn() -> bool) {
         let before = self.actions();
         self.scheduler.set_halted(false).unwrap();
-        let started = Instant::now();
-        while !repaired() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "self-healing did not repair {what}: {:#?}",
-                self.failures()
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        wait_for(&format!("self-healing to repair {what}"), Duration::from_secs(20), async || {
+            if repaired() {
+                Ok(())
+            } else {
+                Err(format!("{:#?}", self.failures()))
+            }
+        })
+        .await;
         // The repair's report is recorded once the action is done.
         self.scheduler.settled().await.unwrap();
         let healed = self.recorder.0.lock().unwrap()[before..]

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use orc_host::store::Backend;
+use orc_tests::wait_for;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -732,15 +733,11 @@ pub async fn limits_answer_413_and_429_and_lose_nothing_accepted(backend: Backen
     assert!(second.headers().contains_key("retry-after"));
     let (_, first) = json_of(first).await;
     let id = first["id"].as_str().unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
+    wait_for("the dryrun to finish", Duration::from_secs(60), async || {
         let (_, report) = host.get(&format!("/environments/lim/dryruns/{id}")).await;
-        if report["status"] != "running" {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{report}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        if report["status"] != "running" { Ok(()) } else { Err(report) }
+    })
+    .await;
     let third = call(&host, Some(&host.token), Method::POST, "/environments/lim/dryrun", None).await;
     assert_eq!(third.status(), StatusCode::ACCEPTED, "a finished dryrun frees its slot");
 

@@ -2,9 +2,10 @@
 //! are no longer managed — their states leave the listing, the counts and the metrics — but what
 //! they made on the device stays (purging is the way to remove it).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use orc_host::store::Backend;
+use orc_tests::wait_for;
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -31,15 +32,11 @@ impl Host {
     /// The text of `/metrics` once it contains `line` (bounded, so a miss fails).
     async fn metrics_with(&self, line: &str) -> String {
         let url = format!("{}/metrics", self.base.trim_end_matches("/api/v1"));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
+        wait_for(&format!("the metrics to show `{line}`"), Duration::from_secs(30), async || {
             let text = self.client.get(&url).send().await.unwrap().text().await.unwrap();
-            if text.contains(line) {
-                return text;
-            }
-            assert!(Instant::now() < deadline, "metrics never showed `{line}`:\n{text}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            if text.contains(line) { Ok(text) } else { Err(format!("\n{text}")) }
+        })
+        .await
     }
 }
 

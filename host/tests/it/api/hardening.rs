@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use orc_host::store::Backend;
+use orc_tests::wait_for;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -339,16 +340,20 @@ pub async fn stalled_event_streams_cost_at_most_their_buffers_and_are_told_they_
     }
     // The reader that kept up was not cut off, and saw every deploy's events (a state and an
     // action of each file, at least).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while seen.load(std::sync::atomic::Ordering::Relaxed) < 2 * DEPLOYS * FILES {
-        assert!(!reading.is_finished(), "the reader that kept up was cut off");
-        assert!(
-            Instant::now() < deadline,
-            "{} events reached the reader that kept up",
-            seen.load(std::sync::atomic::Ordering::Relaxed)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for(
+        "every deploy's events to reach the reader that kept up",
+        Duration::from_secs(60),
+        async || {
+            assert!(!reading.is_finished(), "the reader that kept up was cut off");
+            let events = seen.load(std::sync::atomic::Ordering::Relaxed);
+            if events >= 2 * DEPLOYS * FILES {
+                Ok(())
+            } else {
+                Err(format!("{events} events"))
+            }
+        },
+    )
+    .await;
     reading.abort();
     host.stop().await;
 }

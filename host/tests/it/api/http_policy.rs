@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -13,6 +13,7 @@ use axum::http::{HeaderMap, StatusCode as AxumStatus};
 use axum::response::{IntoResponse, Response};
 use orc_host::policy::outbound::{SecretConfig, SecretSource};
 use orc_host::store::Backend;
+use orc_tests::wait_for;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -274,11 +275,12 @@ pub async fn outgoing_http_follows_the_environment_policy_with_a_host_held_secre
     let before = api.requests().len();
     let (status, body) = host.post("/environments/web/repair", &json!({})).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while api.requests().len() == before {
-        assert!(Instant::now() < deadline, "the repair after the restart never reached the API");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for(
+        "the repair after the restart to reach the API",
+        Duration::from_secs(60),
+        async || api.requests().len() != before,
+    )
+    .await;
     assert_eq!(api.requests().last().unwrap().as_deref(), Some(SECRET));
 
     // `null` resets the field to its default, stored as such.

@@ -4,9 +4,10 @@
 //! stored; a restarted host counts what is there from the database; the setting is bounded.
 //! The `misbehave` fixture writes (`kv_fill`) and deletes (`kv_clear`) the keys.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use orc_host::store::Backend;
+use orc_tests::wait_for;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -15,19 +16,15 @@ use super::{Host, assert_error};
 impl Host {
     /// The resource `id` of `env` once `done` holds for it (bounded, so a hang fails).
     pub(crate) async fn resource_when(&self, env: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
+        wait_for(&format!("{id} to reach the condition"), Duration::from_secs(120), async || {
             let (status, page) = self.get(&format!("/environments/{env}/resources")).await;
             assert_eq!(status, StatusCode::OK, "{page}");
             let found = page["items"]
                 .as_array()
                 .and_then(|items| items.iter().find(|r| r["resource_id"] == id).cloned());
-            if let Some(resource) = found.filter(&done) {
-                return resource;
-            }
-            assert!(Instant::now() < deadline, "{id} never reached the condition: {page}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            found.filter(&done).ok_or(page)
+        })
+        .await
     }
 
     pub(crate) async fn publish_misbehave(&self) -> String {

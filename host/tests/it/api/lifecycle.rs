@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use orc_host::store::Backend;
+use orc_tests::wait_for;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -46,16 +47,12 @@ impl Host {
         assert_eq!(accepted["status"], "running", "{accepted}");
         let location = location.strip_prefix("/api/v1").expect("a location under /api/v1");
         assert!(location.ends_with(accepted["id"].as_str().unwrap()), "{location}");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        wait_for(&format!("{path} to finish"), Duration::from_secs(60), async || {
             let (status, body) = self.get(location).await;
             assert_eq!(status, StatusCode::OK, "{body}");
-            if body["status"] != "running" {
-                return body;
-            }
-            assert!(Instant::now() < deadline, "{path} never finished: {body}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+            if body["status"] != "running" { Ok(body) } else { Err(body) }
+        })
+        .await
     }
 
     pub(crate) async fn counts(&self, env: &str) -> Value {
@@ -268,22 +265,20 @@ pub async fn diff_dryrun_and_rollback_of_versions(backend: Backend) {
     assert_eq!(status, StatusCode::CREATED);
     let (status, _) = host.post("/environments/dev/intents/3/release", &json!({})).await;
     assert_eq!(status, StatusCode::OK);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while read(&root, "etc/motd") != "Changed.\n" {
-        assert!(Instant::now() < deadline, "version 3 never deployed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for("version 3 to deploy", Duration::from_secs(60), async || {
+        read(&root, "etc/motd") == "Changed.\n"
+    })
+    .await;
     let (status, rolled) = host.post("/environments/dev/intents/1/rollback", &json!({})).await;
     assert_eq!(status, StatusCode::CREATED, "{rolled}");
     assert_eq!((&rolled["version"], &rolled["active"]), (&json!(4), &json!(true)), "{rolled}");
     let (_, v4) = host.get("/environments/dev/intents/4").await;
     let (_, v1) = host.get("/environments/dev/intents/1").await;
     assert_eq!(v4["intent"], v1["intent"]);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while read(&root, "etc/motd") != MOTD {
-        assert!(Instant::now() < deadline, "the rollback never deployed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for("the rollback to deploy", Duration::from_secs(60), async || {
+        read(&root, "etc/motd") == MOTD
+    })
+    .await;
     let (_, diff) = host.get("/environments/dev/intents/1/diff/4").await;
     assert_eq!((diff["unchanged"].clone(), diff["changed"].clone()), (json!(6), json!([])));
     assert_error(
@@ -744,13 +739,15 @@ pub async fn readiness_and_metrics_follow_the_deploy(backend: Backend) {
         resp.text().await.unwrap()
     };
     // The sink observes a batch just before it is persisted; wait for the gauge to catch up.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut text = scrape().await;
-    while !text.contains(r#"orc_resources{environment="dev",status="deployed"} 6"#) {
-        assert!(Instant::now() < deadline, "{text}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        text = scrape().await;
-    }
+    let text = wait_for("the gauge to count 6 deployed", Duration::from_secs(30), async || {
+        let text = scrape().await;
+        if text.contains(r#"orc_resources{environment="dev",status="deployed"} 6"#) {
+            Ok(text)
+        } else {
+            Err(text)
+        }
+    })
+    .await;
     assert!(text.contains("orc_actions_total{"), "{text}");
     assert!(text.contains(r#"outcome="changed""#), "{text}");
     assert!(text.contains("orc_action_duration_seconds_bucket"), "{text}");

@@ -4,12 +4,12 @@
 //! starts; see `orc_tests::pg`). Tests poll for conditions, never sleep.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use orc_host::server::Server;
 use orc_host::server::config::HostConfig;
 use orc_host::store::{Backend, SQLITE_FILE};
-use orc_tests::pg;
+use orc_tests::{pg, wait_for};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -255,18 +255,13 @@ impl Host {
 
     /// Polls the resource listing until `done` holds for it (bounded, so a hang fails).
     async fn wait_for_resources(&self, env: &str, query: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
+        wait_for("the resources to reach the condition", Duration::from_secs(120), async || {
             let (status, page) = self.get(&format!("/environments/{env}/resources?{query}")).await;
             assert_eq!(status, StatusCode::OK, "{page}");
             let items = page["items"].as_array().cloned().unwrap_or_default();
-            if done(&items) {
-                return items;
-            }
-            assert!(Instant::now() < deadline, "resources never reached the condition: {page}");
-            tokio::task::yield_now().await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            if done(&items) { Ok(items) } else { Err(page) }
+        })
+        .await
     }
 
     fn node_root(&self, env: &str) -> std::path::PathBuf {
@@ -348,11 +343,10 @@ async fn the_quickstart_intent_is_deployed_through_the_api(backend: Backend) {
     assert_eq!(status, StatusCode::ACCEPTED);
     let (status, _) = host.post("/environments/dev/repair", &json!({})).await;
     assert_eq!(status, StatusCode::ACCEPTED);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while read(&root, "etc/motd") != "Welcome. This machine is managed by orc.\n" {
-        assert!(Instant::now() < deadline, "repair never restored /etc/motd");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for("the repair to restore /etc/motd", Duration::from_secs(120), async || {
+        read(&root, "etc/motd") == "Welcome. This machine is managed by orc.\n"
+    })
+    .await;
 
     // Releasing a stored version again (a rollback to the same one) is accepted.
     let (status, released) = host.post("/environments/dev/intents/1/release", &json!({})).await;

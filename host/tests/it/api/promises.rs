@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use orc_host::store::Backend;
+use orc_tests::wait_for;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -15,15 +16,15 @@ use super::{Host, assert_error};
 impl Host {
     /// Polls the environment's counts until `n` resources are deployed (bounded, so a hang fails).
     async fn wait_deployed_count(&self, env: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
+        wait_for(&format!("all {n} deployed"), Duration::from_secs(120), async || {
             let counts = self.counts(env).await;
             if counts["deployed"].as_u64() == Some(n as u64) && counts.as_object().is_some_and(|c| c.len() == 1) {
-                return;
+                Ok(())
+            } else {
+                Err(counts)
             }
-            assert!(Instant::now() < deadline, "never all {n} deployed: {counts}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await
     }
 }
 

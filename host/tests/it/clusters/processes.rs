@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use orc_tests::wait_for;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -281,11 +282,10 @@ async fn a_redis_process_is_created_updated_rolled_back_and_terminated() {
         back["failure"]["task"].as_str().unwrap().contains("process.cache/redis/start"),
         "{back}"
     );
-    let deadline = std::time::Instant::now() + OP_TIMEOUT;
-    while ping(p1).await.as_deref() != Some("+PONG") {
-        assert!(std::time::Instant::now() < deadline, "the rolled-back process does not serve");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for("the rolled-back process to serve", OP_TIMEOUT, async || {
+        ping(p1).await.as_deref() == Some("+PONG")
+    })
+    .await;
 
     // The action log has the process's tasks like any resource's.
     let (_, log) = host.get(&format!("/environments/{ENV}/actions?limit=500")).await;
@@ -656,19 +656,11 @@ redis-cli -h "$addr" -p "$port" GET "$KEY" > "$OUT""#;
 }
 
 async fn wait_file(path: &std::path::Path, content: &str) {
-    let deadline = std::time::Instant::now() + OP_TIMEOUT;
-    loop {
+    wait_for(&format!("{} to hold {content:?}", path.display()), OP_TIMEOUT, async || {
         let now = std::fs::read_to_string(path).unwrap_or_default();
-        if now.trim() == content {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} holds {now:?}, never {content:?}",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        if now.trim() == content { Ok(()) } else { Err(format!("{now:?}")) }
+    })
+    .await
 }
 
 // Named apart from the other tests' processes: every sshd node here is this machine, and a
@@ -1623,29 +1615,30 @@ async fn concurrent_operations_converge_to_what_the_rows_say() {
 async fn converged(host: &Host, work: &std::path::Path, seed: u64) -> Vec<Value> {
     let processes = format!("/environments/{ENV}/processes");
     let connections = format!("/environments/{ENV}/connections");
-    let deadline = std::time::Instant::now() + OP_TIMEOUT * 2;
-    let settled = loop {
-        let (_, list) = host.get(&processes).await;
-        let items = list["items"].as_array().cloned().unwrap();
-        let (_, env) = host.get(&format!("/environments/{ENV}")).await;
-        let busy = items
-            .iter()
-            .any(|p| p["state"] != "running" || !p["pending"].as_array().unwrap().is_empty());
-        assert!(
-            items.iter().all(|p| p["state"] != "failed"),
-            "a process failed (ORC_TEST_SEED={seed}): {list:#}"
-        );
-        let counts = env["resources"].as_object().cloned().unwrap_or_default();
-        let undeployed = counts.iter().any(|(k, v)| k != "deployed" && v.as_u64() != Some(0));
-        if !busy && !undeployed {
-            break items;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not settled (ORC_TEST_SEED={seed}): {list:#} {env:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let settled = wait_for(
+        &format!("the processes to settle (ORC_TEST_SEED={seed})"),
+        OP_TIMEOUT * 2,
+        async || {
+            let (_, list) = host.get(&processes).await;
+            let items = list["items"].as_array().cloned().unwrap();
+            let (_, env) = host.get(&format!("/environments/{ENV}")).await;
+            let busy = items
+                .iter()
+                .any(|p| p["state"] != "running" || !p["pending"].as_array().unwrap().is_empty());
+            assert!(
+                items.iter().all(|p| p["state"] != "failed"),
+                "a process failed (ORC_TEST_SEED={seed}): {list:#}"
+            );
+            let counts = env["resources"].as_object().cloned().unwrap_or_default();
+            let undeployed = counts.iter().any(|(k, v)| k != "deployed" && v.as_u64() != Some(0));
+            if !busy && !undeployed {
+                Ok(items)
+            } else {
+                Err(format!("{list:#} {env:#}"))
+            }
+        },
+    )
+    .await;
     // The environment counts the processes by state as the list shows them.
     let (_, env) = host.get(&format!("/environments/{ENV}")).await;
     let mut tally = serde_json::Map::new();
@@ -1664,18 +1657,19 @@ async fn converged(host: &Host, work: &std::path::Path, seed: u64) -> Vec<Value>
         .flat_map(|p| p["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_string()))
         .collect();
     rows.sort();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let released = super::released_ids(host, ",process.").await;
-        if released == rows {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "ORC_TEST_SEED={seed}: released {released:?}, rows {rows:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for(
+        &format!("the released version to hold the rows' tasks (ORC_TEST_SEED={seed})"),
+        Duration::from_secs(10),
+        async || {
+            let released = super::released_ids(host, ",process.").await;
+            if released == rows {
+                Ok(())
+            } else {
+                Err(format!("released {released:?}, rows {rows:?}"))
+            }
+        },
+    )
+    .await;
 
     // Every client was told exactly its connections, with its servers' current nodes.
     let node_of = |process: &str| {
@@ -1750,21 +1744,20 @@ async fn a_terminate_cut_short_by_a_stop_is_released_when_the_host_starts() {
     })
     .await;
     // Once the row is gone, a version without its tasks follows.
-    let deadline = std::time::Instant::now() + OP_TIMEOUT;
-    let (env_id, terminating) = loop {
+    let (env_id, terminating) = wait_for("the terminate to be released", OP_TIMEOUT, async || {
         let (_, env) = host.get(&format!("/environments/{ENV}")).await;
-        if process_tasks_of(&host, &env["released_version"]).await.is_empty() {
-            // The newest version before it that holds the process's (purged) tasks.
-            let mut v = env["released_version"].as_i64().unwrap() - 1;
-            while process_tasks_of(&host, &json!(v)).await.is_empty() {
-                v -= 1;
-                assert!(v > 0, "no version held the process's tasks");
-            }
-            break (env["id"].as_str().unwrap().to_string(), v);
+        if !process_tasks_of(&host, &env["released_version"]).await.is_empty() {
+            return Err(format!("{env:#}"));
         }
-        assert!(std::time::Instant::now() < deadline, "the terminate was never released: {env:#}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        // The newest version before it that holds the process's (purged) tasks.
+        let mut v = env["released_version"].as_i64().unwrap() - 1;
+        while process_tasks_of(&host, &json!(v)).await.is_empty() {
+            v -= 1;
+            assert!(v > 0, "no version held the process's tasks");
+        }
+        Ok((env["id"].as_str().unwrap().to_string(), v))
+    })
+    .await;
 
     let (dir, database, token) = host.restart_later().await;
     let location = database
@@ -1775,19 +1768,20 @@ async fn a_terminate_cut_short_by_a_stop_is_released_when_the_host_starts() {
     store.close().await;
 
     let host = Host::start_on(dir, database, Some(token)).await;
-    let deadline = std::time::Instant::now() + OP_TIMEOUT;
-    loop {
-        let (_, env) = host.get(&format!("/environments/{ENV}")).await;
-        let released = env["released_version"].as_i64().unwrap();
-        if released > terminating && process_tasks_of(&host, &env["released_version"]).await.is_empty() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the host kept the terminated process's tasks released: {env:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for(
+        "the restarted host to release a version without the terminated process's tasks",
+        OP_TIMEOUT,
+        async || {
+            let (_, env) = host.get(&format!("/environments/{ENV}")).await;
+            let released = env["released_version"].as_i64().unwrap();
+            if released > terminating && process_tasks_of(&host, &env["released_version"]).await.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{env:#}"))
+            }
+        },
+    )
+    .await;
     host.stop().await;
 }
 

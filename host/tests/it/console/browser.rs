@@ -89,20 +89,17 @@ impl Browser {
             .spawn()
             .unwrap_or_else(|e| panic!("{driver} (.ci/run installs it): {e}"));
         let url = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let client = loop {
-            match ClientBuilder::new(HttpConnector::new())
-                .capabilities(caps.clone())
-                .connect(&url)
-                .await
-            {
-                Ok(client) => break client,
-                Err(e) => {
-                    assert!(Instant::now() < deadline, "{driver} on {url} did not start a session: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        };
+        let client = orc_tests::wait_for(
+            &format!("{driver} on {url} to start a session"),
+            Duration::from_secs(60),
+            async || {
+                ClientBuilder::new(HttpConnector::new())
+                    .capabilities(caps.clone())
+                    .connect(&url)
+                    .await
+            },
+        )
+        .await;
         Browser {
             client,
             _driver: child,
@@ -167,15 +164,11 @@ impl Browser {
 
     /// Waits until the browser is on `path` (a form's answer may still be on its way).
     pub async fn wait_for_path(&self, path: &str) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
+        orc_tests::wait_for(&format!("the browser to be on {path}"), Duration::from_secs(10), async || {
             let now = self.path().await;
-            if now == path {
-                return;
-            }
-            assert!(Instant::now() < deadline, "the browser stayed on {now}, not {path}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            if now == path { Ok(()) } else { Err(now) }
+        })
+        .await
     }
 
     /// Waits until the page's text holds `needle`, reloading it every 200 ms when `reload`.
@@ -206,20 +199,18 @@ impl Browser {
 
     /// Waits until an element matches `css` (a form's answer may still be on its way).
     pub async fn wait_for(&self, css: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.client.find(Locator::Css(css)).await.is_err() {
-            assert!(Instant::now() < deadline, "nothing matched {css} within 20 s");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        orc_tests::wait_for(&format!("something to match {css}"), Duration::from_secs(20), async || {
+            self.client.find(Locator::Css(css)).await.is_ok()
+        })
+        .await
     }
 
     /// Waits until the page follows its environment's events (its event stream is open).
     pub async fn wait_until_live(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.client.find(Locator::Css("html[data-live-open]")).await.is_err() {
-            assert!(Instant::now() < deadline, "the page's event stream never opened");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        orc_tests::wait_for("the page's event stream to open", Duration::from_secs(10), async || {
+            self.client.find(Locator::Css("html[data-live-open]")).await.is_ok()
+        })
+        .await
     }
 
     /// Saves the page as `target/console-screenshots/<name>.png`.

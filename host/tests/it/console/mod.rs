@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use browser::Browser;
 use orc_host::store::Backend;
-use orc_tests::sshd;
+use orc_tests::{sshd, wait_for};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -185,12 +185,16 @@ async fn a_cross_site_form_post_is_refused() {
     );
     let served = tokio::spawn(async move { axum::serve(evil, app).await });
     browser.goto(&format!("http://{evil_addr}/")).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let text = browser.page_text().await;
-    assert!(
-        text.contains("csrf_refused") || browser.path().await == "/sign-in",
-        "the forged post was not refused: {text}"
-    );
+    // The page posts its form as it loads: wait for the console's answer to it.
+    wait_for("the forged post to be refused", Duration::from_secs(10), async || {
+        let text = browser.page_text().await;
+        if text.contains("csrf_refused") || browser.path().await == "/sign-in" {
+            Ok(())
+        } else {
+            Err(text)
+        }
+    })
+    .await;
     browser.screenshot("cross-site-post-refused").await;
     let (_, list) = host.get("/environments").await;
     assert_eq!(list["items"], json!([]), "nothing was created");
@@ -392,11 +396,12 @@ async fn versions_are_submitted_compared_and_rolled_back_and_drift_is_found_and_
 
 /// Waits until `path` holds `content`.
 async fn wait_for_file(path: &std::path::Path, content: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while std::fs::read_to_string(path).ok().as_deref() != Some(content) {
-        assert!(std::time::Instant::now() < deadline, "{} never held {content:?}", path.display());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for(
+        &format!("{} to hold {content:?}", path.display()),
+        Duration::from_secs(60),
+        async || std::fs::read_to_string(path).ok().as_deref() == Some(content),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -585,11 +590,10 @@ async fn tokens_plugins_and_the_timeline_are_shown() {
         .to_string();
     browser.click(&format!("tr[data-token='{id}'] button.revoke")).await;
     browser.client.accept_alert().await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while me(secret.clone()).await != StatusCode::UNAUTHORIZED {
-        assert!(std::time::Instant::now() < deadline, "the revoked token still works");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for("the revoked token to stop working", Duration::from_secs(10), async || {
+        me(secret.clone()).await == StatusCode::UNAUTHORIZED
+    })
+    .await;
 
     // The registry's plugins, with their kinds, digests and capabilities.
     browser.goto(&format!("{}/plugins", console(&host))).await;
@@ -670,8 +674,7 @@ async fn grid_nodes(browser: &Browser, table: &str) -> Vec<String> {
 
 /// Waits until the cluster's page, following it live, says `status`.
 async fn wait_cluster_status(browser: &Browser, status: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
+    wait_for(&format!("the cluster to be {status}"), Duration::from_secs(120), async || {
         // The page swaps its parts as it follows the cluster: a read may meet a replaced element.
         let read = async {
             let cell = browser.client.find(fantoccini::Locator::Css("#cluster-status")).await?;
@@ -679,12 +682,12 @@ async fn wait_cluster_status(browser: &Browser, status: &str) {
         };
         let now = read.await.unwrap_or_default();
         if now == status {
-            return;
+            return Ok(());
         }
         assert!(now != "failed", "the cluster failed: {}", browser.page_text().await);
-        assert!(std::time::Instant::now() < deadline, "the cluster is {now}, not {status}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        Err(now)
+    })
+    .await
 }
 
 /// A cluster in the console: created after its layout was shown; its layout as a grid of nodes ×
@@ -849,16 +852,16 @@ async fn processes_and_connections_are_drawn_as_a_graph() {
         .await
         .unwrap();
     assert_eq!(summary.as_deref(), Some("3 processes on 2 nodes, 2 connections"));
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
+    wait_for("every process to run", Duration::from_secs(120), async || {
         let states = browser.page_text().await;
         let table = states.split("Connections").next().unwrap_or_default().to_string();
         if table.matches("running").count() >= 3 {
-            break;
+            Ok(())
+        } else {
+            Err(states)
         }
-        assert!(std::time::Instant::now() < deadline, "not every process runs: {states}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    })
+    .await;
     let graph = &browser.client;
     let boxes = graph.find_all(fantoccini::Locator::Css("#graph g.process")).await.unwrap();
     assert_eq!(boxes.len(), 3);
@@ -958,11 +961,10 @@ async fn users_are_created_given_roles_disabled_and_deleted() {
     browser.screenshot("users").await;
     browser.click("tr[data-user='alice'] button.delete").await;
     browser.client.accept_alert().await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while host.get("/users/alice").await.0 != StatusCode::NOT_FOUND {
-        assert!(std::time::Instant::now() < deadline, "alice was not deleted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for("alice to be deleted", Duration::from_secs(10), async || {
+        host.get("/users/alice").await.0 == StatusCode::NOT_FOUND
+    })
+    .await;
     browser.close().await;
     host.stop().await;
 }

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use orc_tests::sshd::{Sshd, TEST_USER};
+use orc_tests::wait_for;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -48,16 +49,16 @@ impl NetnsHost for Host {
 
     /// Polls until `want(resource id)` is the status of every resource of `env`.
     async fn wait_statuses(&self, env: &str, what: &str, want: impl Fn(&str) -> &'static str) {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
+        wait_for(what, Duration::from_secs(90), async || {
             let states = self.statuses(env).await;
             let wrong: Vec<_> = states.iter().filter(|(id, status, ..)| status != want(id)).collect();
             if !states.is_empty() && wrong.is_empty() {
-                return;
+                Ok(())
+            } else {
+                Err(format!("still {wrong:#?}"))
             }
-            assert!(Instant::now() < deadline, "{what}: not reached, still {wrong:#?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 }
 

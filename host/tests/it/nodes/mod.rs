@@ -5,10 +5,11 @@
 //! key changed under a node in use, a node that goes away and comes back, deletion while in use.
 //! Tests poll, never sleep for a fixed time. They need root (sshd switches users).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use orc_host::store::Backend;
 use orc_tests::sshd::{Sshd, TEST_PASSWORD, TEST_USER};
+use orc_tests::wait_for;
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -34,16 +35,12 @@ impl NodeHost for Host {
 
     /// Polls the node until `done` holds for it.
     async fn wait_node(&self, name: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        wait_for(&format!("node {name} to become {what}"), Duration::from_secs(60), async || {
             let (status, node) = self.get(&format!("/nodes/{name}")).await;
             assert_eq!(status, StatusCode::OK, "{node}");
-            if done(&node) {
-                return node;
-            }
-            assert!(Instant::now() < deadline, "node {name} never became {what}: {node}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            if done(&node) { Ok(node) } else { Err(node) }
+        })
+        .await
     }
 
     async fn wait_status(&self, name: &str, status: &str) -> Value {
@@ -52,15 +49,15 @@ impl NodeHost for Host {
 
     /// Polls a resource until its status is `status`.
     async fn wait_resource(&self, env: &str, id: &str, status: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
+        wait_for(&format!("{id} to become {status}"), Duration::from_secs(90), async || {
             let (code, r) = self.get(&format!("/environments/{env}/resources/{}", encode(id))).await;
             if code == StatusCode::OK && r["state"]["status"] == status {
-                return r["state"].clone();
+                Ok(r["state"].clone())
+            } else {
+                Err(r)
             }
-            assert!(Instant::now() < deadline, "{id} never became {status}: {r}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     async fn submit(&self, env: &str, resources: Value) -> (StatusCode, Value) {
@@ -214,23 +211,21 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
     ]);
     let (status, version) = host.submit("dev", purged).await;
     assert_eq!(status, StatusCode::CREATED, "{version}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while a.exists() || b.exists() {
-        assert!(Instant::now() < deadline, "the purged files stay");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for("the purged files to go", Duration::from_secs(60), async || {
+        !a.exists() && !b.exists()
+    })
+    .await;
     let (status, version) = host.submit("dev", json!([])).await;
     assert_eq!(status, StatusCode::CREATED, "{version}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    wait_for("the node to be out of use and deleted", Duration::from_secs(60), async || {
         let (status, body, _) = host.send(Method::DELETE, "/nodes/web1", None).await;
         if status == StatusCode::NO_CONTENT {
-            break;
+            return Ok(());
         }
         assert_eq!(status, StatusCode::CONFLICT, "{body}");
-        assert!(Instant::now() < deadline, "the node stays in use: {body}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Err(body)
+    })
+    .await;
     let (status, _) = host.get("/nodes/web1").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     // The version that used it is not brought back: neither released again nor rolled back to.

@@ -9,7 +9,7 @@ mod package;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use orc_host::executor::{ActionReport, Outcome};
 use orc_host::intent::Intent;
@@ -132,16 +132,9 @@ pub fn self_healing(interval: Duration) -> Settings {
 
 /// Polls until `check` holds after the scheduler settled, or fails after 60 s.
 pub async fn until(scheduler: &Scheduler, what: &str, check: impl Fn() -> bool) -> Snapshot {
-    let started = Instant::now();
-    loop {
+    orc_tests::wait_for(what, Duration::from_secs(60), async || {
         let snapshot = scheduler.settled().await.unwrap();
-        if check() {
-            return snapshot;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}: {snapshot:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        if check() { Ok(snapshot) } else { Err(format!("{snapshot:?}")) }
+    })
+    .await
 }

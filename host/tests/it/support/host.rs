@@ -2,7 +2,7 @@
 //! directory (SQLite, or a PostgreSQL database from `orc_tests::pg`), its admin token, and a JSON
 //! client for `/api/v1`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use orc_host::server::Server;
 use orc_host::server::config::HostConfig;
@@ -111,15 +111,11 @@ impl Host {
 
     /// Polls `path` until `done` holds for its answer (within `timeout`).
     pub async fn wait_for(&self, path: &str, what: &str, timeout: Duration, done: impl Fn(StatusCode, &Value) -> bool) -> Value {
-        let deadline = Instant::now() + timeout;
-        loop {
+        orc_tests::wait_for(&format!("{path} to become {what}"), timeout, async || {
             let (status, v) = self.get(path).await;
-            if done(status, &v) {
-                return v;
-            }
-            assert!(Instant::now() < deadline, "{path} never became {what}: {status} {v}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            if done(status, &v) { Ok(v) } else { Err(format!("{status} {v}")) }
+        })
+        .await
     }
 
     /// POSTs an action answered 202 with a `Location` (dryrun, deploy, repair) and polls it
