@@ -1,6 +1,8 @@
-//! JSON shapes request bodies must have. serde's derived `Deserialize` takes a struct from a
-//! JSON object and also from an array of its fields in order; the OpenAPI document allows only
-//! the object, so a body or a field holding a struct is decoded through these.
+//! JSON shapes request bodies must have, and the one JSON merge patch. serde's derived
+//! `Deserialize` takes a struct from a JSON object and also from an array of its fields in order;
+//! the OpenAPI document allows only the object, so a body or a field holding a struct is decoded
+//! through these. [`merge_patch`] is what every settings, configuration and cluster change
+//! applies, in every layer.
 
 use serde::Deserialize;
 use serde::de::{DeserializeOwned, Deserializer, Error};
@@ -33,6 +35,26 @@ pub fn object_or_null<'de, D: Deserializer<'de>, T: DeserializeOwned>(d: D) -> R
         Value::Null => Ok(None),
         v @ Value::Object(_) => serde_json::from_value(v).map(Some).map_err(D::Error::custom),
         v => Err(D::Error::custom(format!("expected a JSON object or null, found {}", kind(&v)))),
+    }
+}
+
+/// Applies `patch` to `target` as a JSON merge patch (RFC 7396): an object's fields merge
+/// recursively, `null` removes a field, anything else replaces the target.
+pub fn merge_patch(target: &mut serde_json::Value, patch: serde_json::Value) {
+    let serde_json::Value::Object(fields) = patch else {
+        *target = patch;
+        return;
+    };
+    if !target.is_object() {
+        *target = serde_json::Value::Object(Default::default());
+    }
+    let object = target.as_object_mut().expect("an object");
+    for (key, value) in fields {
+        if value.is_null() {
+            object.remove(&key);
+        } else {
+            merge_patch(object.entry(key).or_insert(serde_json::Value::Null), value);
+        }
     }
 }
 

@@ -34,6 +34,27 @@ const APT_HOME: &[&str] = &["sdk/guest/src/node/apt.rs"];
 /// the API shows as they are. Its rows are turned into the API's own views (`host/src/api/views.rs`).
 const SCHEMA_IN_STORE: &[&str] = &["host/src/store/ids.rs"];
 
+/// The host's domain modules and shared vocabulary: what the application layer (`host/src/app/`)
+/// orchestrates, so none of them may import it (the application calls them, never the other way).
+const BELOW_THE_APPLICATION: &[&str] = &[
+    "host/src/access/",
+    "host/src/clusters/",
+    "host/src/intent/",
+    "host/src/nodes/",
+    "host/src/policy/",
+    "host/src/scheduler/",
+    "host/src/services/",
+    "host/src/store/",
+    "host/src/error.rs",
+    "host/src/executor.rs",
+    "host/src/json.rs",
+    "host/src/named.rs",
+    "host/src/status.rs",
+];
+
+/// What the store, at the bottom, may not import: every layer above it.
+const ABOVE_THE_STORE: &[&str] = &["crate::scheduler", "crate::executor", "crate::api", "crate::console", "crate::app"];
+
 fn root() -> PathBuf {
     orc_tests::repo_root()
 }
@@ -71,6 +92,31 @@ fn apt_get_runs_only_through_the_sdks_apt_command() {
     let findings = checks::mentions_outside(&root(), "apt-get", APT_HOME).expect("read the repository's sources");
     assert_none(
         "plugins build apt-get runs with orc_sdk::node::apt::get, never their own (say `apt` in messages)",
+        findings,
+    );
+}
+
+#[test]
+fn the_domain_modules_do_not_import_the_application_layer() {
+    let mut findings = Vec::new();
+    for within in BELOW_THE_APPLICATION {
+        findings.extend(checks::mentions_within(&root(), "crate::app", within, &[]).expect("read the repository's sources"));
+    }
+    assert_none(
+        "the application layer calls the domain modules, never the other way (shared vocabulary goes one level down)",
+        findings,
+    );
+}
+
+#[test]
+fn the_store_imports_no_layer_above_it_and_the_api_not_the_console() {
+    let mut findings = Vec::new();
+    for above in ABOVE_THE_STORE {
+        findings.extend(checks::mentions_within(&root(), above, "host/src/store/", &[]).expect("read the repository's sources"));
+    }
+    findings.extend(checks::mentions_within(&root(), "crate::console", "host/src/api/", &[]).expect("read the repository's sources"));
+    assert_none(
+        "the store is the bottom layer; the API and the console sit side by side (the server merges them)",
         findings,
     );
 }

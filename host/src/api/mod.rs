@@ -124,8 +124,9 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     doc
 }
 
-/// The API over `environments`; bodies over `max_body_bytes` are answered 413.
-pub fn router(environments: Arc<App>, max_body_bytes: usize) -> Router {
+/// The API's routes over `environments`: `/api/v1`, `/metrics` and the registry's `/registry`.
+/// The server merges the console's pages beside them and wraps the whole in [`layered`].
+pub fn routes(environments: Arc<App>) -> Router<AppState> {
     let document: Arc<str> = openapi().to_json().expect("the OpenAPI document serialises").into();
     let (protected, _) = protected()
         .route_layer(middleware::from_fn_with_state(environments.clone(), auth::authorize_api))
@@ -148,8 +149,13 @@ pub fn router(environments: Arc<App>, max_body_bytes: usize) -> Router {
         // Open like health and readiness: scrapers carry no token, and it shows counts only.
         .route("/metrics", get(ops::metrics))
         .nest_service("/registry", registry)
-        // The web console: HTML pages over the same application layer.
-        .merge(crate::console::router())
+}
+
+/// What every answer of the host goes through, the console's pages too: the JSON fallback, the
+/// head limits, the security headers, request metrics, the body limit (`max_body_bytes`: 413
+/// past it) and tracing.
+pub fn layered(routes: Router<AppState>, environments: Arc<App>, max_body_bytes: usize) -> Router {
+    routes
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(serve::refuse_oversized_heads))

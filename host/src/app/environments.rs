@@ -102,7 +102,7 @@ impl App {
             )));
         }
         let mut merged = serde_json::to_value(&env.settings).expect("settings serialise");
-        merge_patch(&mut merged, patch);
+        crate::json::merge_patch(&mut merged, patch);
         let settings: EnvironmentSettings = serde_json::from_value(merged).map_err(|e| EnvError::InvalidSettings(e.to_string()))?;
         self.check_settings(&settings)?;
         running.check_scheduler()?;
@@ -164,24 +164,6 @@ pub fn expected_revision(if_match: Option<&str>) -> Option<i64> {
         return None;
     }
     Some(tag.trim_start_matches("W/").trim_matches('"').parse().unwrap_or(-1))
-}
-
-pub fn merge_patch(target: &mut serde_json::Value, patch: serde_json::Value) {
-    let serde_json::Value::Object(fields) = patch else {
-        *target = patch;
-        return;
-    };
-    if !target.is_object() {
-        *target = serde_json::Value::Object(Default::default());
-    }
-    let object = target.as_object_mut().expect("an object");
-    for (key, value) in fields {
-        if value.is_null() {
-            object.remove(&key);
-        } else {
-            merge_patch(object.entry(key).or_insert(serde_json::Value::Null), value);
-        }
-    }
 }
 
 /// Environment names ([`orc_manifest::names::ENVIRONMENT`]) become directory names (node

@@ -1,5 +1,6 @@
-//! Why a request to the application could not be served ([`EnvError`]: messages are safe for
-//! clients, sources carry the detail), and why the host could not open ([`StartError`]).
+//! Why the host could not open ([`StartError`]), and why a request about users, roles, tokens
+//! or the audit trail could not be served ([`AccessError`]). Requests about environments fail
+//! with [`crate::error::EnvError`], which every layer below the application may name too.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -7,82 +8,10 @@ use std::path::PathBuf;
 use orc_registry::RegistryError;
 use orc_runtime::EngineError;
 
-use crate::intent::pinning::PinError;
-use crate::intent::{IntentError, ResourceId};
+use crate::error::EnvError;
 use crate::nodes::SecretError;
 use crate::policy::outbound;
 use crate::store::StoreError;
-
-/// Why a request about environments could not be served. Messages are safe for clients; the
-/// sources carry the internal detail.
-#[derive(Debug, thiserror::Error)]
-pub enum EnvError {
-    #[error("environment `{0}` does not exist")]
-    UnknownEnvironment(String),
-    #[error("invalid environment name `{name}`: {reason}")]
-    InvalidName { name: String, reason: String },
-    #[error(transparent)]
-    Intent(#[from] IntentError),
-    /// Boxed: a load error is large, and this error travels through every request.
-    #[error(transparent)]
-    Pin(Box<PinError>),
-    #[error("resource `{resource}` is on node `{node}`, which is not registered (nodes: `local` and those of /api/v1/nodes)")]
-    UnknownNode { resource: ResourceId, node: String },
-    #[error(
-        "resource `{resource}` is on node `{node}`, which is private to another environment and not allowed for environment `{environment}`"
-    )]
-    NodeNotAllowed {
-        resource: ResourceId,
-        node: String,
-        environment: String,
-    },
-    #[error("invalid settings: {0}")]
-    InvalidSettings(String),
-    #[error(
-        "`{setting}` cannot be turned off: the released version of environment `{environment}` uses capability `{capability}` (resources {resources}); release a version without them first"
-    )]
-    CapabilityInUse {
-        environment: String,
-        setting: &'static str,
-        capability: orc_manifest::Capability,
-        /// The first few resources, quoted.
-        resources: String,
-    },
-    #[error("resource `{0}`: the type `task` is reserved for the tasks of clusters (see /api/v1/environments/{{env}}/clusters)")]
-    ReservedType(ResourceId),
-    #[error("environment `{0}` has no intent version yet")]
-    NoVersion(String),
-    #[error("{0}")]
-    InvalidResourceSet(String),
-    /// An `If-Match` names what is no longer current; the message says what is.
-    #[error("{0} (If-Match): read it again")]
-    VersionConflict(String),
-    #[error("resource `{resource}` is claimed by set `{set}` and by {other}")]
-    SetConflict { resource: String, set: String, other: String },
-    #[error("the intent has {count} resources; environment `{environment}` takes at most {limit} (`limits.max_resources_per_intent`)")]
-    TooManyResources { environment: String, count: usize, limit: u64 },
-    /// Past one of the environment's rate limits: nothing was done; try again after `retry_after_s`.
-    #[error("{what}; try again in {retry_after_s} s")]
-    RateLimited { what: String, retry_after_s: u64 },
-    /// The environment's scheduler stopped on its own (see its log): nothing that needs it can
-    /// be done until the host is restarted.
-    #[error("the scheduler of environment `{environment}` is not running ({reason}); restart the host")]
-    SchedulerUnavailable { environment: String, reason: String },
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("cannot prepare the node root {path}")]
-    NodeRoot {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-impl From<PinError> for EnvError {
-    fn from(e: PinError) -> EnvError {
-        EnvError::Pin(Box::new(e))
-    }
-}
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]

@@ -25,10 +25,11 @@ mod services;
 pub mod sign_in;
 mod versions;
 
+pub use crate::error::EnvError;
 pub(crate) use access::new_secret;
 pub use access::{NewUser, ScopeRequest, TokenView, UserPatch};
-pub use environments::{expected_revision, merge_patch, settings_tag, tag_matches};
-pub use error::{AccessError, EnvError, StartError};
+pub use environments::{expected_revision, settings_tag, tag_matches};
+pub use error::{AccessError, StartError};
 pub use resources::DesiredResource;
 use running::Running;
 pub use running::{node_root, node_spares, scheduler_settings};

@@ -31,7 +31,7 @@ use orc_cluster::{Layout, TemplateError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::app::EnvError;
+use crate::error::EnvError;
 use crate::intent::ResourceSpec;
 use crate::store::Millis;
 

@@ -52,7 +52,7 @@ pub enum NodesError {
     WrongFingerprint { node: String, given: String, presented: String },
     /// The environment named with the node (claiming or releasing it) cannot be used.
     #[error(transparent)]
-    Environment(Box<crate::app::EnvError>),
+    Environment(Box<crate::error::EnvError>),
     #[error(transparent)]
     Secret(#[from] SecretError),
     #[error(transparent)]

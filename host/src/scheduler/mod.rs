@@ -28,7 +28,6 @@ pub mod dryrun;
 pub mod events;
 pub mod persistence;
 mod state;
-mod status;
 pub mod subscribers;
 mod timers;
 mod version;
@@ -76,9 +75,9 @@ impl Default for Settings {
     }
 }
 
-use status::ResourceStatus as Status;
+use crate::status::ResourceStatus as Status;
 /// A resource's status: the store's, so that what the scheduler decides is what is persisted.
-pub use status::{ErrorInfo, ResourceStatus};
+pub use crate::status::{ErrorInfo, ResourceStatus};
 
 /// Why an action ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

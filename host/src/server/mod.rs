@@ -58,7 +58,9 @@ impl Server {
     /// Serves until `shutdown` completes, lets requests in flight finish, then stops the
     /// schedulers, giving actions in flight the configured grace period.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-        let router = crate::api::router(self.app.clone(), self.max_body_bytes);
+        // The API and, beside it on the same port, the console's pages over the same `App`.
+        let routes = crate::api::routes(self.app.clone()).merge(crate::console::router());
+        let router = crate::api::layered(routes, self.app.clone(), self.max_body_bytes);
         let served = crate::api::serve(self.listener, router, shutdown).await;
         self.app.shutdown(self.shutdown_grace).await;
         served

@@ -40,8 +40,8 @@ use orc_registry::RegistryError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::app::EnvError;
 use crate::clusters::{ClusterError, ClusterFailure};
+use crate::error::EnvError;
 use crate::intent::ResourceSpec;
 use crate::store::Millis;
 
@@ -172,7 +172,7 @@ impl Deployment {
             Value::Object(_) => self.base_config.clone(),
             _ => Value::Object(Default::default()),
         };
-        crate::app::merge_patch(&mut config, self.config.clone());
+        crate::json::merge_patch(&mut config, self.config.clone());
         if let Value::Object(map) = &mut config {
             for (port, key) in &self.port_keys {
                 if let Some(number) = self.ports.get(port) {

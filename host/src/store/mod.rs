@@ -91,7 +91,7 @@ pub use processes::{ConnectionRecord, ProcessRecord};
 pub use tokens::hash_token;
 pub use users::UserChange;
 
-use crate::scheduler::ErrorInfo;
+use crate::status::ErrorInfo;
 use error::backend;
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

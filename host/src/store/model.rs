@@ -1,7 +1,7 @@
 //! The records the store keeps, as Rust values: environments, intent versions, resource states
 //! and their status transitions, the action log, operations and dryrun reports, users, tokens, memberships and the audit trail,
 //! nodes. (Typed ids are in `ids`, settings in [`crate::policy::settings`], the resource status
-//! in [`crate::scheduler`].) JSON documents (intents, changes, messages, reports) travel as JSON text: the store
+//! in [`crate::status`].) JSON documents (intents, changes, messages, reports) travel as JSON text: the store
 //! keeps them verbatim and never looks inside.
 
 use std::fmt;
@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::ids::*;
 use crate::named::named_enum;
 use crate::policy::settings::EnvironmentSettings;
-use crate::scheduler::{ErrorInfo, ResourceStatus};
+use crate::status::{ErrorInfo, ResourceStatus};
 
 named_enum!(
     /// What an action-log entry did.

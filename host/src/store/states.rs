@@ -18,7 +18,7 @@ use super::{
     ActionRecord, Attempts, BeginWrite, Db, EnvironmentId, ResourceState, Result, StateFilter, StatePage, StatusChange, Store, StoreError,
     error_info, now_ms, page_size, parse_name, sqlite_keeps_prepared, sqlite_rows_per_statement,
 };
-use crate::scheduler::ResourceStatus;
+use crate::status::ResourceStatus;
 
 type Row = (
     String,

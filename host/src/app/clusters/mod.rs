@@ -13,11 +13,12 @@ use orc_runtime::wit;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::app::{App, EnvError, merge_patch};
+use crate::app::{App, EnvError};
 use crate::clusters::planner::{self, PlanInput, Step};
 use crate::clusters::{ClusterDoc, ClusterError, ClusterFailure, ClusterStatus, OperationKind, validate_name};
 use crate::intent::pinning;
 use crate::intent::{Intent, IntentDocument, PluginRef, ResourceSpec};
+use crate::json::merge_patch;
 use crate::scheduler::ResourceStatus;
 use crate::store::{ClusterRecord, Environment, Millis, ResourceState, StoreError, TemplateRecord, now_ms};
 
@@ -237,6 +238,22 @@ where
             other => return other,
         }
     }
+}
+
+/// What an operation reads before it changes a cluster ([`App::current`]).
+struct Current {
+    env: Environment,
+    record: ClusterRecord,
+    doc: ClusterDoc,
+    template: Template,
+}
+
+/// The cluster's tasks planned anew for `selected` (taken out of `doc`): the previous ones and
+/// the new ones.
+fn replan(name: &str, selected: &Template, doc: &mut ClusterDoc) -> Result<(Vec<ResourceSpec>, Vec<ResourceSpec>), ClusterError> {
+    let previous = std::mem::take(&mut doc.tasks);
+    let tasks = plan_for(name, selected, doc, &previous, true)?;
+    Ok((previous, tasks))
 }
 
 /// Refuses an operation whose `If-Match` names another revision than the cluster's.
@@ -500,12 +517,13 @@ impl App {
         if_match: Option<&str>,
         author: Option<&str>,
     ) -> Result<Outcome, ClusterError> {
-        let env = self.get(key).await?;
-        let record = self.cluster_record(&env, name).await?;
-        check_if_match(&record, if_match)?;
-        let mut doc = stored_doc(&record)?;
+        let Current {
+            env,
+            record,
+            mut doc,
+            template,
+        } = self.current(key, name, if_match).await?;
         ensure_idle(name, &record)?;
-        let template = stored_template(&self.template_of(&env, &record.template, Some(record.template_version)).await?)?;
         for s in &req.add_services {
             if doc.services.contains(s) {
                 return Err(ClusterError::Invalid(format!("add_services: the cluster already runs `{s}`")));
@@ -523,9 +541,8 @@ impl App {
             doc.nodes = nodes;
         }
         let layout = self.solve(&env, &selected, doc.size, &doc.nodes, &doc.layout).await?;
-        let previous = std::mem::take(&mut doc.tasks);
         let old_layout = std::mem::replace(&mut doc.layout, layout);
-        let tasks = plan_for(name, &selected, &doc, &previous, true)?;
+        let (previous, tasks) = replan(name, &selected, &mut doc)?;
         if req.preview {
             return Ok(Outcome::Preview(preview(&doc.layout, &previous, &tasks)));
         }
@@ -555,20 +572,20 @@ impl App {
         if_match: Option<&str>,
         author: Option<&str>,
     ) -> Result<Outcome, ClusterError> {
-        let env = self.get(key).await?;
-        let record = self.cluster_record(&env, name).await?;
-        check_if_match(&record, if_match)?;
-        let mut doc = stored_doc(&record)?;
+        let Current {
+            env,
+            record,
+            mut doc,
+            template,
+        } = self.current(key, name, if_match).await?;
         ensure_idle(name, &record)?;
-        let template = stored_template(&self.template_of(&env, &record.template, Some(record.template_version)).await?)?;
         let selected = template.select(&doc.services)?;
         check_overrides(&selected, &req.config)?;
         for (service, patch) in req.config {
             let entry = doc.config.entry(service).or_insert_with(|| Value::Object(Default::default()));
             merge_patch(entry, patch);
         }
-        let previous = std::mem::take(&mut doc.tasks);
-        let tasks = plan_for(name, &selected, &doc, &previous, true)?;
+        let (previous, tasks) = replan(name, &selected, &mut doc)?;
         if req.preview {
             return Ok(Outcome::Preview(preview(&doc.layout, &previous, &tasks)));
         }
@@ -600,10 +617,12 @@ impl App {
         if_match: Option<&str>,
         author: Option<&str>,
     ) -> Result<ClusterView, ClusterError> {
-        let env = self.get(key).await?;
-        let record = self.cluster_record(&env, name).await?;
-        check_if_match(&record, if_match)?;
-        let mut doc = stored_doc(&record)?;
+        let Current {
+            env,
+            record,
+            mut doc,
+            template,
+        } = self.current(key, name, if_match).await?;
         ensure_idle(name, &record)?;
         if !doc.services.iter().any(|s| s == service) {
             return Err(ClusterError::UnknownService(service.to_string()));
@@ -623,14 +642,9 @@ impl App {
                 (OperationKind::Restart, ClusterStatus::Restarting)
             }
         };
-        let template = stored_template(&self.template_of(&env, &record.template, Some(record.template_version)).await?)?;
         let selected = template.select(&doc.services)?;
-        let previous = std::mem::take(&mut doc.tasks);
-        doc.tasks = plan_for(name, &selected, &doc, &previous, true)?;
-        match self.begin_operation(&env, record, doc, kind, status, author).await? {
-            Outcome::Started(view) => Ok(*view),
-            Outcome::Preview(_) => unreachable!("not a preview"),
-        }
+        doc.tasks = replan(name, &selected, &mut doc)?.1;
+        self.begin(&env, record, doc, kind, status, author).await
     }
 
     /// Runs a failed cluster's operation again: a rolled-back create is planned again on the
@@ -652,28 +666,25 @@ impl App {
         if_match: Option<&str>,
         author: Option<&str>,
     ) -> Result<ClusterView, ClusterError> {
-        let env = self.get(key).await?;
-        let record = self.cluster_record(&env, name).await?;
-        check_if_match(&record, if_match)?;
-        let mut doc = stored_doc(&record)?;
+        let Current {
+            env,
+            record,
+            mut doc,
+            template,
+        } = self.current(key, name, if_match).await?;
         if ClusterStatus::parse(&record.status) != Some(ClusterStatus::Failed) {
             return Err(ClusterError::Invalid(format!("cluster `{name}` has not failed: nothing to retry")));
         }
-        let template = stored_template(&self.template_of(&env, &record.template, Some(record.template_version)).await?)?;
         let selected = template.select(&doc.services)?;
         let (kind, status) = if doc.operation == OperationKind::Rollback {
             (OperationKind::Create, ClusterStatus::Creating)
         } else {
             (doc.operation, busy_status(doc.operation))
         };
-        let previous = std::mem::take(&mut doc.tasks);
-        doc.tasks = plan_for(name, &selected, &doc, &previous, true)?;
+        doc.tasks = replan(name, &selected, &mut doc)?.1;
         let running = self.running(&env).await?;
         running.scheduler.deploy_failed().map_err(|e| running.unavailable(e))?;
-        match self.begin_operation(&env, record, doc, kind, status, author).await? {
-            Outcome::Started(view) => Ok(*view),
-            Outcome::Preview(_) => unreachable!("not a preview"),
-        }
+        self.begin(&env, record, doc, kind, status, author).await
     }
 
     /// Extends (or sets) the cluster's lease: it is deleted `lease_s` seconds from now.
@@ -682,9 +693,7 @@ impl App {
     }
 
     async fn extend_lease_once(&self, key: &str, name: &str, lease_s: u64, if_match: Option<&str>) -> Result<ClusterView, ClusterError> {
-        let env = self.get(key).await?;
-        let mut record = self.cluster_record(&env, name).await?;
-        check_if_match(&record, if_match)?;
+        let (env, mut record) = self.row(key, name, if_match).await?;
         record.lease_expires_at = Some(now_ms().saturating_add(lease_ms(lease_s)?));
         let record = self.write_cluster(&env, &record).await?;
         let doc = stored_doc(&record)?;
@@ -710,9 +719,7 @@ impl App {
         if_match: Option<&str>,
         author: Option<&str>,
     ) -> Result<ClusterView, ClusterError> {
-        let env = self.get(key).await?;
-        let record = self.cluster_record(&env, name).await?;
-        check_if_match(&record, if_match)?;
+        let (env, record) = self.row(key, name, if_match).await?;
         self.undo_cluster(&env, record, OperationKind::Delete, None, author).await
     }
 
@@ -728,9 +735,8 @@ impl App {
         let mut doc = stored_doc(&record)?;
         let template = stored_template(&self.template_of(env, &record.template, Some(record.template_version)).await?)?;
         let selected = template.select(&doc.services)?;
-        let previous = std::mem::take(&mut doc.tasks);
         let keep = std::mem::take(&mut doc.layout);
-        doc.tasks = plan_for(&record.name, &selected, &doc, &previous, true)?;
+        doc.tasks = replan(&record.name, &selected, &mut doc)?.1;
         // A rollback keeps the layout it undid, so that a retry creates the same cluster.
         if kind == OperationKind::Rollback {
             doc.layout = keep;
@@ -741,10 +747,45 @@ impl App {
         } else {
             ClusterStatus::Deleting
         };
+        self.begin(env, record, doc, kind, status, author).await
+    }
+
+    /// [`App::begin_operation`], for an operation that is never a preview: the view it started.
+    async fn begin(
+        self: &Arc<Self>,
+        env: &Environment,
+        record: ClusterRecord,
+        doc: ClusterDoc,
+        kind: OperationKind,
+        status: ClusterStatus,
+        author: Option<&str>,
+    ) -> Result<ClusterView, ClusterError> {
         match self.begin_operation(env, record, doc, kind, status, author).await? {
             Outcome::Started(view) => Ok(*view),
-            Outcome::Preview(_) => unreachable!("not a preview"),
+            Outcome::Preview(_) => unreachable!("begin_operation starts; only the callers preview"),
         }
+    }
+
+    /// The cluster's row as an operation finds it: refused when `If-Match` names another
+    /// revision.
+    async fn row(&self, key: &str, name: &str, if_match: Option<&str>) -> Result<(Environment, ClusterRecord), ClusterError> {
+        let env = self.get(key).await?;
+        let record = self.cluster_record(&env, name).await?;
+        check_if_match(&record, if_match)?;
+        Ok((env, record))
+    }
+
+    /// [`App::row`] with the cluster's document and its template version.
+    async fn current(&self, key: &str, name: &str, if_match: Option<&str>) -> Result<Current, ClusterError> {
+        let (env, record) = self.row(key, name, if_match).await?;
+        let doc = stored_doc(&record)?;
+        let template = stored_template(&self.template_of(&env, &record.template, Some(record.template_version)).await?)?;
+        Ok(Current {
+            env,
+            record,
+            doc,
+            template,
+        })
     }
 
     /// Stores the cluster's new plan under a new generation, releases it and watches it;

@@ -1,5 +1,6 @@
 //! Where a resource stands, as the scheduler moves it: the status the store keeps and the API
-//! shows.
+//! shows, and the error kept with a failure. Vocabulary below both the scheduler and the store,
+//! so that neither imports the other for it.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
