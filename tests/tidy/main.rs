@@ -43,7 +43,7 @@ const BELOW_THE_APPLICATION: &[&str] = &[
     "host/src/nodes/",
     "host/src/policy/",
     "host/src/scheduler/",
-    "host/src/services/",
+    "host/src/processes/",
     "host/src/store/",
     "host/src/error.rs",
     "host/src/executor.rs",

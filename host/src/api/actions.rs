@@ -107,8 +107,8 @@ fn accepted<T: Serialize>(location: String, body: T) -> impl IntoResponse {
     (StatusCode::ACCEPTED, [(header::LOCATION, location)], axum::Json(body))
 }
 
-async fn operation(envs: AppState, caller: Caller, env: String, kind: OperationKind) -> Result<impl IntoResponse> {
-    let op = envs.start_operation(&env, kind, Some(&caller.0.user)).await?;
+async fn operation(app: AppState, caller: Caller, env: String, kind: OperationKind) -> Result<impl IntoResponse> {
+    let op = app.start_operation(&env, kind, Some(&caller.0.user)).await?;
     let location = format!("/api/v1/environments/{env}/operations/{}", op.id);
     Ok(accepted(location, OperationView::from(op)))
 }
@@ -117,30 +117,30 @@ async fn operation(envs: AppState, caller: Caller, env: String, kind: OperationK
 #[utoipa::path(post, path = "/environments/{env}/deploy", tag = "actions",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 202, body = OperationView, headers(("Location" = String, description = "Where to fetch the outcome"))), (status = 404, body = ErrorBody)))]
-async fn deploy(State(envs): State<AppState>, caller: Caller, Path(env): Path<String>) -> Result<impl IntoResponse> {
-    operation(envs, caller, env, OperationKind::Deploy).await
+async fn deploy(State(app): State<AppState>, caller: Caller, Path(env): Path<String>) -> Result<impl IntoResponse> {
+    operation(app, caller, env, OperationKind::Deploy).await
 }
 
 /// Re-reads every resource now and restores what drifted.
 #[utoipa::path(post, path = "/environments/{env}/repair", tag = "actions",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 202, body = OperationView, headers(("Location" = String, description = "Where to fetch the outcome"))), (status = 404, body = ErrorBody)))]
-async fn repair(State(envs): State<AppState>, caller: Caller, Path(env): Path<String>) -> Result<impl IntoResponse> {
-    operation(envs, caller, env, OperationKind::Repair).await
+async fn repair(State(app): State<AppState>, caller: Caller, Path(env): Path<String>) -> Result<impl IntoResponse> {
+    operation(app, caller, env, OperationKind::Repair).await
 }
 
 #[utoipa::path(get, path = "/environments/{env}/operations/{id}", tag = "actions",
     params(("env" = String, Path, description = "Environment name or id"), ("id" = String, Path, format = Uuid)),
     responses((status = 200, body = OperationView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn get_operation(State(envs): State<AppState>, Path((env, id)): Path<(String, String)>) -> Result<axum::Json<OperationView>> {
+async fn get_operation(State(app): State<AppState>, Path((env, id)): Path<(String, String)>) -> Result<axum::Json<OperationView>> {
     let id: OperationId = id.parse().map_err(|_| {
         ApiError::bad_request(
             "invalid_path",
             format!("`{}` is not an operation id", id.chars().take(100).collect::<String>()),
         )
     })?;
-    let env = envs.get(&env).await?;
-    Ok(axum::Json(envs.operation(&env, &id).await?.into()))
+    let env = app.get(&env).await?;
+    Ok(axum::Json(app.operation(&env, &id).await?.into()))
 }
 
 /// Reads and compares every resource of a version through its adaptor, changing nothing.
@@ -153,13 +153,13 @@ async fn get_operation(State(envs): State<AppState>, Path((env, id)): Path<(Stri
         (status = 409, description = "No version submitted yet", body = ErrorBody),
     ))]
 async fn start_dryrun(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Caller(caller): Caller,
     Path(env): Path<String>,
     OptionalJson(request): OptionalJson<DryrunRequest>,
 ) -> Result<impl IntoResponse> {
     let version = request.and_then(|r| r.version);
-    let report = envs.start_dryrun(&env, version, Some(&caller.user)).await?;
+    let report = app.start_dryrun(&env, version, Some(&caller.user)).await?;
     let location = format!("/api/v1/environments/{env}/dryruns/{}", report.id);
     Ok(accepted(location, DryrunView::from(report)))
 }
@@ -168,9 +168,9 @@ async fn start_dryrun(
 #[utoipa::path(get, path = "/environments/{env}/dryruns", tag = "actions",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 200, body = DryrunList), (status = 404, body = ErrorBody)))]
-async fn list_dryruns(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<DryrunList>> {
-    let env = envs.get(&env).await?;
-    let items = envs.dryruns(&env).await?;
+async fn list_dryruns(State(app): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<DryrunList>> {
+    let env = app.get(&env).await?;
+    let items = app.dryruns(&env).await?;
     Ok(axum::Json(DryrunList {
         items: items.into_iter().map(DryrunView::from).collect(),
     }))
@@ -179,13 +179,13 @@ async fn list_dryruns(State(envs): State<AppState>, Path(env): Path<String>) -> 
 #[utoipa::path(get, path = "/environments/{env}/dryruns/{id}", tag = "actions",
     params(("env" = String, Path, description = "Environment name or id"), ("id" = String, Path, format = Uuid)),
     responses((status = 200, body = DryrunView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn get_dryrun(State(envs): State<AppState>, Path((env, id)): Path<(String, String)>) -> Result<axum::Json<DryrunView>> {
+async fn get_dryrun(State(app): State<AppState>, Path((env, id)): Path<(String, String)>) -> Result<axum::Json<DryrunView>> {
     let id: DryrunId = id.parse().map_err(|_| {
         ApiError::bad_request(
             "invalid_path",
             format!("`{}` is not a dryrun id", id.chars().take(100).collect::<String>()),
         )
     })?;
-    let env = envs.get(&env).await?;
-    Ok(axum::Json(envs.dryrun(&env, &id).await?.into()))
+    let env = app.get(&env).await?;
+    Ok(axum::Json(app.dryrun(&env, &id).await?.into()))
 }

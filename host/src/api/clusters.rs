@@ -115,8 +115,8 @@ fn started(outcome: Outcome) -> Response {
 #[utoipa::path(get, path = "/environments/{env}/templates", tag = "clusters",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 200, body = TemplateList), (status = 404, body = ErrorBody)))]
-async fn list_templates(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<TemplateList>> {
-    let items = envs.templates(&env).await?.into_iter().map(TemplateView::from).collect();
+async fn list_templates(State(app): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<TemplateList>> {
+    let items = app.templates(&env).await?.into_iter().map(TemplateView::from).collect();
     Ok(axum::Json(TemplateList { items }))
 }
 
@@ -135,12 +135,12 @@ async fn list_templates(State(envs): State<AppState>, Path(env): Path<String>) -
         (status = 422, description = "`invalid_template` (the message starts with the culprit's path), `unknown_plugin`, `plugin_rejected`", body = ErrorBody),
     ))]
 async fn submit_template(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Path((env, name)): Path<(String, String)>,
     headers: axum::http::HeaderMap,
     Json(body): Json<serde_json::Value>,
 ) -> Result<impl IntoResponse> {
-    let record = envs.submit_template(&env, &name, body, if_match(&headers)).await?;
+    let record = app.submit_template(&env, &name, body, if_match(&headers)).await?;
     Ok((StatusCode::CREATED, etag(record.version), axum::Json(TemplateView::from(record))))
 }
 
@@ -148,11 +148,11 @@ async fn submit_template(
     params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Template name"), VersionQuery),
     responses((status = 200, body = TemplateView), (status = 404, body = ErrorBody)))]
 async fn get_template(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Path((env, name)): Path<(String, String)>,
     Query(q): Query<VersionQuery>,
 ) -> Result<impl IntoResponse> {
-    let record = envs.template(&env, &name, q.version).await?;
+    let record = app.template(&env, &name, q.version).await?;
     Ok((etag(record.version), axum::Json(TemplateView::from(record))))
 }
 
@@ -163,19 +163,19 @@ async fn get_template(
     responses((status = 204), (status = 404, body = ErrorBody),
         (status = 409, description = "`template_in_use`, or `If-Match` names a version that is not the latest (`version_conflict`)", body = ErrorBody)))]
 async fn delete_template(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Path((env, name)): Path<(String, String)>,
     headers: axum::http::HeaderMap,
 ) -> Result<StatusCode> {
-    envs.delete_template(&env, &name, if_match(&headers)).await?;
+    app.delete_template(&env, &name, if_match(&headers)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 #[utoipa::path(get, path = "/environments/{env}/templates/{name}/versions", tag = "clusters",
     params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Template name")),
     responses((status = 200, body = TemplateList), (status = 404, body = ErrorBody)))]
-async fn template_versions(State(envs): State<AppState>, Path((env, name)): Path<(String, String)>) -> Result<axum::Json<TemplateList>> {
-    let items = envs
+async fn template_versions(State(app): State<AppState>, Path((env, name)): Path<(String, String)>) -> Result<axum::Json<TemplateList>> {
+    let items = app
         .template_versions(&env, &name)
         .await?
         .into_iter()
@@ -199,20 +199,20 @@ async fn template_versions(State(envs): State<AppState>, Path((env, name)): Path
         (status = 422, description = "`no_valid_layout` (names the constraint), `invalid_template`, `invalid_cluster_request`, `solver_failed`, `invalid_layout`", body = ErrorBody),
     ))]
 async fn create_cluster(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Caller(caller): Caller,
     Path(env): Path<String>,
     Json(req): Json<CreateRequest>,
 ) -> Result<Response> {
-    Ok(started(envs.create_cluster(&env, req, Some(&caller.user)).await?))
+    Ok(started(app.create_cluster(&env, req, Some(&caller.user)).await?))
 }
 
 #[utoipa::path(get, path = "/environments/{env}/clusters", tag = "clusters",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 200, body = ClusterList), (status = 404, body = ErrorBody)))]
-async fn list_clusters(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<ClusterList>> {
+async fn list_clusters(State(app): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<ClusterList>> {
     Ok(axum::Json(ClusterList {
-        items: envs.clusters(&env).await?,
+        items: app.clusters(&env).await?,
     }))
 }
 
@@ -220,8 +220,8 @@ async fn list_clusters(State(envs): State<AppState>, Path(env): Path<String>) ->
 #[utoipa::path(get, path = "/environments/{env}/clusters/{name}", tag = "clusters",
     params(("env" = String, Path, description = "Environment name or id"), ("name" = String, Path, description = "Cluster name")),
     responses((status = 200, body = ClusterView), (status = 404, body = ErrorBody)))]
-async fn get_cluster(State(envs): State<AppState>, Path((env, name)): Path<(String, String)>) -> Result<impl IntoResponse> {
-    let view = envs.cluster(&env, &name).await?;
+async fn get_cluster(State(app): State<AppState>, Path((env, name)): Path<(String, String)>) -> Result<impl IntoResponse> {
+    let view = app.cluster(&env, &name).await?;
     Ok((etag(view.revision), axum::Json(view)))
 }
 
@@ -232,12 +232,12 @@ async fn get_cluster(State(envs): State<AppState>, Path((env, name)): Path<(Stri
     responses((status = 202, body = ClusterView), (status = 404, body = ErrorBody),
         (status = 409, description = "`version_conflict`: the cluster is at another revision", body = ErrorBody)))]
 async fn delete_cluster(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Caller(caller): Caller,
     Path((env, name)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<impl IntoResponse> {
-    let view = envs.delete_cluster(&env, &name, if_match(&headers), Some(&caller.user)).await?;
+    let view = app.delete_cluster(&env, &name, if_match(&headers), Some(&caller.user)).await?;
     Ok((StatusCode::ACCEPTED, etag(view.revision), axum::Json(view)))
 }
 
@@ -253,14 +253,14 @@ async fn delete_cluster(
         (status = 422, body = ErrorBody),
     ))]
 async fn amend_cluster(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Caller(caller): Caller,
     Path((env, name)): Path<(String, String)>,
     headers: HeaderMap,
     Json(req): Json<AmendRequest>,
 ) -> Result<Response> {
     Ok(started(
-        envs.amend_cluster(&env, &name, req, if_match(&headers), Some(&caller.user)).await?,
+        app.amend_cluster(&env, &name, req, if_match(&headers), Some(&caller.user)).await?,
     ))
 }
 
@@ -276,14 +276,14 @@ async fn amend_cluster(
         (status = 422, body = ErrorBody),
     ))]
 async fn reconfigure_cluster(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Caller(caller): Caller,
     Path((env, name)): Path<(String, String)>,
     headers: HeaderMap,
     Json(req): Json<ReconfigureRequest>,
 ) -> Result<Response> {
     Ok(started(
-        envs.reconfigure_cluster(&env, &name, req, if_match(&headers), Some(&caller.user))
+        app.reconfigure_cluster(&env, &name, req, if_match(&headers), Some(&caller.user))
             .await?,
     ))
 }
@@ -300,12 +300,12 @@ async fn reconfigure_cluster(
     responses((status = 202, body = ClusterView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
         (status = 409, description = "`cluster_busy`, `version_conflict`", body = ErrorBody)))]
 async fn service_action(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Caller(caller): Caller,
     Path((env, name, service, action)): Path<(String, String, String, ServiceAction)>,
     headers: HeaderMap,
 ) -> Result<impl IntoResponse> {
-    let view = envs
+    let view = app
         .service_action(&env, &name, &service, action, if_match(&headers), Some(&caller.user))
         .await?;
     Ok((StatusCode::ACCEPTED, etag(view.revision), axum::Json(view)))
@@ -318,12 +318,12 @@ async fn service_action(
     responses((status = 202, body = ClusterView), (status = 404, body = ErrorBody), (status = 422, body = ErrorBody),
         (status = 409, description = "`version_conflict`", body = ErrorBody)))]
 async fn retry_cluster(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Caller(caller): Caller,
     Path((env, name)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<impl IntoResponse> {
-    let view = envs.retry_cluster(&env, &name, if_match(&headers), Some(&caller.user)).await?;
+    let view = app.retry_cluster(&env, &name, if_match(&headers), Some(&caller.user)).await?;
     Ok((StatusCode::ACCEPTED, etag(view.revision), axum::Json(view)))
 }
 
@@ -337,11 +337,11 @@ async fn retry_cluster(
         (status = 422, description = "`lease_s` out of range", body = ErrorBody),
     ))]
 async fn extend_lease(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Path((env, name)): Path<(String, String)>,
     headers: HeaderMap,
     Json(body): Json<LeaseBody>,
 ) -> Result<impl IntoResponse> {
-    let view = envs.extend_lease(&env, &name, body.lease_s, if_match(&headers)).await?;
+    let view = app.extend_lease(&env, &name, body.lease_s, if_match(&headers)).await?;
     Ok((etag(view.revision), axum::Json(view)))
 }

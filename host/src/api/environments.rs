@@ -88,29 +88,29 @@ pub(super) struct SchedulerView {
         (status = 409, description = "The name is taken", body = ErrorBody),
         (status = 422, description = "Invalid name or settings", body = ErrorBody),
     ))]
-async fn create_environment(State(envs): State<AppState>, Json(new): Json<NewEnvironment>) -> Result<impl IntoResponse> {
-    let env = envs.create(&new.name, new.settings).await?;
+async fn create_environment(State(app): State<AppState>, Json(new): Json<NewEnvironment>) -> Result<impl IntoResponse> {
+    let env = app.create(&new.name, new.settings).await?;
     Ok((StatusCode::CREATED, axum::Json(Environment::from(env))))
 }
 
 #[utoipa::path(get, path = "/environments", tag = "environments", responses((status = 200, body = EnvironmentList)))]
-async fn list_environments(State(envs): State<AppState>, Caller(caller): Caller) -> Result<axum::Json<EnvironmentList>> {
+async fn list_environments(State(app): State<AppState>, Caller(caller): Caller) -> Result<axum::Json<EnvironmentList>> {
     Ok(axum::Json(EnvironmentList {
-        items: envs.list_for(&caller).await?.into_iter().map(Environment::from).collect(),
+        items: app.list_for(&caller).await?.into_iter().map(Environment::from).collect(),
     }))
 }
 
 #[utoipa::path(get, path = "/environments/{env}", tag = "environments",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 200, body = EnvironmentView), (status = 404, body = ErrorBody)))]
-async fn get_environment(State(envs): State<AppState>, Path(env): Path<String>) -> Result<impl IntoResponse> {
-    let environment = envs.get(&env).await?;
+async fn get_environment(State(app): State<AppState>, Path(env): Path<String>) -> Result<impl IntoResponse> {
+    let environment = app.get(&env).await?;
     let tag = crate::app::settings_tag(&environment.settings);
-    let counts = envs.status_counts(&environment).await?;
+    let counts = app.status_counts(&environment).await?;
     let resources = counts.into_iter().map(|(s, n)| (s.as_str().to_string(), n)).collect();
-    let processes = envs.process_counts(&environment).await?;
-    let processes_release_pending = envs.process_release_pending(&environment).await;
-    let reason = envs.scheduler_failure(&environment).await;
+    let processes = app.process_counts(&environment).await?;
+    let processes_release_pending = app.process_release_pending(&environment).await;
+    let reason = app.scheduler_failure(&environment).await;
     let scheduler = SchedulerView {
         status: if reason.is_some() { "failed" } else { "running" },
         reason,
@@ -139,12 +139,12 @@ async fn get_environment(State(envs): State<AppState>, Path(env): Path<String>) 
         (status = 422, description = "An unknown or invalid setting, named", body = ErrorBody),
     ))]
 async fn update_environment(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Path(env): Path<String>,
     headers: axum::http::HeaderMap,
     Json(patch): Json<EnvironmentPatch>,
 ) -> Result<impl IntoResponse> {
-    let env = envs.update_settings(&env, patch.settings, if_match(&headers)).await?;
+    let env = app.update_settings(&env, patch.settings, if_match(&headers)).await?;
     Ok((etag(crate::app::settings_tag(&env.settings)), axum::Json(Environment::from(env))))
 }
 
@@ -153,8 +153,8 @@ async fn update_environment(
 #[utoipa::path(delete, path = "/environments/{env}", tag = "environments",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 204, description = "Deleted"), (status = 404, body = ErrorBody)))]
-async fn delete_environment(State(envs): State<AppState>, Path(env): Path<String>) -> Result<StatusCode> {
-    envs.delete(&env).await?;
+async fn delete_environment(State(app): State<AppState>, Path(env): Path<String>) -> Result<StatusCode> {
+    app.delete(&env).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -163,14 +163,14 @@ async fn delete_environment(State(envs): State<AppState>, Path(env): Path<String
 #[utoipa::path(post, path = "/environments/{env}/halt", tag = "environments",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 200, body = Environment), (status = 404, body = ErrorBody)))]
-async fn halt(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<Environment>> {
-    Ok(axum::Json(envs.set_halted(&env, true).await?.into()))
+async fn halt(State(app): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<Environment>> {
+    Ok(axum::Json(app.set_halted(&env, true).await?.into()))
 }
 
 /// Resumes a halted environment: what became due meanwhile runs now.
 #[utoipa::path(post, path = "/environments/{env}/resume", tag = "environments",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 200, body = Environment), (status = 404, body = ErrorBody)))]
-async fn resume(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<Environment>> {
-    Ok(axum::Json(envs.set_halted(&env, false).await?.into()))
+async fn resume(State(app): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<Environment>> {
+    Ok(axum::Json(app.set_halted(&env, false).await?.into()))
 }

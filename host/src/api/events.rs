@@ -36,13 +36,13 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 200, description = "An endless event stream", content_type = "text/event-stream", body = String), (status = 404, body = ErrorBody)))]
 async fn events(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Caller(caller): Caller,
     Path(env): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
-    let subscription = envs.subscribe(&env, Want::Batches).await?;
+    let subscription = app.subscribe(&env, Want::Batches).await?;
     let catch_up = format!("GET /api/v1/environments/{env}/resources, then open this stream again");
-    let revoked = revoked(envs.clone(), caller, env);
+    let revoked = revoked(app.clone(), caller, env);
     let stream = subscription.into_stream().flat_map(move |delivery| {
         let events: Vec<Result<Event, Infallible>> = match delivery {
             Delivery::Batch(batch) => batch.iter().map(|p| Ok(Event::default().event(p.name).data(&p.data))).collect(),

@@ -42,12 +42,12 @@ pub(super) fn routes() -> OpenApiRouter<AppState> {
         (status = 422, description = "Invalid set name or intent", body = ErrorBody),
     ))]
 async fn put_resource_set(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Caller(caller): Caller,
     Path((env, name)): Path<(String, String)>,
     JsonBytes(body): JsonBytes,
 ) -> Result<impl IntoResponse> {
-    let (info, released) = envs.put_resource_set(&env, &name, &body, Some(&caller.user)).await?;
+    let (info, released) = app.put_resource_set(&env, &name, &body, Some(&caller.user)).await?;
     Ok((
         StatusCode::CREATED,
         axum::Json(Submitted {
@@ -106,12 +106,12 @@ impl From<IntentVersion> for VersionView {
         (status = 422, description = "Invalid intent: `duplicate_resource`, `unknown_requirement`, `dependency_cycle`, `unknown_plugin`, …", body = ErrorBody),
     ))]
 async fn submit_intent(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Caller(caller): Caller,
     Path(env): Path<String>,
     JsonBytes(body): JsonBytes,
 ) -> Result<impl IntoResponse> {
-    let (info, released) = envs.submit(&env, &body, Some(&caller.user)).await?;
+    let (info, released) = app.submit(&env, &body, Some(&caller.user)).await?;
     Ok((
         StatusCode::CREATED,
         axum::Json(Submitted {
@@ -124,19 +124,19 @@ async fn submit_intent(
 #[utoipa::path(get, path = "/environments/{env}/intents", tag = "intents",
     params(("env" = String, Path, description = "Environment name or id")),
     responses((status = 200, body = VersionList), (status = 404, body = ErrorBody)))]
-async fn list_intents(State(envs): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<VersionList>> {
-    let env = envs.get(&env).await?;
+async fn list_intents(State(app): State<AppState>, Path(env): Path<String>) -> Result<axum::Json<VersionList>> {
+    let env = app.get(&env).await?;
     Ok(axum::Json(VersionList {
-        items: envs.versions(&env).await?.into_iter().map(VersionInfo::from).collect(),
+        items: app.versions(&env).await?.into_iter().map(VersionInfo::from).collect(),
     }))
 }
 
 #[utoipa::path(get, path = "/environments/{env}/intents/{version}", tag = "intents",
     params(("env" = String, Path, description = "Environment name or id"), ("version" = i64, Path)),
     responses((status = 200, body = VersionView), (status = 404, body = ErrorBody)))]
-async fn get_intent(State(envs): State<AppState>, Path((env, version)): Path<(String, i64)>) -> Result<axum::Json<VersionView>> {
-    let env = envs.get(&env).await?;
-    let version = envs.version(&env, version).await?;
+async fn get_intent(State(app): State<AppState>, Path((env, version)): Path<(String, i64)>) -> Result<axum::Json<VersionView>> {
+    let env = app.get(&env).await?;
+    let version = app.version(&env, version).await?;
     Ok(axum::Json(VersionView::from(version)))
 }
 
@@ -145,10 +145,10 @@ async fn get_intent(State(envs): State<AppState>, Path((env, version)): Path<(St
     params(("env" = String, Path, description = "Environment name or id"), ("version" = i64, Path, description = "From"), ("other" = i64, Path, description = "To")),
     responses((status = 200, body = IntentDiff), (status = 404, body = ErrorBody)))]
 async fn diff_intents(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Path((env, version, other)): Path<(String, i64, i64)>,
 ) -> Result<axum::Json<IntentDiff>> {
-    Ok(axum::Json(envs.diff(&env, version, other).await?))
+    Ok(axum::Json(app.diff(&env, version, other).await?))
 }
 
 /// Makes this version the one the scheduler drives towards.
@@ -156,11 +156,11 @@ async fn diff_intents(
     params(("env" = String, Path, description = "Environment name or id"), ("version" = i64, Path)),
     responses((status = 200, body = VersionInfo), (status = 404, body = ErrorBody)))]
 async fn release_intent(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Caller(caller): Caller,
     Path((env, version)): Path<(String, i64)>,
 ) -> Result<axum::Json<VersionInfo>> {
-    Ok(axum::Json(envs.release(&env, version, Some(&caller.user)).await?.into()))
+    Ok(axum::Json(app.release(&env, version, Some(&caller.user)).await?.into()))
 }
 
 /// Rolls back to `version`: its document becomes a new version, released at once.
@@ -168,12 +168,12 @@ async fn release_intent(
     params(("env" = String, Path, description = "Environment name or id"), ("version" = i64, Path, description = "The version to go back to")),
     responses((status = 201, description = "The new version", body = VersionInfo), (status = 404, body = ErrorBody)))]
 async fn rollback_intent(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Caller(caller): Caller,
     Path((env, version)): Path<(String, i64)>,
 ) -> Result<impl IntoResponse> {
     Ok((
         StatusCode::CREATED,
-        axum::Json(VersionInfo::from(envs.rollback(&env, version, Some(&caller.user)).await?)),
+        axum::Json(VersionInfo::from(app.rollback(&env, version, Some(&caller.user)).await?)),
     ))
 }

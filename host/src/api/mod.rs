@@ -124,12 +124,12 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     doc
 }
 
-/// The API's routes over `environments`: `/api/v1`, `/metrics` and the registry's `/registry`.
+/// The API's routes over `app`: `/api/v1`, `/metrics` and the registry's `/registry`.
 /// The server merges the console's pages beside them and wraps the whole in [`layered`].
-pub fn routes(environments: Arc<App>) -> Router<AppState> {
+pub fn routes(app: Arc<App>) -> Router<AppState> {
     let document: Arc<str> = openapi().to_json().expect("the OpenAPI document serialises").into();
     let (protected, _) = protected()
-        .route_layer(middleware::from_fn_with_state(environments.clone(), auth::authorize_api))
+        .route_layer(middleware::from_fn_with_state(app.clone(), auth::authorize_api))
         .split_for_parts();
     let api = Router::new()
         .route("/health", get(health))
@@ -142,8 +142,8 @@ pub fn routes(environments: Arc<App>) -> Router<AppState> {
         .method_not_allowed_fallback(method_not_allowed);
     // The registry's own API (index and fetch by digest open to read; publishing needs the
     // `publisher` role), served by the same process.
-    let registry = orc_registry::server::router(environments.registry().clone())
-        .layer(middleware::from_fn_with_state(environments.clone(), auth::authorize_registry));
+    let registry =
+        orc_registry::server::router(app.registry().clone()).layer(middleware::from_fn_with_state(app.clone(), auth::authorize_registry));
     Router::new()
         .nest("/api/v1", api)
         // Open like health and readiness: scrapers carry no token, and it shows counts only.
@@ -154,16 +154,16 @@ pub fn routes(environments: Arc<App>) -> Router<AppState> {
 /// What every answer of the host goes through, the console's pages too: the JSON fallback, the
 /// head limits, the security headers, request metrics, the body limit (`max_body_bytes`: 413
 /// past it) and tracing.
-pub fn layered(routes: Router<AppState>, environments: Arc<App>, max_body_bytes: usize) -> Router {
+pub fn layered(routes: Router<AppState>, app: Arc<App>, max_body_bytes: usize) -> Router {
     routes
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(serve::refuse_oversized_heads))
         .layer(middleware::from_fn(headers::security_headers))
-        .layer(middleware::from_fn_with_state(environments.clone(), ops::track_requests))
+        .layer(middleware::from_fn_with_state(app.clone(), ops::track_requests))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .layer(TraceLayer::new_for_http())
-        .with_state(environments)
+        .with_state(app)
 }
 
 /// A method the path does not take: a JSON error like every other answer.

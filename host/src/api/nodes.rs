@@ -166,9 +166,9 @@ pub(super) struct NodeList {
     items: Vec<Node>,
 }
 
-async fn environment_id(envs: &AppState, key: Option<&str>) -> Result<Option<EnvironmentId>> {
+async fn environment_id(app: &AppState, key: Option<&str>) -> Result<Option<EnvironmentId>> {
     match key {
-        Some(key) => Ok(Some(envs.get(key).await?.id)),
+        Some(key) => Ok(Some(app.get(key).await?.id)),
         None => Ok(None),
     }
 }
@@ -183,10 +183,10 @@ async fn environment_id(envs: &AppState, key: Option<&str>) -> Result<Option<Env
         (status = 409, description = "The name is taken", body = ErrorBody),
         (status = 422, description = "An invalid field, named; `invalid_credential`", body = ErrorBody),
     ))]
-async fn register_node(State(envs): State<AppState>, Caller(caller): Caller, Json(new): Json<NewNode>) -> Result<impl IntoResponse> {
-    let environment = environment_id(&envs, new.environment.as_deref()).await?;
+async fn register_node(State(app): State<AppState>, Caller(caller): Caller, Json(new): Json<NewNode>) -> Result<impl IntoResponse> {
+    let environment = environment_id(&app, new.environment.as_deref()).await?;
     let credential = CredentialBody::parse(new.credential)?;
-    let node = envs
+    let node = app
         .register_node(Registration {
             name: new.name,
             address: new.address,
@@ -204,7 +204,7 @@ async fn register_node(State(envs): State<AppState>, Caller(caller): Caller, Jso
 
 #[utoipa::path(get, path = "/nodes", tag = "nodes", params(NodeQuery),
     responses((status = 200, body = NodeList), (status = 400, body = ErrorBody)))]
-async fn list_nodes(State(envs): State<AppState>, Query(q): Query<NodeQuery>) -> Result<axum::Json<NodeList>> {
+async fn list_nodes(State(app): State<AppState>, Query(q): Query<NodeQuery>) -> Result<axum::Json<NodeList>> {
     let label = match q.label.as_deref() {
         Some(l) => Some(
             l.split_once('=')
@@ -212,7 +212,7 @@ async fn list_nodes(State(envs): State<AppState>, Query(q): Query<NodeQuery>) ->
         ),
         None => None,
     };
-    let items = envs
+    let items = app
         .list_nodes()
         .await?
         .into_iter()
@@ -226,8 +226,8 @@ async fn list_nodes(State(envs): State<AppState>, Query(q): Query<NodeQuery>) ->
 #[utoipa::path(get, path = "/nodes/{node}", tag = "nodes",
     params(("node" = String, Path, description = "Node name")),
     responses((status = 200, body = Node), (status = 404, body = ErrorBody)))]
-async fn get_node(State(envs): State<AppState>, Path(node): Path<String>) -> Result<axum::Json<Node>> {
-    Ok(axum::Json(envs.node(&node).await?.into()))
+async fn get_node(State(app): State<AppState>, Path(node): Path<String>) -> Result<axum::Json<Node>> {
+    Ok(axum::Json(app.node(&node).await?.into()))
 }
 
 /// Changes labels, visibility or the credential (a new credential is verified at once). Making
@@ -242,13 +242,13 @@ async fn get_node(State(envs): State<AppState>, Path(node): Path<String>) -> Res
         (status = 422, body = ErrorBody),
     ))]
 async fn change_node(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Caller(caller): Caller,
     Path(node): Path<String>,
     Json(change): Json<NodeChange>,
 ) -> Result<axum::Json<Node>> {
     let environment = match change.environment {
-        Some(key) => Some(environment_id(&envs, key.as_deref()).await?),
+        Some(key) => Some(environment_id(&app, key.as_deref()).await?),
         None => None,
     };
     let credential = change.credential.map(CredentialBody::parse).transpose()?;
@@ -258,7 +258,7 @@ async fn change_node(
         credential,
         author: Some(caller.user.clone()),
     };
-    Ok(axum::Json(envs.change_node(&node, change).await?.into()))
+    Ok(axum::Json(app.change_node(&node, change).await?.into()))
 }
 
 /// Deletes the node and its credential; refused (409 `node_in_use`) while some environment has
@@ -266,8 +266,8 @@ async fn change_node(
 #[utoipa::path(delete, path = "/nodes/{node}", tag = "nodes",
     params(("node" = String, Path, description = "Node name")),
     responses((status = 204, description = "Deleted"), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-async fn delete_node(State(envs): State<AppState>, Path(node): Path<String>) -> Result<StatusCode> {
-    envs.delete_node(&node).await?;
+async fn delete_node(State(app): State<AppState>, Path(node): Path<String>) -> Result<StatusCode> {
+    app.delete_node(&node).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -276,8 +276,8 @@ async fn delete_node(State(envs): State<AppState>, Path(node): Path<String>) -> 
 #[utoipa::path(post, path = "/nodes/{node}/verify", tag = "nodes",
     params(("node" = String, Path, description = "Node name")),
     responses((status = 200, body = Node), (status = 404, body = ErrorBody)))]
-async fn verify_node(State(envs): State<AppState>, Path(node): Path<String>) -> Result<axum::Json<Node>> {
-    Ok(axum::Json(envs.verify_node(&node).await?.into()))
+async fn verify_node(State(app): State<AppState>, Path(node): Path<String>) -> Result<axum::Json<Node>> {
+    Ok(axum::Json(app.verify_node(&node).await?.into()))
 }
 
 /// Pins the host key a node presented after its key changed (`presented_host_key`; the
@@ -292,9 +292,9 @@ async fn verify_node(State(envs): State<AppState>, Path(node): Path<String>) -> 
         (status = 422, description = "Not the presented key", body = ErrorBody),
     ))]
 async fn accept_host_key(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Path(node): Path<String>,
     Json(body): Json<AcceptHostKey>,
 ) -> Result<axum::Json<Node>> {
-    Ok(axum::Json(envs.accept_host_key(&node, &body.fingerprint).await?.into()))
+    Ok(axum::Json(app.accept_host_key(&node, &body.fingerprint).await?.into()))
 }

@@ -26,14 +26,14 @@ use orc_manifest::error_chain;
 pub const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `GET /metrics`.
-pub async fn metrics(State(envs): State<Arc<App>>) -> Response {
-    metrics_response(envs.metrics())
+pub async fn metrics(State(app): State<Arc<App>>) -> Response {
+    metrics_response(app.metrics())
 }
 
 /// `GET /api/v1/ready`: 200 `{"status":"ready"}` when the database answers and every started
 /// environment's scheduler runs, else 503 `{code:"not_ready", message}`.
-pub async fn ready(State(envs): State<Arc<App>>) -> Response {
-    let failed = envs.failed_schedulers().await;
+pub async fn ready(State(app): State<Arc<App>>) -> Response {
+    let failed = app.failed_schedulers().await;
     if !failed.is_empty() {
         let names: Vec<String> = failed.iter().map(|(name, _)| format!("`{name}`")).collect();
         return not_ready(&format!(
@@ -41,14 +41,14 @@ pub async fn ready(State(envs): State<Arc<App>>) -> Response {
             names.join(", ")
         ));
     }
-    readiness(envs.ping_store()).await
+    readiness(app.ping_store()).await
 }
 
 /// Counts and times every request, labelled by the route template it matched (never the raw
 /// path, which would make a series per resource id). Mount with `Router::layer`, so that the
 /// matched route is known.
-pub async fn track_requests(State(envs): State<Arc<App>>, request: Request, next: Next) -> Response {
-    track(envs.metrics(), request, next).await
+pub async fn track_requests(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
+    track(app.metrics(), request, next).await
 }
 
 /// The OpenMetrics exposition of `metrics`.

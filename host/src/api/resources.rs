@@ -142,11 +142,11 @@ pub(super) struct ResourceView {
     params(("env" = String, Path, description = "Environment name or id"), ResourceQuery),
     responses((status = 200, body = StatePage), (status = 400, description = "An unknown filter or value", body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn list_resources(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Path(env): Path<String>,
     Query(q): Query<ResourceQuery>,
 ) -> Result<axum::Json<StatePage>> {
-    let env = envs.get(&env).await?;
+    let env = app.get(&env).await?;
     let filter = StateFilter {
         status: q.status,
         resource_type: q.resource_type,
@@ -155,16 +155,16 @@ async fn list_resources(
         limit: page_limit(q.limit)?,
         after: q.after,
     };
-    Ok(axum::Json(envs.resource_states(&env, &filter).await?.into()))
+    Ok(axum::Json(app.resource_states(&env, &filter).await?.into()))
 }
 
 #[utoipa::path(get, path = "/environments/{env}/resources/{id}", tag = "resources",
     params(("env" = String, Path, description = "Environment name or id"), ("id" = String, Path, description = "Resource id, percent-encoded")),
     responses((status = 200, body = ResourceView), (status = 404, body = ErrorBody)))]
-async fn get_resource(State(envs): State<AppState>, Path((env, id)): Path<(String, String)>) -> Result<axum::Json<ResourceView>> {
-    let env = envs.get(&env).await?;
-    let state = envs.resource_state(&env, &id).await?;
-    let actions = envs.recent_actions(&env, &id, RECENT_ACTIONS).await?;
+async fn get_resource(State(app): State<AppState>, Path((env, id)): Path<(String, String)>) -> Result<axum::Json<ResourceView>> {
+    let env = app.get(&env).await?;
+    let state = app.resource_state(&env, &id).await?;
+    let actions = app.recent_actions(&env, &id, RECENT_ACTIONS).await?;
     Ok(axum::Json(ResourceView {
         state: state.into(),
         actions: actions.into_iter().map(ActionView::from).collect(),
@@ -176,20 +176,20 @@ async fn get_resource(State(envs): State<AppState>, Path((env, id)): Path<(Strin
     params(("env" = String, Path, description = "Environment name or id"), ("id" = String, Path, description = "Resource id, percent-encoded"), ActionQuery),
     responses((status = 200, body = ActionPageView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn resource_actions(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Path((env, id)): Path<(String, String)>,
     Query(q): Query<ActionQuery>,
 ) -> Result<axum::Json<ActionPageView>> {
     if q.resource.as_deref().is_some_and(|r| r != id) {
         return Err(ApiError::bad_request("invalid_query", "`resource` is already given by the path"));
     }
-    let env = envs.get(&env).await?;
-    envs.resource_state(&env, &id).await?;
+    let env = app.get(&env).await?;
+    app.resource_state(&env, &id).await?;
     let filter = ActionFilter {
         resource_id: Some(id),
         ..q.filter()?
     };
-    action_page(&envs, &env, &filter).await
+    action_page(&app, &env, &filter).await
 }
 
 /// The action log of the environment: every action (kind, start, end, outcome, changes,
@@ -198,16 +198,16 @@ async fn resource_actions(
     params(("env" = String, Path, description = "Environment name or id"), ActionQuery),
     responses((status = 200, body = ActionPageView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn environment_actions(
-    State(envs): State<AppState>,
+    State(app): State<AppState>,
     Path(env): Path<String>,
     Query(q): Query<ActionQuery>,
 ) -> Result<axum::Json<ActionPageView>> {
-    let env = envs.get(&env).await?;
-    action_page(&envs, &env, &q.filter()?).await
+    let env = app.get(&env).await?;
+    action_page(&app, &env, &q.filter()?).await
 }
 
-async fn action_page(envs: &AppState, env: &crate::store::Environment, filter: &ActionFilter) -> Result<axum::Json<ActionPageView>> {
-    let page = envs.actions(env, filter).await?;
+async fn action_page(app: &AppState, env: &crate::store::Environment, filter: &ActionFilter) -> Result<axum::Json<ActionPageView>> {
+    let page = app.actions(env, filter).await?;
     Ok(axum::Json(ActionPageView {
         items: page.items.into_iter().map(ActionView::from).collect(),
         next_before: page.next_before,

@@ -16,7 +16,7 @@ use utoipa_axum::routes;
 
 use super::extract::Path;
 use super::{ApiError, AppState, ErrorBody, Result};
-use crate::services::ServicesError;
+use crate::processes::ServicesError;
 use crate::store::Millis;
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {

@@ -8,7 +8,7 @@ use orc_cluster::ServiceDocument;
 use orc_registry::{RegistryError, ServiceEntry, Store};
 
 use crate::app::App;
-use crate::services::ServicesError;
+use crate::processes::ServicesError;
 
 impl App {
     /// Every service version in the catalog, by name then version.

@@ -20,7 +20,7 @@ use crate::app::clusters::TaskView;
 use crate::app::running::Running;
 use crate::clusters::planner;
 use crate::intent::ResourceSpec;
-use crate::services::{Deployment, ProcessDoc, ProcessState, ServicesError, set_of};
+use crate::processes::{Deployment, ProcessDoc, ProcessState, ServicesError, set_of};
 use crate::store::{ConnectionRecord, Environment, Millis, StoreError, now_ms};
 
 /// One side of a connection.
@@ -522,7 +522,7 @@ impl App {
             if tasks == doc.tasks || only_waits_dropped(&set, &tasks, &doc.tasks) {
                 continue;
             }
-            let mut doc = crate::services::ProcessDoc::clone(&doc);
+            let mut doc = crate::processes::ProcessDoc::clone(&doc);
             doc.tasks = tasks;
             doc.changed_at = now_ms();
             self.write_process(env, &record, state, doc).await?;
@@ -562,6 +562,6 @@ pub(super) fn waited_for(process: &str, doc: &ProcessDoc) -> BTreeSet<String> {
         .flat_map(|t| t.requires.iter())
         .filter_map(|r| planner::parse_task_key(&r.key).map(|(set, _, _)| set))
         .filter(|set| *set != own)
-        .filter_map(|set| set.strip_prefix(crate::services::SET_PREFIX).map(str::to_string))
+        .filter_map(|set| set.strip_prefix(crate::processes::SET_PREFIX).map(str::to_string))
         .collect()
 }

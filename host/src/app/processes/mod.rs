@@ -1,6 +1,6 @@
 //! Processes of the application: create (on a named node, or where the solver puts it),
 //! update (a new version and/or configuration), terminate, list and show; [`watch`] follows each
-//! operation to its end. The model and its lifecycle: [`crate::services`].
+//! operation to its end. The model and its lifecycle: [`crate::processes`].
 //!
 //! Each operation checks what a release would refuse, writes the process's row
 //! (revision-checked: `If-Match`, and any writer that read an older revision, gets
@@ -34,7 +34,7 @@ use crate::app::clusters::{Progress, TaskView, progress_of};
 use crate::clusters::planner::{self, PlanInput};
 use crate::clusters::{ClusterError, ClusterFailure};
 use crate::intent::{ResourceId, ResourceSpec};
-use crate::services::{Deployment, Operation, ProcessDoc, ProcessState, ServicesError, set_of};
+use crate::processes::{Deployment, Operation, ProcessDoc, ProcessState, ServicesError, set_of};
 use crate::store::{Environment, Millis, ProcessRecord, StoreError, now_ms};
 
 /// How many times a task may fail before its operation fails (and is rolled back).

@@ -32,10 +32,10 @@ use orc_manifest::Digest;
 use tokio::sync::mpsc;
 
 use crate::intent::ResourceId;
+use crate::processes::SET_PREFIX;
 use crate::scheduler::events::{Delivery, Follower};
 use crate::scheduler::persistence::stored_state;
 use crate::scheduler::{Event, ResourceStatus};
-use crate::services::SET_PREFIX;
 use crate::store::ResourceState;
 
 /// A state of one of a process's tasks, as persisted.

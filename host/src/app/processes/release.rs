@@ -37,7 +37,7 @@ use crate::clusters::ClusterError;
 use crate::clusters::planner;
 use crate::intent::pinning;
 use crate::intent::{Intent, IntentDocument, ResourceSpec};
-use crate::services::{SET_PREFIX, ServicesError};
+use crate::processes::{SET_PREFIX, ServicesError};
 use crate::store::{Environment, EnvironmentId, StoreError};
 
 /// The releaser's first wait after a failed release; doubled up to [`MAX_BACKOFF`].

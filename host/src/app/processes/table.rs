@@ -17,7 +17,7 @@ use super::connections::waited_for;
 use super::decode;
 use crate::app::App;
 use crate::app::running::Running;
-use crate::services::{ProcessDoc, ServicesError};
+use crate::processes::{ProcessDoc, ServicesError};
 use crate::store::{ConnectionRecord, Environment, ProcessRecord};
 
 /// A process row as stored and what its document decodes to.

@@ -17,9 +17,9 @@ use super::{decode, plan, state_of};
 use crate::app::App;
 use crate::clusters::planner;
 use crate::intent::{IntentDocument, PluginRef};
+use crate::processes::ProcessDoc;
+use crate::processes::{ProcessState, ServicesError, set_of};
 use crate::scheduler::ResourceStatus;
-use crate::services::ProcessDoc;
-use crate::services::{ProcessState, ServicesError, set_of};
 use crate::store::{Environment, EnvironmentId, StoreError};
 
 /// How often a watcher looks again without an event (events wake it sooner).
@@ -204,7 +204,7 @@ impl App {
         self: &Arc<Self>,
         env: &Environment,
         record: &crate::store::ProcessRecord,
-        mut doc: crate::services::ProcessDoc,
+        mut doc: crate::processes::ProcessDoc,
         state: ProcessState,
     ) -> Result<(), ServicesError> {
         let set = set_of(&record.name);
