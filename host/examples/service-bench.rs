@@ -55,7 +55,7 @@ fn service(name: &str, role: &str, root: &Path) -> Value {
     }
     json!({
         "name": name, "version": "1.0.0",
-        "automator": orc_plugin_artifacts::by_name("shell").map(|a| a.digest).unwrap_or_default(),
+        "automator": orc_plugin_artifacts::SHELL.digest,
         "config": {"root": root, "scripts": {
             "bootstrap": step, "install": step, "configure": step, "initialize": step, "start": start,
             "stop": step, "remove": "rm -f \"$ROOT/$ORC_NODE.$ORC_CLUSTER\" \"$ROOT/$ORC_NODE.$ORC_CLUSTER.peers\""}},

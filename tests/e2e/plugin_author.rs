@@ -248,7 +248,7 @@ async fn solver_and_automator_scaffolds_build_and_run() {
 fn publish_service_pins_the_automator_and_names_a_bad_field() {
     let work = tempfile::tempdir().unwrap();
     let registry = work.path().join("registry");
-    let redis = orc_plugin_artifacts::by_name("redis").unwrap();
+    let redis = &orc_plugin_artifacts::REDIS;
     let wasm = work.path().join("redis.wasm");
     std::fs::write(&wasm, redis.bytes).unwrap();
     let cli = |args: &[&str]| {

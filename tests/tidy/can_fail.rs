@@ -234,3 +234,24 @@ fn talk_of_rounds_of_work_and_reviewers_is_found_in_every_kind_of_file() {
         ]
     );
 }
+
+#[test]
+fn a_fixture_no_test_names_is_found() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let root = dir.path();
+    write(
+        root,
+        "host/tests/it/a.rs",
+        "//! A.\nuse orc_plugin_artifacts::MISBEHAVE;\n// WRONG_WORLDS is another word.\n",
+    );
+    write(root, "host/src/lib.rs", "//! Not a test.\nconst X: &str = \"GREEDY_SOLVER\";\n");
+    let findings = checks::untested_fixtures(root, &["MISBEHAVE", "WRONG_WORLD", "GREEDY_SOLVER"]).expect("read the tree");
+    let named: Vec<String> = findings.iter().map(|f| f.what.clone()).collect();
+    assert_eq!(
+        named,
+        [
+            "fixture `WRONG_WORLD` is used by no test",
+            "fixture `GREEDY_SOLVER` is used by no test"
+        ]
+    );
+}

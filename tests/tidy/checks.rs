@@ -159,6 +159,37 @@ pub fn development_talk(root: &Path) -> io::Result<Vec<Finding>> {
     Ok(findings)
 }
 
+/// Rule: every fixture (a plugin that misbehaves on purpose, by the constant
+/// `orc-plugin-artifacts` generates for it) is used by some test: a file under a `tests` folder
+/// naming the constant as a word. A fixture no test loads is a promise no test keeps.
+pub fn untested_fixtures(root: &Path, constants: &[&str]) -> io::Result<Vec<Finding>> {
+    let mut texts = Vec::new();
+    for path in rust_files(root)? {
+        if path.iter().any(|p| p == "tests") && !path.starts_with("tests/tidy") {
+            texts.push(std::fs::read_to_string(root.join(&path))?);
+        }
+    }
+    let is_word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let used = |constant: &str| {
+        texts.iter().any(|text| {
+            text.match_indices(constant).any(|(at, _)| {
+                let before = text.as_bytes().get(at.wrapping_sub(1)).copied().filter(|_| at > 0);
+                let after = text.as_bytes().get(at + constant.len()).copied();
+                !before.is_some_and(is_word) && !after.is_some_and(is_word)
+            })
+        })
+    };
+    Ok(constants
+        .iter()
+        .filter(|c| !used(c))
+        .map(|c| Finding {
+            path: PathBuf::from("plugins/artifacts"),
+            line: 0,
+            what: format!("fixture `{c}` is used by no test"),
+        })
+        .collect())
+}
+
 /// The folders that hold production crates.
 pub const PRODUCTION_ROOTS: &[&str] = &["host", "plugins", "sdk", "registry"];
 

@@ -122,6 +122,20 @@ fn the_store_imports_no_layer_above_it_and_the_api_not_the_console() {
 }
 
 #[test]
+fn every_fixture_is_used_by_a_test() {
+    let constants: Vec<String> = orc_plugin_artifacts::FIXTURES
+        .iter()
+        .map(|a| a.name.to_ascii_uppercase().replace('-', "_"))
+        .collect();
+    let constants: Vec<&str> = constants.iter().map(String::as_str).collect();
+    let findings = checks::untested_fixtures(&root(), &constants).expect("read the repository's sources");
+    assert_none(
+        "every fixture is loaded by a test, by its constant (`orc_plugin_artifacts::MISBEHAVE`)",
+        findings,
+    );
+}
+
+#[test]
 fn nothing_in_the_repository_speaks_of_how_it_is_developed() {
     let findings = checks::development_talk(&root()).expect("read the repository's files");
     assert_none(

@@ -351,7 +351,7 @@ pub async fn a_publisher_uploads_but_cannot_deploy(backend: Backend) {
     let host = Host::start(backend, 1 << 20).await;
     let tokens = callers(&host).await;
     let registry = format!("{}/registry", host.base.trim_end_matches("/api/v1"));
-    let plugin = orc_plugin_artifacts::by_name("misbehave").unwrap().bytes;
+    let plugin = orc_plugin_artifacts::MISBEHAVE.bytes;
     let client = || orc_registry::Registry::open(&registry).unwrap();
     let err = client().with_token(Some(&tokens["viewer"])).publish(plugin).await.unwrap_err();
     assert!(err.to_string().contains("publisher"), "{err}");

@@ -28,7 +28,7 @@ impl Host {
     }
 
     pub(crate) async fn publish_misbehave(&self) -> String {
-        let fixture = orc_plugin_artifacts::by_name("misbehave").expect("the misbehave fixture");
+        let fixture = &orc_plugin_artifacts::MISBEHAVE;
         let registry = format!("{}/registry", self.base.trim_end_matches("/api/v1"));
         orc_registry::Registry::open(&registry)
             .unwrap()

@@ -696,7 +696,7 @@ pub async fn tokens_are_managed_and_guard_publishing(backend: Backend) {
     // Publishing through the registry client: refused without a token, accepted with one.
     let registry = format!("{}/registry", host.base.trim_end_matches("/api/v1"));
     // A fixture: not among the first-party plugins the host seeds its registry with.
-    let plugin = orc_plugin_artifacts::by_name("misbehave").unwrap().bytes;
+    let plugin = orc_plugin_artifacts::MISBEHAVE.bytes;
     let anonymous = orc_registry::Registry::open(&registry).unwrap();
     let err = anonymous.publish(plugin).await.unwrap_err();
     assert!(err.to_string().contains("token"), "{err}");

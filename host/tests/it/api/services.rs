@@ -12,7 +12,7 @@ use super::Host;
 /// The redis automator's digest as the host's registry holds it (it is seeded with the
 /// first-party plugins).
 fn redis_automator() -> &'static str {
-    orc_plugin_artifacts::by_name("redis").unwrap().digest
+    orc_plugin_artifacts::REDIS.digest
 }
 
 fn kv_service(version: &str) -> Value {
@@ -64,7 +64,7 @@ pub async fn the_catalog_lists_published_service_versions(backend: Backend) {
     let mut zero = kv_service("2.0.0");
     zero["interfaces"][0]["max_connections"] = json!(0);
     let mut adaptor = kv_service("2.0.0");
-    adaptor["automator"] = json!(orc_plugin_artifacts::by_name("file").unwrap().digest);
+    adaptor["automator"] = json!(orc_plugin_artifacts::FILE.digest);
     let mut schema = kv_service("2.0.0");
     schema["config_schema"] = json!({"type": "no-such-type"});
     let mut unpublished = kv_service("2.0.0");

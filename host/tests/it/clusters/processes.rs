@@ -51,7 +51,7 @@ impl Drop for RedisProcesses {
 fn redis_service() -> Value {
     json!({
         "name": "redis", "version": "1.0.0",
-        "automator": orc_plugin_artifacts::by_name("redis").unwrap().digest,
+        "automator": orc_plugin_artifacts::REDIS.digest,
         "config_schema": {"type": "object", "additionalProperties": false, "properties": {
             "bind": {"type": "string"},
             "maxmemory": {"type": ["integer", "string"]},
@@ -325,7 +325,7 @@ fn spot_service(name: &str, needs: Value) -> Value {
     let log = |what: &str| format!("echo \"$ORC_NODE {what}\" >> \"$LOG\"");
     json!({
         "name": name, "version": "1.0.0",
-        "automator": orc_plugin_artifacts::by_name("shell").unwrap().digest,
+        "automator": orc_plugin_artifacts::SHELL.digest,
         "config": {"scripts": {"start": log("start"), "stop": log("stop"), "remove": log("remove")}},
         "config_schema": {"type": "object"},
         "ports": [{"name": "spot", "port": 7000}],
@@ -646,7 +646,7 @@ redis-cli -h "$addr" -p "$port" SET "$KEY" "$VALUE" > /dev/null
 redis-cli -h "$addr" -p "$port" GET "$KEY" > "$OUT""#;
     json!({
         "name": "kv-client", "version": version,
-        "automator": orc_plugin_artifacts::by_name("shell").unwrap().digest,
+        "automator": orc_plugin_artifacts::SHELL.digest,
         "config": {"scripts": {"start": start, "stop": "rm -f \"$OUT\""}},
         "config_schema": {"type": "object", "required": ["key", "value", "out"], "properties": {
             "key": {"type": "string"}, "value": {"type": "string"}, "out": {"type": "string"}}},
@@ -933,7 +933,7 @@ fn echo_service(name: &str, role: &str) -> Value {
     }
     json!({
         "name": name, "version": "1.0.0",
-        "automator": orc_plugin_artifacts::by_name("shell").unwrap().digest,
+        "automator": orc_plugin_artifacts::SHELL.digest,
         "config": {"scripts": {"start": start, "stop": log("stop"), "remove": log("remove")}},
         "config_schema": {"type": "object"},
         "ports": [{"name": "echo", "port": 7}],
@@ -1126,7 +1126,7 @@ fn telling_service(name: &str, role: &str, consumer_addresses: bool) -> Value {
     }
     json!({
         "name": name, "version": "1.0.0",
-        "automator": orc_plugin_artifacts::by_name("shell").unwrap().digest,
+        "automator": orc_plugin_artifacts::SHELL.digest,
         // `$FAIL_ON`: a node where start fails.
         "config": {"scripts": {"start": "[ \"$ORC_NODE\" != \"$FAIL_ON\" ] && echo \"$ORC_CLUSTER $ORC_NODE start\" >> \"$LOG\" && printf '%s' \"$PEERS\" > \"$OUT\"",
             "stop": "true", "remove": "true"}, "fail_on": ""},
@@ -1402,7 +1402,7 @@ async fn mutual_consumers_moved_at_once_both_arrive() {
     let versions = json!([{"version": "1.0.0", "schema": {"type": "object", "title": "mutual"}}]);
     let doc = json!({
         "name": "mutual", "version": "1.0.0",
-        "automator": orc_plugin_artifacts::by_name("shell").unwrap().digest,
+        "automator": orc_plugin_artifacts::SHELL.digest,
         "config": {"scripts": {"start": "printf '%s' \"$PEERS\" > \"$OUT\"", "stop": "true", "remove": "true"}},
         "config_schema": {"type": "object"},
         "ports": [{"name": "serve", "port": 7}],
@@ -1458,7 +1458,7 @@ fn peers_service(name: &str, role: &str) -> Value {
     };
     json!({
         "name": name, "version": "1.0.0",
-        "automator": orc_plugin_artifacts::by_name("shell").unwrap().digest,
+        "automator": orc_plugin_artifacts::SHELL.digest,
         "config": {"scripts": {"start": start, "stop": "true", "remove": "true"}},
         "config_schema": {"type": "object"},
         "ports": [{"name": "echo", "port": 7}],

@@ -797,7 +797,7 @@ fn peers_service(name: &str, role: &str) -> Value {
     }
     json!({
         "name": name, "version": "1.0.0",
-        "automator": orc_plugin_artifacts::by_name("shell").unwrap().digest,
+        "automator": orc_plugin_artifacts::SHELL.digest,
         "config": {"scripts": {"start": "true", "stop": "true", "remove": "true"}},
         "config_schema": {"type": "object"},
         "ports": [{"name": "echo", "port": 7}],

@@ -109,7 +109,7 @@ fn plugin() -> Arc<Plugin> {
                 ..RuntimeConfig::default()
             })
             .unwrap();
-            let artifact = orc_plugin_artifacts::by_name("bench-memory").unwrap();
+            let artifact = &orc_plugin_artifacts::BENCH_MEMORY;
             let digest: Digest = artifact.digest.parse().unwrap();
             let plugin = runtime
                 .load_bytes(&digest, artifact.bytes, PluginKind::Adaptor, &Grants::all())
