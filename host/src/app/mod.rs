@@ -24,6 +24,7 @@ mod running;
 mod services;
 pub mod sign_in;
 mod versions;
+mod watcher;
 
 pub use crate::error::EnvError;
 pub(crate) use access::new_secret;

@@ -9,12 +9,13 @@ use tracing::Instrument;
 
 use super::{RowChange, has_removals, plan_for, stored_doc, stored_template};
 use crate::app::App;
+use crate::app::running::Running;
+use crate::app::watcher::{Look, Watch};
 use crate::clusters::{ClusterDoc, ClusterError, ClusterStatus, OperationKind};
-use crate::store::{ClusterRecord, Environment, EnvironmentId, StoreError, now_ms};
+use crate::scheduler::subscribers::{Subscription, Want};
+use crate::store::{ClusterRecord, Environment, EnvironmentId, now_ms};
 use orc_manifest::error_chain;
 
-/// How often a watcher looks again without an event (events wake it sooner).
-const TICK: Duration = Duration::from_secs(2);
 /// How often expired leases are looked for.
 const LEASE_SWEEP: Duration = Duration::from_secs(5);
 
@@ -24,57 +25,52 @@ enum Next {
     Done,
 }
 
+/// A cluster watcher: woken by any batch of the environment's events.
+struct ClusterWatch {
+    cluster: String,
+    generation: u64,
+}
+
+impl Watch for ClusterWatch {
+    type News = Subscription;
+    type Carry = ();
+
+    fn subscribe(&self, running: &Arc<Running>) -> Subscription {
+        running.stream.subscribe(Want::Counts)
+    }
+
+    async fn look(&self, app: &Arc<App>, env: &Environment) -> Look<()> {
+        match app.step(env, &self.cluster, self.generation).await {
+            Ok(Next::Done) => Look::Done,
+            Ok(Next::Wait) => Look::Wait(()),
+            // The row moved on since the step read it (an operator's operation, a lease): look
+            // again at once.
+            Err(ClusterError::Env(crate::app::EnvError::VersionConflict(what))) => {
+                tracing::debug!(%what, "cluster changed meanwhile; looking again");
+                Look::Again
+            }
+            Err(e) => {
+                tracing::warn!(error = %error_chain(&e), "cluster step failed; trying again");
+                Look::Wait(())
+            }
+        }
+    }
+
+    async fn woken(news: &mut Subscription, (): &mut ()) {
+        if news.recv().await.is_none() {
+            // A subscription that ended (it never does when it only counts) wakes no more: the
+            // tick will.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 impl App {
     /// Follows `cluster`'s operation `generation` until it is over.
     pub(crate) fn spawn_watcher(self: &Arc<Self>, env: EnvironmentId, cluster: String, generation: u64) {
         let this = self.clone();
         let span = tracing::info_span!("cluster_watch", cluster = %cluster, generation);
-        tokio::spawn(async move { this.watch(env, cluster, generation).await }.instrument(span));
-    }
-
-    async fn watch(self: Arc<Self>, env_id: EnvironmentId, cluster: String, generation: u64) {
-        let mut stopping = self.stopping.subscribe();
-        loop {
-            if *stopping.borrow() {
-                return;
-            }
-            let env = match self.store.get_environment(&env_id).await {
-                Ok(env) => env,
-                Err(StoreError::NotFound { .. }) => return,
-                Err(e) => {
-                    tracing::warn!(error = %error_chain(&e), "cannot read the environment");
-                    tokio::time::sleep(TICK).await;
-                    continue;
-                }
-            };
-            let mut events = match self.running(&env).await {
-                Ok(r) => r.stream.subscribe(crate::scheduler::subscribers::Want::Counts),
-                Err(e) => {
-                    tracing::warn!(error = %error_chain(&e), "environment not running");
-                    tokio::time::sleep(TICK).await;
-                    continue;
-                }
-            };
-            match self.step(&env, &cluster, generation).await {
-                Ok(Next::Done) => return,
-                Ok(Next::Wait) => {}
-                // The row moved on since the step read it (an operator's operation, a lease):
-                // look again at once.
-                Err(ClusterError::Env(crate::app::EnvError::VersionConflict(what))) => {
-                    tracing::debug!(%what, "cluster changed meanwhile; looking again");
-                    continue;
-                }
-                Err(e) => tracing::warn!(error = %error_chain(&e), "cluster step failed; trying again"),
-            }
-            tokio::select! {
-                _ = events.recv() => {
-                    // Let the rest of a burst of events arrive.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                _ = tokio::time::sleep(TICK) => {}
-                _ = stopping.changed() => return,
-            }
-        }
+        tokio::spawn(async move { this.drive(env, ClusterWatch { cluster, generation }).await }.instrument(span));
     }
 
     /// Looks at the cluster once and moves it on.

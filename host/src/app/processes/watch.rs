@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use orc_manifest::{Digest, error_chain};
 use tracing::Instrument;
@@ -15,15 +14,14 @@ use super::news::{Subscription, TaskNews};
 use super::release::{Release, is_process_task};
 use super::{decode, plan, state_of};
 use crate::app::App;
+use crate::app::running::Running;
+use crate::app::watcher::{Look, Watch};
 use crate::clusters::planner;
 use crate::intent::{IntentDocument, PluginRef};
 use crate::processes::ProcessDoc;
 use crate::processes::{ProcessState, ServicesError, set_of};
 use crate::scheduler::ResourceStatus;
-use crate::store::{Environment, EnvironmentId, StoreError};
-
-/// How often a watcher looks again without an event (events wake it sooner).
-const TICK: Duration = Duration::from_secs(2);
+use crate::store::{Environment, EnvironmentId};
 
 /// What a watcher does next.
 enum Next {
@@ -37,52 +35,42 @@ enum Next {
 /// A watcher's tasks not done at its last look: id → the desired hash that finishes each.
 type Outstanding = HashMap<String, Digest>;
 
+/// A process watcher: woken by news of its tasks that is worth a look.
+struct ProcessWatch {
+    name: String,
+    generation: u64,
+}
+
+impl Watch for ProcessWatch {
+    type News = Subscription;
+    type Carry = Option<Outstanding>;
+
+    fn subscribe(&self, running: &Arc<Running>) -> Subscription {
+        running.process_news.subscribe(&self.name)
+    }
+
+    async fn look(&self, app: &Arc<App>, env: &Environment) -> Look<Option<Outstanding>> {
+        match app.process_step(env, &self.name, self.generation).await {
+            Ok(Next::Done) => Look::Done,
+            Ok(Next::Wait(outstanding)) => Look::Wait(outstanding),
+            Err(e) => {
+                tracing::warn!(error = %error_chain(&e), "process step failed; trying again");
+                Look::Wait(None)
+            }
+        }
+    }
+
+    async fn woken(news: &mut Subscription, outstanding: &mut Option<Outstanding>) {
+        concerning(news, outstanding).await
+    }
+}
+
 impl App {
     /// Follows process `name`'s operation `generation` until it is over.
     pub(crate) fn spawn_process_watcher(self: &Arc<Self>, env: EnvironmentId, name: String, generation: u64) {
         let this = self.clone();
         let span = tracing::info_span!("process_watch", process = %name, generation);
-        tokio::spawn(async move { this.watch_process(env, name, generation).await }.instrument(span));
-    }
-
-    async fn watch_process(self: Arc<Self>, env_id: EnvironmentId, name: String, generation: u64) {
-        let mut stopping = self.stopping.subscribe();
-        loop {
-            if *stopping.borrow() {
-                return;
-            }
-            let env = match self.store.get_environment(&env_id).await {
-                Ok(env) => env,
-                Err(StoreError::NotFound { .. }) => return,
-                Err(e) => {
-                    tracing::warn!(error = %error_chain(&e), "cannot read the environment");
-                    tokio::time::sleep(TICK).await;
-                    continue;
-                }
-            };
-            // Subscribed before the step looks, so that what is persisted after its look wakes it.
-            let mut news = match self.running(&env).await {
-                Ok(r) => r.process_news.subscribe(&name),
-                Err(e) => {
-                    tracing::warn!(error = %error_chain(&e), "environment not running");
-                    tokio::time::sleep(TICK).await;
-                    continue;
-                }
-            };
-            let mut outstanding = match self.process_step(&env, &name, generation).await {
-                Ok(Next::Done) => return,
-                Ok(Next::Wait(outstanding)) => outstanding,
-                Err(e) => {
-                    tracing::warn!(error = %error_chain(&e), "process step failed; trying again");
-                    None
-                }
-            };
-            tokio::select! {
-                _ = concerning(&mut news, &mut outstanding) => tokio::time::sleep(Duration::from_millis(50)).await,
-                _ = tokio::time::sleep(TICK) => {}
-                _ = stopping.changed() => return,
-            }
-        }
+        tokio::spawn(async move { this.drive(env, ProcessWatch { name, generation }).await }.instrument(span));
     }
 
     /// Looks at the process once and moves it on, under the environment's services lock: what it
