@@ -44,28 +44,7 @@ use resource_sets::*;
 use sandbox::*;
 use services::*;
 
-/// One `#[tokio::test]` per case and backend: `sqlite::<case>` and `postgres::<case>`, each
-/// calling `super::<case>(backend)`.
-macro_rules! on_both_backends {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(orc_host::store::Backend::Sqlite).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(orc_host::store::Backend::Postgres).await
-                }
-            )*
-        }
-    };
-}
+use crate::support::on_both_backends;
 
 on_both_backends!(
     the_quickstart_intent_is_deployed_through_the_api,

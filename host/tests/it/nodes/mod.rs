@@ -91,26 +91,7 @@ fn key_fragment(sshd: &Sshd) -> String {
     sshd.client_key.lines().nth(2).expect("a multi-line key").to_string()
 }
 
-macro_rules! on_both_backends {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(orc_host::store::Backend::Sqlite).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(orc_host::store::Backend::Postgres).await
-                }
-            )*
-        }
-    };
-}
+use crate::support::on_both_backends;
 
 on_both_backends!(a_node_is_verified_and_files_are_deployed_to_it);
 
