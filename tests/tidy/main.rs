@@ -139,7 +139,7 @@ fn every_fixture_is_used_by_a_test() {
 fn nothing_in_the_repository_speaks_of_how_it_is_developed() {
     let findings = checks::development_talk(&root()).expect("read the repository's files");
     assert_none(
-        "docs, comments, tests and scripts speak of the product, not of rounds of work or reviewers",
+        "docs, comments, tests and scripts speak of the product, not of how it is being made",
         findings,
     );
 }
