@@ -7,63 +7,16 @@
 // Test support: a failed unwrap is the test failing, where it failed.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use orc_tests::bin;
+use orc_tests::server::Served;
 
 /// The most the host's peak RSS may grow by during the burst, in MiB.
 const BOUND_MIB: u64 = 80;
 /// Concurrent sign-ins.
 const BURST: usize = 200;
-
-struct Server {
-    child: Child,
-    addr: String,
-    token: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(config: &str) -> Server {
-    let dir = tempfile::tempdir().unwrap();
-    let config_file = dir.path().join("orc-host.toml");
-    std::fs::write(&config_file, config).unwrap();
-    let mut child = Command::new(bin("orc-host"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&config_file)
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut addr, mut token) = (None, None);
-    while addr.is_none() || token.is_none() {
-        let line = lines.next().expect("the server printed its address and token").unwrap();
-        if let Some(a) = line.strip_prefix("listening on http://") {
-            addr = Some(a.trim().to_string());
-        } else if let Some((_, t)) = line.split_once("admin token (shown once; only its hash is stored): ") {
-            token = Some(t.trim().to_string());
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    Server {
-        child,
-        addr: addr.unwrap(),
-        token: token.unwrap(),
-        _dir: dir,
-    }
-}
 
 /// One HTTP/1.1 request: the status and the whole answer.
 fn request(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
@@ -92,8 +45,10 @@ fn status_field(pid: u32, field: &str) -> u64 {
 fn a_burst_of_sign_ins_is_bounded_by_the_password_pool() {
     // No throttle here (it would answer most of the burst 429 before the pool is reached): the
     // pool alone bounds the memory.
-    let server =
-        start("[sign_in]\nchecks_at_once = 2\nqueue = 16\nqueue_wait_s = 60\nper_address_per_minute = 0\nper_name_per_minute = 0\n");
+    let server = Served::start(
+        "[sign_in]\nchecks_at_once = 2\nqueue = 16\nqueue_wait_s = 60\nper_address_per_minute = 0\nper_name_per_minute = 0\n",
+        &[],
+    );
     let (status, answer) = request(
         &server.addr,
         "POST",
@@ -113,7 +68,7 @@ fn a_burst_of_sign_ins_is_bounded_by_the_password_pool() {
         );
         assert_eq!(status, 401);
     }
-    let pid = server.child.id();
+    let pid = server.pid();
     let before = status_field(pid, "VmRSS:");
     // Writing 5 to clear_refs resets the peak (VmHWM) to the current RSS.
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();

@@ -30,48 +30,25 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
-/// The `sh` block right after `marker` in the guide (the marker must be there once).
-fn block(readme: &str, marker: &str) -> String {
-    let line = format!("<!-- {marker} -->");
-    assert_eq!(
-        readme.matches(&line).count(),
-        1,
-        "docs/clusters-and-services.md: `{line}` must appear once"
+/// The `sh` block marked `<!-- marker -->` in the guide (there must be one).
+fn block(guide: &str, marker: &str) -> String {
+    let mut found = orc_tests::guide::sh_blocks(guide)
+        .into_iter()
+        .filter(|b| b.marker.as_deref() == Some(marker));
+    let block = found
+        .next()
+        .unwrap_or_else(|| panic!("docs/clusters-and-services.md: no ```sh block follows `<!-- {marker} -->`"));
+    assert!(
+        found.next().is_none(),
+        "docs/clusters-and-services.md: `<!-- {marker} -->` marks two blocks"
     );
-    let after = &readme[readme.find(&line).unwrap() + line.len()..];
-    let body = after
-        .strip_prefix("\n```sh\n")
-        .unwrap_or_else(|| panic!("docs/clusters-and-services.md: `{line}` is not followed by a ```sh block"));
-    body[..body.find("\n```\n").expect("the block ends")].to_string()
-}
-
-/// Whether `line` matches `pattern`, where `…` stands for any text.
-fn matches(pattern: &str, line: &str) -> bool {
-    let parts: Vec<&str> = pattern.split('…').collect();
-    let (first, last) = (parts[0], parts[parts.len() - 1]);
-    if parts.len() == 1 {
-        return line == pattern;
-    }
-    let Some(mut rest) = line.strip_prefix(first) else {
-        return false;
-    };
-    for part in &parts[1..parts.len() - 1] {
-        match rest.find(part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
-        }
-    }
-    rest.len() >= last.len() && rest.ends_with(last)
+    block.body
 }
 
 /// Every `# → ` line of `block` matches a line of `stdout`, in order.
 fn assert_prints(block: &str, stdout: &str) {
-    let mut printed = stdout.lines();
-    for expected in block.lines().filter_map(|l| l.strip_prefix("# → ")) {
-        assert!(
-            printed.any(|line| matches(expected, line)),
-            "the block never printed `{expected}` (in order); it printed:\n{stdout}"
-        );
+    if let Some(expected) = orc_tests::guide::missing_output(block, stdout) {
+        panic!("the block never printed `{expected}` (in order); it printed:\n{stdout}");
     }
 }
 
