@@ -256,3 +256,19 @@ fn a_fixture_no_test_names_is_found() {
         ]
     );
 }
+
+#[test]
+fn a_rust_example_where_documentation_tests_are_off_is_found() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let root = dir.path();
+    write(root, "a/Cargo.toml", "[package]\nname = \"a\"\n\n[lib]\ndoctest = false\n");
+    write(
+        root,
+        "a/src/lib.rs",
+        "//! A.\n//!\n//! ```text\n//! a diagram\n//! ```\n\n/// ```\n/// f();\n/// ```\npub fn f() {}\n",
+    );
+    write(root, "b/Cargo.toml", "[package]\nname = \"b\"\n");
+    write(root, "b/src/lib.rs", "//! B.\n//!\n//! ```\n//! b();\n//! ```\n");
+    let findings = checks::examples_no_test_runs(root).expect("read the tree");
+    assert_eq!(found(&findings), [("a/src/lib.rs".to_string(), 7)]);
+}

@@ -195,6 +195,51 @@ pub fn untested_fixtures(root: &Path, constants: &[&str]) -> io::Result<Vec<Find
         .collect())
 }
 
+/// Rule: a crate whose `Cargo.toml` turns its documentation tests off (`doctest = false`) has
+/// no example in its docs that would be one: every fence opened in a `///` or `//!` comment
+/// names a language other than Rust (```` ```text ````, ```` ```toml ````). An example written
+/// later would otherwise never run.
+pub fn examples_no_test_runs(root: &Path) -> io::Result<Vec<Finding>> {
+    let mut crates = Vec::new();
+    for path in text_files(root)? {
+        if path.file_name().is_some_and(|n| n == "Cargo.toml") {
+            let text = std::fs::read_to_string(root.join(&path))?;
+            if text
+                .lines()
+                .any(|l| l.split('#').next().unwrap_or("").replace(' ', "") == "doctest=false")
+            {
+                crates.push(path.parent().map(Path::to_path_buf).unwrap_or_default());
+            }
+        }
+    }
+    let mut findings = Vec::new();
+    for path in rust_files(root)? {
+        if !crates.iter().any(|c| path.starts_with(c.join("src"))) {
+            continue;
+        }
+        let text = std::fs::read_to_string(root.join(&path))?;
+        let mut open = false;
+        for (i, line) in text.lines().enumerate() {
+            let doc = line.trim_start();
+            let Some(doc) = doc.strip_prefix("///").or_else(|| doc.strip_prefix("//!")) else {
+                continue;
+            };
+            let Some(info) = doc.trim_start().strip_prefix("```") else {
+                continue;
+            };
+            if !open && (info.trim().is_empty() || info.trim().starts_with("rust")) {
+                findings.push(Finding {
+                    path: path.clone(),
+                    line: i + 1,
+                    what: "a Rust example in a crate whose documentation tests are off (`doctest = false`)".into(),
+                });
+            }
+            open = !open;
+        }
+    }
+    Ok(findings)
+}
+
 /// The folders that hold production crates.
 pub const PRODUCTION_ROOTS: &[&str] = &["host", "plugins", "sdk", "registry"];
 

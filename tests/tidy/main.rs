@@ -136,6 +136,15 @@ fn every_fixture_is_used_by_a_test() {
 }
 
 #[test]
+fn crates_without_documentation_tests_have_no_example_to_run() {
+    let findings = checks::examples_no_test_runs(&root()).expect("read the repository's files");
+    assert_none(
+        "a crate with `doctest = false` shows no Rust example in its docs (turn its documentation tests on)",
+        findings,
+    );
+}
+
+#[test]
 fn nothing_in_the_repository_speaks_of_how_it_is_developed() {
     let findings = checks::development_talk(&root()).expect("read the repository's files");
     assert_none(

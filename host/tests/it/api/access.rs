@@ -207,7 +207,7 @@ async fn callers(host: &Host) -> BTreeMap<&'static str, String> {
 /// Every route of the document, with every caller: a caller the rule lets through is not
 /// answered 401 or 403; any other is answered 401 (no valid token) or 403 naming the role.
 pub async fn every_route_answers_each_role_as_its_rule_says(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let tokens = callers(&host).await;
     let (_, doc) = host.get("/openapi.json").await;
     let expected: BTreeMap<(&str, &str), &str> = EXPECTED.iter().map(|(m, p, r)| ((*m, *p), *r)).collect();
@@ -292,7 +292,7 @@ pub async fn every_route_answers_each_role_as_its_rule_says(backend: Backend) {
 /// A member of one environment sees nothing of another: not its resources, not its events,
 /// not its private nodes, not even in listings.
 pub async fn a_member_sees_nothing_of_another_environment(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let tokens = callers(&host).await;
     let viewer = tokens["viewer"].as_str();
     let (status, list) = json_of(call(&host, Some(viewer), Method::GET, "/environments", None).await).await;
@@ -348,7 +348,7 @@ pub async fn a_member_sees_nothing_of_another_environment(backend: Backend) {
 
 /// A publisher uploads plugins but cannot deploy; a viewer cannot upload.
 pub async fn a_publisher_uploads_but_cannot_deploy(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let tokens = callers(&host).await;
     let registry = format!("{}/registry", host.base.trim_end_matches("/api/v1"));
     let plugin = orc_plugin_artifacts::MISBEHAVE.bytes;
@@ -367,7 +367,7 @@ pub async fn a_publisher_uploads_but_cannot_deploy(backend: Backend) {
 /// Revoking a token, disabling or deleting its user, or taking its role away fails it at once,
 /// also on an event stream it holds open.
 pub async fn revoked_tokens_and_disabled_users_fail_at_once_even_on_an_open_stream(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let tokens = callers(&host).await;
     let viewer = tokens["viewer"].clone();
     // Each way of losing access, with a stream open before it.
@@ -430,7 +430,7 @@ pub async fn revoked_tokens_and_disabled_users_fail_at_once_even_on_an_open_stre
 /// Signing in with a password answers a token; a wrong password, an unknown name and a
 /// disabled user get the same answer; the password is never answered and not stored in clear.
 pub async fn passwords_sign_in_and_are_never_answered_or_stored(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let password = "a long and secret passphrase 7";
     let (status, user) = host.post("/users", &json!({"name": "ann", "password": password})).await;
     assert_eq!(status, StatusCode::CREATED, "{user}");
@@ -482,7 +482,7 @@ pub async fn passwords_sign_in_and_are_never_answered_or_stored(backend: Backend
 /// Tokens carry their user's roles or a narrower set; a wider one is refused by name; listing
 /// shows which.
 pub async fn a_token_carries_its_users_roles_or_a_narrower_set(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let tokens = callers(&host).await;
     let owner = tokens["owner"].as_str();
     let scoped = json!({"description": "read only", "scope": {"environments": {"a": "viewer"}}});
@@ -549,7 +549,7 @@ pub async fn a_token_carries_its_users_roles_or_a_narrower_set(backend: Backend)
 /// Each state-changing request is in the audit trail with its author and outcome; reads are not.
 /// Intent versions, operations, dryruns and node changes name their author too.
 pub async fn the_audit_trail_records_each_change_with_its_author(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let tokens = callers(&host).await;
     let operator = tokens["operator"].as_str();
     assert_eq!(
@@ -774,7 +774,7 @@ pub async fn a_burst_of_changes_is_audited_whole_and_kept_across_a_restart(backe
         });
         futures::future::join_all(requests).await
     }
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("a").await;
     assert!(burst(&host).await.iter().all(|r| r.status() == StatusCode::OK));
     let audited = |page: &Value| -> Vec<String> {
@@ -809,7 +809,7 @@ pub async fn a_burst_of_changes_is_audited_whole_and_kept_across_a_restart(backe
 /// hold) is an unknown name — 401, 403 or 404 — never a 500, and the refused request still
 /// reaches the audit trail.
 pub async fn nul_in_names_is_unknown_and_still_audited(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let tokens = callers(&host).await;
     for (path, want) in [
         ("/users/a%00b", StatusCode::NOT_FOUND),

@@ -87,7 +87,7 @@ impl Host {
 /// 414 and 431 are JSON up to hyper's own limits; past them hyper answers alone, with a bare
 /// status (docs/api.md says so). A head within the limits is served as usual.
 pub async fn request_heads_over_the_limits_are_refused_in_json(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let auth = format!("authorization: Bearer {}", host.token);
     let ok = host.raw(&format!("GET /api/v1/environments HTTP/1.1\r\nhost: x\r\n{auth}")).await;
     assert_eq!(ok.status, 200, "{}", String::from_utf8_lossy(&ok.body));
@@ -139,7 +139,7 @@ pub async fn request_heads_over_the_limits_are_refused_in_json(backend: Backend)
 /// A body on an endpoint taking JSON must say it is JSON (415 otherwise); malformed JSON is
 /// 400 `invalid_json` naming the problem; an optional body may be empty or `null`.
 pub async fn bodies_must_be_json_and_an_optional_one_may_be_null(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let env = r#"{"name": "dev"}"#;
     for content_type in [None, Some("text/plain"), Some("application/x-www-form-urlencoded")] {
         let (status, body) = host.with_content_type(Method::POST, "/environments", content_type, env).await;
@@ -241,7 +241,7 @@ pub async fn bodies_must_be_json_and_an_optional_one_may_be_null(backend: Backen
 
 /// `limit` is 1–10,000 as documented: outside, 400 naming it — never clamped to the range.
 pub async fn bounded_query_parameters_are_refused_outside_their_range(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("dev").await;
     for path in ["/environments/dev/resources", "/environments/dev/actions"] {
         for limit in ["0", "10001", "4294967295"] {
@@ -283,7 +283,7 @@ pub async fn bounded_query_parameters_are_refused_outside_their_range(backend: B
 /// every one with a body 413 and 415 — each with the error schema — and the optional dryrun
 /// body admits `null`, as the server does.
 pub async fn the_document_lists_the_errors_each_operation_can_answer(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let (_, doc) = host.get("/openapi.json").await;
     let error = json!({ "$ref": "#/components/schemas/ErrorBody" });
     let mut checked = 0;
@@ -339,7 +339,7 @@ pub async fn the_document_lists_the_errors_each_operation_can_answer(backend: Ba
 /// `POST …/dryruns` served: two handlers of different paths registered as one route), and the
 /// 405's `Allow` names exactly those.
 pub async fn each_path_takes_only_its_documented_methods(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let (_, doc) = host.get("/openapi.json").await;
     for (path, item) in doc["paths"].as_object().unwrap() {
         let concrete = path

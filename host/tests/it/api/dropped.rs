@@ -41,7 +41,7 @@ impl Host {
 }
 
 pub async fn resources_dropped_from_the_intent_are_no_longer_listed(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("dev").await;
     let (status, body) = host.post_raw("/environments/dev/intents", QUICKSTART.as_bytes()).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");

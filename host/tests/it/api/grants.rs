@@ -29,7 +29,7 @@ impl Host {
 }
 
 pub async fn capabilities_are_granted_per_environment_and_checked_at_submission(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     // In the node's root: all a confined command can write.
     let marker = host.node_root("dev").join("ran");
 
@@ -136,7 +136,7 @@ pub async fn capabilities_are_granted_per_environment_and_checked_at_submission(
 }
 
 pub async fn a_cluster_template_needs_the_capabilities_its_automators_request(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("dev").await;
     let template = json!({ "services": { "web": { "automator": "shell@0.1.0" } } });
     let (status, body) = host.post("/environments/dev/templates/site", &template).await;

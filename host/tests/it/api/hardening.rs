@@ -112,7 +112,7 @@ pub async fn sign_in_is_throttled_per_name_and_per_address_and_a_real_user_gets_
 }
 
 pub async fn the_last_way_in_that_can_act_as_admin_is_never_removed(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let (_, me) = host.get("/me").await;
     let full = me["token_id"].as_str().unwrap().to_string();
 

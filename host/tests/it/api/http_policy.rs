@@ -323,7 +323,7 @@ pub async fn a_host_secret_without_origins_stops_the_start_naming_it(backend: Ba
 /// `call_timeout_s` bounds every plugin call of the environment: a call longer than it times
 /// out; raised above the call's length, the same call succeeds. Changed live.
 pub async fn the_call_timeout_is_an_environment_setting(backend: Backend) {
-    let host = Host::start(backend, 4 << 20).await;
+    let host = Host::start_limited(backend, 4 << 20).await;
     let adaptor = host.publish_misbehave().await;
 
     let env = host.create_environment("slow").await;

@@ -73,7 +73,7 @@ fn assert_mentions(text: &str, parts: &[&str]) {
 }
 
 pub async fn a_plugin_writing_past_its_environments_kv_quota_is_refused_and_deleting_frees_room(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let adaptor = host.publish_misbehave().await;
     let env = host.create_environment("dev").await;
     let id = env["id"].as_str().unwrap().to_string();

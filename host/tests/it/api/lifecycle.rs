@@ -29,32 +29,6 @@ impl Host {
         self.send(Method::PATCH, path, Some(body.to_string().into_bytes())).await
     }
 
-    /// POSTs an action (202 + `Location`), then polls the location until it is no longer
-    /// `running`; returns the finished body.
-    pub(crate) async fn run_to_completion(&self, path: &str, body: Option<Value>) -> Value {
-        let request = self.client.post(format!("{}{path}", self.base)).bearer_auth(&self.token);
-        // A JSON body says so (or is refused 415); no body needs no `Content-Type`.
-        let resp = match body {
-            Some(body) => request.json(&body),
-            None => request,
-        }
-        .send()
-        .await
-        .unwrap();
-        assert_eq!(resp.status(), StatusCode::ACCEPTED, "{path}");
-        let location = resp.headers()["location"].to_str().unwrap().to_string();
-        let accepted: Value = resp.json().await.unwrap();
-        assert_eq!(accepted["status"], "running", "{accepted}");
-        let location = location.strip_prefix("/api/v1").expect("a location under /api/v1");
-        assert!(location.ends_with(accepted["id"].as_str().unwrap()), "{location}");
-        wait_for(&format!("{path} to finish"), Duration::from_secs(60), async || {
-            let (status, body) = self.get(location).await;
-            assert_eq!(status, StatusCode::OK, "{body}");
-            if body["status"] != "running" { Ok(body) } else { Err(body) }
-        })
-        .await
-    }
-
     pub(crate) async fn counts(&self, env: &str) -> Value {
         let (status, body) = self.get(&format!("/environments/{env}")).await;
         assert_eq!(status, StatusCode::OK, "{body}");
@@ -67,7 +41,7 @@ impl Host {
 }
 
 pub async fn settings_change_and_halt_holds_everything_until_resume(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("dev").await;
 
     // Only the fields given change.
@@ -149,7 +123,7 @@ pub async fn settings_change_and_halt_holds_everything_until_resume(backend: Bac
 }
 
 pub async fn diff_dryrun_and_rollback_of_versions(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("dev").await;
     assert_error(
         host.post("/environments/dev/dryrun", &json!({})).await,
@@ -293,7 +267,7 @@ pub async fn diff_dryrun_and_rollback_of_versions(backend: Backend) {
 /// version, the diff between versions (which still says the content changed), a dryrun's
 /// findings, the action log.
 pub async fn a_sensitive_value_is_deployed_whole_and_never_shown(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("dev").await;
     let intent = |token: &str| {
         serde_json::to_vec(&json!({"resources": [{
@@ -370,7 +344,7 @@ pub async fn a_sensitive_value_is_deployed_whole_and_never_shown(backend: Backen
 }
 
 pub async fn deploy_and_repair_report_their_outcome_and_the_log_is_queried(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("dev").await;
     host.post_raw("/environments/dev/intents", QUICKSTART.as_bytes()).await;
     host.wait_all_deployed("dev", 6).await;
@@ -435,7 +409,7 @@ pub async fn deploy_and_repair_report_their_outcome_and_the_log_is_queried(backe
 
 pub async fn the_event_stream_shows_states_and_actions(backend: Backend) {
     use futures::StreamExt;
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("dev").await;
     let resp = host
         .client
@@ -500,7 +474,7 @@ pub async fn the_event_stream_shows_states_and_actions(backend: Backend) {
 /// JSON Schema (2020-12) and every `$ref` resolves, which describes exactly the routes the server
 /// answers, and whose response schemas accept what the server really answers.
 pub async fn the_openapi_document_validates_and_matches_the_answers(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let resp = host.client.get(format!("{}/openapi.json", host.base)).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK, "served without a token");
     let doc: Value = resp.json().await.unwrap();
@@ -654,7 +628,7 @@ pub async fn the_openapi_document_validates_and_matches_the_answers(backend: Bac
 /// Admin tokens are created (the secret shown once), listed, and revoked, the last one never; a
 /// registry client publishes to `/registry` with one and is refused without.
 pub async fn tokens_are_managed_and_guard_publishing(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let (status, created) = host.post("/tokens", &json!({})).await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
     let second = created["token"].as_str().unwrap().to_string();
@@ -719,7 +693,7 @@ pub async fn tokens_are_managed_and_guard_publishing(backend: Backend) {
 /// Readiness and the Prometheus metrics, without a token: resource counts per status follow the
 /// deploy, actions and requests are counted, and a restart seeds the counts from the store.
 pub async fn readiness_and_metrics_follow_the_deploy(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let root = host.base.trim_end_matches("/api/v1").to_string();
     let ready = host.client.get(format!("{}/ready", host.base)).send().await.unwrap();
     assert_eq!(ready.status(), StatusCode::OK);
@@ -778,7 +752,7 @@ pub async fn readiness_and_metrics_follow_the_deploy(backend: Backend) {
 /// Deleting an environment deletes its plugins' key/value state (scopes `environment-id/…`) in
 /// the database, and nothing of another environment's.
 pub async fn deleting_an_environment_forgets_its_plugin_state(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let registry = format!("{}/registry", host.base.trim_end_matches("/api/v1"));
     let plugin = orc_plugin_artifacts::BENCH_MEMORY;
     orc_registry::Registry::open(&registry)

@@ -6,13 +6,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use orc_host::server::Server;
-use orc_host::server::config::HostConfig;
-use orc_host::store::{Backend, SQLITE_FILE};
-use orc_tests::{pg, wait_for};
+use orc_host::store::Backend;
+use orc_tests::wait_for;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 
 mod access;
 mod contract;
@@ -28,6 +25,7 @@ mod resource_sets;
 mod sandbox;
 mod services;
 
+use crate::support::host::{Data, Host};
 use crate::support::paths::encode;
 
 use access::*;
@@ -99,155 +97,6 @@ on_both_backends!(
 
 const QUICKSTART: &str = include_str!("../../../intents/quickstart.json");
 
-/// Where a host keeps its state: a data directory and, on PostgreSQL, a database of its own.
-/// Handed from one start to the next to restart on the same data.
-struct Data {
-    backend: Backend,
-    dir: tempfile::TempDir,
-    /// `postgres://…`; `None`: the SQLite file in `dir`.
-    database: Option<String>,
-}
-
-impl Data {
-    async fn fresh(backend: Backend) -> Data {
-        let database = match backend {
-            Backend::Sqlite => None,
-            Backend::Postgres => Some(pg::fresh_database().await.unwrap()),
-        };
-        Data {
-            backend,
-            dir: tempfile::tempdir().unwrap(),
-            database,
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// The server kept its state where it was told: the SQLite file exists only on SQLite.
-    fn assert_backend(&self) {
-        let sqlite_file = self.path().join(SQLITE_FILE).exists();
-        assert_eq!(
-            sqlite_file,
-            self.backend == Backend::Sqlite,
-            "{} with database {:?}",
-            self.backend,
-            self.database
-        );
-    }
-}
-
-/// A running server and an HTTP client for it. Dropping it shuts the server down.
-struct Host {
-    base: String,
-    token: String,
-    client: reqwest::Client,
-    data: Data,
-    stop: oneshot::Sender<()>,
-    served: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Host {
-    async fn start(backend: Backend, max_body_bytes: usize) -> Host {
-        Host::start_with(Data::fresh(backend).await, max_body_bytes, None).await
-    }
-
-    /// Starts on `data`; `token` is the admin token of an earlier start on the same data (a new
-    /// one is created and shown only on the first start).
-    async fn start_with(data: Data, max_body_bytes: usize, token: Option<String>) -> Host {
-        Host::start_configured(data, token, |config| config.max_body_bytes = max_body_bytes).await
-    }
-
-    /// [`Host::start_with`], the configuration changed by `configure` first.
-    async fn start_configured(data: Data, token: Option<String>, configure: impl FnOnce(&mut HostConfig)) -> Host {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut config = HostConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            data_dir: data.path().to_path_buf(),
-            database: data.database.clone(),
-            ..HostConfig::default()
-        };
-        configure(&mut config);
-        let server = Server::start(&config).await.unwrap();
-        data.assert_backend();
-        let token = server
-            .initial_token()
-            .map(str::to_string)
-            .or(token)
-            .expect("a token: new on a first start, or given");
-        let addr = server.local_addr().unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let served = tokio::spawn(server.run(async {
-            let _ = stopped.await;
-        }));
-        Host {
-            base: format!("http://{addr}/api/v1"),
-            client: reqwest::Client::new(),
-            token,
-            data,
-            stop,
-            served,
-        }
-    }
-
-    /// Shuts the server down gracefully and hands back its data.
-    async fn stop(self) -> Data {
-        let _ = self.stop.send(());
-        self.served.await.unwrap().unwrap();
-        self.data
-    }
-
-    async fn send(&self, method: reqwest::Method, path: &str, body: Option<Vec<u8>>) -> (StatusCode, Value) {
-        let mut req = self.client.request(method, format!("{}{path}", self.base)).bearer_auth(&self.token);
-        if let Some(body) = body {
-            req = req.header("content-type", "application/json").body(body);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status();
-        let bytes = resp.bytes().await.unwrap();
-        let value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
-        };
-        (status, value)
-    }
-
-    async fn get(&self, path: &str) -> (StatusCode, Value) {
-        self.send(reqwest::Method::GET, path, None).await
-    }
-
-    async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
-        self.send(reqwest::Method::POST, path, Some(body.to_string().into_bytes())).await
-    }
-
-    async fn post_raw(&self, path: &str, body: &[u8]) -> (StatusCode, Value) {
-        self.send(reqwest::Method::POST, path, Some(body.to_vec())).await
-    }
-
-    async fn create_environment(&self, name: &str) -> Value {
-        let (status, env) = self.post("/environments", &json!({ "name": name })).await;
-        assert_eq!(status, StatusCode::CREATED, "{env}");
-        env
-    }
-
-    /// Polls the resource listing until `done` holds for it (bounded, so a hang fails).
-    async fn wait_for_resources(&self, env: &str, query: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-        wait_for("the resources to reach the condition", Duration::from_secs(120), async || {
-            let (status, page) = self.get(&format!("/environments/{env}/resources?{query}")).await;
-            assert_eq!(status, StatusCode::OK, "{page}");
-            let items = page["items"].as_array().cloned().unwrap_or_default();
-            if done(&items) { Ok(items) } else { Err(page) }
-        })
-        .await
-    }
-
-    fn node_root(&self, env: &str) -> std::path::PathBuf {
-        orc_host::app::node_root(self.data.path(), env)
-    }
-}
-
 fn assert_error(got: (StatusCode, Value), status: StatusCode, code: &str, mentions: &str) {
     let (s, body) = got;
     assert_eq!(s, status, "{body}");
@@ -261,7 +110,7 @@ fn read(root: &Path, path: &str) -> String {
 }
 
 async fn the_quickstart_intent_is_deployed_through_the_api(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let (status, health) = host.get("/health").await;
     assert_eq!((status, &health["status"]), (StatusCode::OK, &json!("ok")));
 
@@ -343,7 +192,7 @@ async fn the_quickstart_intent_is_deployed_through_the_api(backend: Backend) {
 }
 
 async fn bad_inputs_are_answered_with_their_status_and_code(backend: Backend) {
-    let host = Host::start(backend, 64 * 1024).await;
+    let host = Host::start_limited(backend, 64 * 1024).await;
     host.create_environment("prod").await;
     let intent = |resources: Value| json!({ "resources": resources });
     let file =
@@ -542,7 +391,7 @@ async fn bad_inputs_are_answered_with_their_status_and_code(backend: Backend) {
 
 /// Stopped and started again on the same data directory and database.
 async fn a_restarted_server_resumes_its_environments(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("dev").await;
     let (status, _) = host.post_raw("/environments/dev/intents", QUICKSTART.as_bytes()).await;
     assert_eq!(status, StatusCode::CREATED);
@@ -608,7 +457,7 @@ async fn the_serve_command_prints_its_address_and_stops_on_sigterm(backend: Back
 
 /// The registry is served by the same process under `/registry`, holding the first-party plugins.
 async fn the_registry_is_served_under_registry(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let root = host.base.trim_end_matches("/api/v1").to_string();
     let plugins: Value = reqwest::get(format!("{root}/registry/v1/plugins"))
         .await
@@ -630,7 +479,7 @@ async fn the_registry_is_served_under_registry(backend: Backend) {
 /// Every call but `/health` needs the admin token created on the first start; the registry is
 /// open to read and needs the token to publish.
 async fn the_api_requires_the_admin_token(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     assert!(host.token.starts_with("orc_") && host.token.len() > 60, "{}", host.token);
     let client = reqwest::Client::new();
     let url = format!("{}/environments", host.base);

@@ -11,7 +11,7 @@ use super::kv_quota::{everything, message};
 use super::{Host, encode};
 
 pub async fn nul_characters_from_a_plugin_neither_reach_nor_break_the_store(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let adaptor = host.publish_misbehave().await;
     host.create_environment("dev").await;
     let (status, body) = host

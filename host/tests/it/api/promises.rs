@@ -39,7 +39,7 @@ fn files(n: usize, content: &str) -> Vec<u8> {
 }
 
 pub async fn a_repair_requested_while_actions_run_reaches_every_file(backend: Backend) {
-    let host = Host::start(backend, 1 << 22).await;
+    let host = Host::start_limited(backend, 1 << 22).await;
     host.create_environment("dev").await;
     let n = 300;
     let (status, body) = host.post_raw("/environments/dev/intents", &files(n, "first")).await;
@@ -72,7 +72,7 @@ pub async fn a_repair_requested_while_actions_run_reaches_every_file(backend: Ba
 }
 
 pub async fn the_counts_describe_the_released_version_from_its_201(backend: Backend) {
-    let host = Host::start(backend, 1 << 22).await;
+    let host = Host::start_limited(backend, 1 << 22).await;
     host.create_environment("dev").await;
     let n = 50;
     let (status, body) = host.post_raw("/environments/dev/intents", &files(n, "one")).await;
@@ -117,7 +117,7 @@ pub async fn the_counts_describe_the_released_version_from_its_201(backend: Back
 }
 
 pub async fn settings_no_scheduler_can_hold_are_refused_by_name(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("dev").await;
     let (status, body) = host.post_raw("/environments/dev/intents", &files(3, "x")).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");

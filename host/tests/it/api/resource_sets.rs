@@ -45,7 +45,7 @@ async fn put_set(host: &Host, name: &str, resources: Value) -> (StatusCode, Valu
 }
 
 pub async fn a_resource_set_is_replaced_without_touching_another(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("sets").await;
     let (status, v) = host
         .post("/environments/sets/intents", &json!({"resources": [file("/main", "main")]}))
@@ -137,7 +137,7 @@ async fn with_if_match(host: &Host, method: Method, path: &str, body: Option<Val
 /// Settings and templates carry an `ETag`; a change naming a stale one is refused (409
 /// `version_conflict`, naming what is current) and changes nothing.
 pub async fn a_stale_if_match_is_refused_for_settings_and_templates(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("sets").await;
     let resp = host
         .client

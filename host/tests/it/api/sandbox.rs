@@ -22,7 +22,7 @@ fn command(name: &str, shell: &str) -> Value {
 }
 
 pub async fn local_commands_reach_nothing_of_the_host_and_their_limits_hold(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("dev").await;
 
     // The limits are bounded settings, refused by name.

@@ -45,7 +45,7 @@ async fn publish(host: &Host, token: Option<&str>, doc: &[u8]) -> (StatusCode, V
 }
 
 pub async fn the_catalog_lists_published_service_versions(backend: Backend) {
-    let host = Host::start(backend, 1 << 20).await;
+    let host = Host::start_limited(backend, 1 << 20).await;
     let (_, empty) = host.get("/services").await;
     assert_eq!(empty["items"], json!([]));
 

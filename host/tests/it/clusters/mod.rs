@@ -171,10 +171,10 @@ fn stack(root: &Path) -> Value {
 
 async fn start_host(retry_interval_s: u64) -> Host {
     let host = Host::start(Backend::Sqlite).await;
-    host.create_environment(ENV, retry_interval_s).await;
+    host.create_environment_retrying(ENV, retry_interval_s).await;
     // The `shell` and `redis` automators run commands: not granted by default.
     let patch = json!({ "settings": { "capabilities": { "node_commands": true } } });
-    let (status, env, _) = host.send(Method::PATCH, &format!("/environments/{ENV}"), Some(&patch)).await;
+    let (status, env, _) = host.send_text(Method::PATCH, &format!("/environments/{ENV}"), Some(&patch)).await;
     assert_eq!(status, StatusCode::OK, "{env}");
     host
 }
@@ -325,8 +325,8 @@ async fn a_shell_cluster_is_created_amended_reconfigured_and_deleted() {
         .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{c}");
     // The host restarts in the middle: the operation carries on.
-    let (dir, database, token) = host.restart_later().await;
-    let host = Host::start_on(dir, database, Some(token)).await;
+    let (data, token) = host.restart_later().await;
+    let host = Host::start_again(data, token).await;
     let c = wait_cluster(&host, "shop", "active").await;
     assert_eq!(c["config"]["web"]["greeting"], "bonjour", "{c:#}");
     for node in amended.keys().filter(|n| **n != db) {

@@ -14,7 +14,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use super::{ENV, OP_TIMEOUT, nodes, ping, register_nodes, start_host};
-use crate::support::host::Host;
+use crate::support::host::{Data, Host};
 
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1087,7 +1087,7 @@ async fn a_moved_provider_starts_before_it_stops_and_its_peer_follows() {
     let (status, v) = host.post(&format!("/environments/{ENV}/intents"), &intent).await;
     assert_eq!(status, StatusCode::CREATED, "{v}");
     let (status, v, _) = host
-        .send(
+        .send_text(
             Method::PUT,
             &format!("/environments/{ENV}/resource-sets/extra"),
             Some(&json!({"resources": []})),
@@ -1556,7 +1556,7 @@ async fn concurrent_operations_converge_to_what_the_rows_say() {
                 Op::Update { process, generation } => {
                     let body = json!({"config": config(*process, *generation)});
                     let (status, answer, _) = host
-                        .send(Method::PATCH, &format!("{processes}/{}", name(*process)), Some(&body))
+                        .send_text(Method::PATCH, &format!("{processes}/{}", name(*process)), Some(&body))
                         .await;
                     (status, answer)
                 }
@@ -1759,15 +1759,12 @@ async fn a_terminate_cut_short_by_a_stop_is_released_when_the_host_starts() {
     })
     .await;
 
-    let (dir, database, token) = host.restart_later().await;
-    let location = database
-        .clone()
-        .unwrap_or_else(|| format!("sqlite:{}", dir.path().join(orc_host::store::SQLITE_FILE).display()));
-    let store = orc_host::store::Store::connect(&location).await.unwrap();
+    let (data, token) = host.restart_later().await;
+    let store = orc_host::store::Store::connect(&data.location()).await.unwrap();
     store.release_version(&env_id.parse().unwrap(), terminating).await.unwrap();
     store.close().await;
 
-    let host = Host::start_on(dir, database, Some(token)).await;
+    let host = Host::start_again(data, token).await;
     wait_for(
         "the restarted host to release a version without the terminated process's tasks",
         OP_TIMEOUT,
@@ -1786,18 +1783,11 @@ async fn a_terminate_cut_short_by_a_stop_is_released_when_the_host_starts() {
 }
 
 /// The stored row of process `name`, read with the host stopped.
-async fn stored_row(dir: &tempfile::TempDir, database: &Option<String>, env_id: &str, name: &str) -> orc_host::store::ProcessRecord {
-    let store = store_of(dir, database).await;
+async fn stored_row(data: &Data, env_id: &str, name: &str) -> orc_host::store::ProcessRecord {
+    let store = orc_host::store::Store::connect(&data.location()).await.unwrap();
     let row = store.find_process(&env_id.parse().unwrap(), name).await.unwrap().unwrap();
     store.close().await;
     row
-}
-
-async fn store_of(dir: &tempfile::TempDir, database: &Option<String>) -> orc_host::store::Store {
-    let location = database
-        .clone()
-        .unwrap_or_else(|| format!("sqlite:{}", dir.path().join(orc_host::store::SQLITE_FILE).display()));
-    orc_host::store::Store::connect(&location).await.unwrap()
 }
 
 /// A host that stops after a moved server's row says it runs on its new node and before its
@@ -1831,19 +1821,19 @@ async fn peers_of_a_move_cut_short_by_a_stop_are_told_when_the_host_starts() {
     let env_id = env["id"].as_str().unwrap().to_string();
 
     // The client's row as it is before its server moves.
-    let (dir, database, token) = host.restart_later().await;
-    let before = stored_row(&dir, &database, &env_id, "rc0").await;
-    let host = Host::start_on(dir, database, Some(token)).await;
+    let (data, token) = host.restart_later().await;
+    let before = stored_row(&data, &env_id, "rc0").await;
+    let host = Host::start_again(data, token).await;
     let (status, p) = host.post(&format!("{processes}/rs0/move"), &json!({"node": "n2"})).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{p}");
     let settled = converged(&host, work.path(), 0).await;
     assert!(settled.iter().any(|p| p["name"] == "rs0" && p["node"] == "n2"), "{settled:?}");
 
     // Stopped before the client was told: its row as before the move.
-    let (dir, database, token) = host.restart_later().await;
-    let now = stored_row(&dir, &database, &env_id, "rc0").await;
+    let (data, token) = host.restart_later().await;
+    let now = stored_row(&data, &env_id, "rc0").await;
     assert_ne!(now.document, before.document, "the client was told of the move");
-    let store = store_of(&dir, &database).await;
+    let store = orc_host::store::Store::connect(&data.location()).await.unwrap();
     store
         .update_process(&env_id.parse().unwrap(), "rc0", now.revision, &before.state, &before.document)
         .await
@@ -1851,7 +1841,7 @@ async fn peers_of_a_move_cut_short_by_a_stop_are_told_when_the_host_starts() {
     store.close().await;
 
     // Started again: told, and deployed pointing at the server's new node.
-    let host = Host::start_on(dir, database, Some(token)).await;
+    let host = Host::start_again(data, token).await;
     let settled = converged(&host, work.path(), 0).await;
     assert!(settled.iter().any(|p| p["name"] == "rs0" && p["node"] == "n2"), "{settled:?}");
     let told: Value = serde_json::from_str(&std::fs::read_to_string(work.path().join("rc0")).unwrap()).unwrap();

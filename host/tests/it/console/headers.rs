@@ -64,9 +64,9 @@ fn assert_secured(what: &str, response: &reqwest::Response) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_console_route_and_api_answer_carries_the_security_headers() {
     let host = Host::start(Backend::Sqlite).await;
-    host.create_environment("web", 60).await;
+    host.create_environment_retrying("web", 60).await;
     let (status, body, _) = host
-        .send(
+        .send_text(
             reqwest::Method::POST,
             "/environments/web/intents",
             Some(&serde_json::from_str(QUICKSTART).unwrap()),
@@ -183,7 +183,7 @@ async fn serve_page(html: String) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_on_another_port_cannot_frame_the_signed_in_console() {
     let host = Host::start(Backend::Sqlite).await;
-    host.create_environment("web", 60).await;
+    host.create_environment_retrying("web", 60).await;
     let browser = Browser::start().await;
     sign_in(&browser, &host).await;
     // Signed in: the console's own tab shows who.

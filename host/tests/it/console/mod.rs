@@ -80,7 +80,7 @@ async fn signing_in_refuses_a_wrong_token_and_takes_the_right_one() {
 
     // Signing out ends what follows the session (a page's live stream), though the token it
     // signed in with stays valid.
-    host.create_environment("dev", 60).await;
+    host.create_environment_retrying("dev", 60).await;
     let cookie = browser.client.get_named_cookie("orc_session").await.unwrap();
     sign_out_ending_a_live_stream(&browser, &host, &format!("orc_session={}", cookie.value()), "dev").await;
     let (status, _) = host.get("/environments").await;
@@ -232,9 +232,9 @@ async fn a_session_cookie_is_worthless_after_signing_out() {
         .post("/users", &json!({"name": "ada", "password": "correct horse battery"}))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{user}");
-    host.create_environment("dev", 60).await;
+    host.create_environment_retrying("dev", 60).await;
     let (status, member, _) = host
-        .send(
+        .send_text(
             reqwest::Method::PUT,
             "/environments/dev/members/ada",
             Some(&json!({"role": "viewer"})),
@@ -293,8 +293,8 @@ fn quickstart_with_motd(motd: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn versions_are_submitted_compared_and_rolled_back_and_drift_is_found_and_repaired() {
     let host = Host::start(Backend::Sqlite).await;
-    host.create_environment("web", 60).await;
-    let motd = orc_host::app::node_root(host.dir.path(), "web").join("etc/motd");
+    host.create_environment_retrying("web", 60).await;
+    let motd = orc_host::app::node_root(host.data.path(), "web").join("etc/motd");
     let browser = Browser::start().await;
     sign_in(&browser, &host).await;
     let base = format!("{}/environments/web", console(&host));
@@ -407,7 +407,7 @@ async fn wait_for_file(path: &std::path::Path, content: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settings_change_with_the_apis_checks_and_a_stale_form_is_refused() {
     let host = Host::start(Backend::Sqlite).await;
-    host.create_environment("web", 60).await;
+    host.create_environment_retrying("web", 60).await;
     let browser = Browser::start().await;
     sign_in(&browser, &host).await;
     let page = format!("{}/environments/web/settings", console(&host));
@@ -436,7 +436,7 @@ async fn settings_change_with_the_apis_checks_and_a_stale_form_is_refused() {
     // the other change stands.
     browser.goto(&page).await;
     let (status, _, _) = host
-        .send(
+        .send_text(
             reqwest::Method::PATCH,
             "/environments/web",
             Some(&json!({"settings": {"retry_interval_s": 30}})),
@@ -464,7 +464,7 @@ async fn settings_change_with_the_apis_checks_and_a_stale_form_is_refused() {
 
     // The environment's own body limit holds for an intent pasted here as for the API.
     let (status, _, _) = host
-        .send(
+        .send_text(
             reqwest::Method::PATCH,
             "/environments/web",
             Some(&json!({"settings": {"limits": {"max_body_bytes": 1024}}})),
@@ -551,7 +551,7 @@ async fn a_node_is_registered_verified_and_its_changed_host_key_accepted_after_b
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_plugins_and_the_timeline_are_shown() {
     let host = Host::start(Backend::Sqlite).await;
-    host.create_environment("web", 60).await;
+    host.create_environment_retrying("web", 60).await;
     let intent: Value = serde_json::from_str(QUICKSTART).unwrap();
     let (status, submitted) = host.post("/environments/web/intents", &intent).await;
     assert_eq!(status, StatusCode::CREATED, "{submitted}");
@@ -639,9 +639,9 @@ fn stack(root: &std::path::Path) -> Value {
 /// logged in as root and verified.
 async fn host_with_nodes(count: usize) -> (Host, Vec<sshd::Sshd>) {
     let host = Host::start(Backend::Sqlite).await;
-    host.create_environment("web", 1).await;
+    host.create_environment_retrying("web", 1).await;
     let patch = json!({ "settings": { "capabilities": { "node_commands": true } } });
-    let (status, env, _) = host.send(reqwest::Method::PATCH, "/environments/web", Some(&patch)).await;
+    let (status, env, _) = host.send_text(reqwest::Method::PATCH, "/environments/web", Some(&patch)).await;
     assert_eq!(status, StatusCode::OK, "{env}");
     let servers: Vec<sshd::Sshd> = (0..count).map(|_| sshd::Sshd::start()).collect();
     for (i, sshd) in (1..).zip(&servers) {
@@ -897,7 +897,7 @@ async fn processes_and_connections_are_drawn_as_a_graph() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_are_created_given_roles_disabled_and_deleted() {
     let host = Host::start(Backend::Sqlite).await;
-    host.create_environment("web", 60).await;
+    host.create_environment_retrying("web", 60).await;
     let browser = Browser::start().await;
     sign_in(&browser, &host).await;
     browser.goto(&format!("{}/users", console(&host))).await;
@@ -1019,10 +1019,10 @@ async fn session_of(host: &Host) -> (String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_text_is_shown_as_text_and_bad_requests_are_refused_in_words() {
     let host = Host::start(Backend::Sqlite).await;
-    host.create_environment("web", 60).await;
+    host.create_environment_retrying("web", 60).await;
     let hostile = "<img src=x onerror=alert(1)><script>alert(2)</script>";
     // The local node's files are below the environment's node root.
-    let path = orc_host::app::node_root(host.dir.path(), "web").join("srv/hostile.txt");
+    let path = orc_host::app::node_root(host.data.path(), "web").join("srv/hostile.txt");
     let intent = json!({"resources": [{
         "id": "directory[local,/srv]",
         "adaptor": "directory@0.1.0",

@@ -104,7 +104,7 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
     let fragment = key_fragment(&sshd);
     let mut answers = Vec::new();
 
-    let (status, node, text) = host.send(Method::POST, "/nodes", Some(&key_registration("web1", &sshd))).await;
+    let (status, node, text) = host.send_text(Method::POST, "/nodes", Some(&key_registration("web1", &sshd))).await;
     assert_eq!(status, StatusCode::CREATED, "{node}");
     answers.push(text);
     let node = host.wait_status("web1", "public").await;
@@ -124,7 +124,7 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
         ("?status=public", 1),
         ("?status=unreachable", 0),
     ] {
-        let (status, list, text) = host.send(Method::GET, &format!("/nodes{query}"), None).await;
+        let (status, list, text) = host.send_text(Method::GET, &format!("/nodes{query}"), None).await;
         assert_eq!(status, StatusCode::OK, "{list}");
         assert_eq!(list["items"].as_array().unwrap().len(), expected, "{query}: {list}");
         answers.push(text);
@@ -149,7 +149,7 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
         (both, StatusCode::UNPROCESSABLE_ENTITY, "invalid_credential", "credential"),
         (key_registration("web1", &sshd), StatusCode::CONFLICT, "node_exists", "web1"),
     ] {
-        let (got, err, text) = host.send(Method::POST, "/nodes", Some(&body)).await;
+        let (got, err, text) = host.send_text(Method::POST, "/nodes", Some(&body)).await;
         assert_eq!((got, err["code"].as_str().unwrap()), (status, code), "{err}");
         assert!(err["message"].as_str().unwrap().contains(names), "{err}");
         assert!(!text.contains("not-a-key-ZZZ"), "the key text is echoed: {text}");
@@ -157,7 +157,7 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
     }
 
     // Files on the node, through an intent.
-    host.create_environment("dev", 1).await;
+    host.create_environment_retrying("dev", 1).await;
     let scratch = sshd.scratch_dir("dev");
     let (a, b) = (scratch.join("a.conf"), scratch.join("b.conf"));
     let resources = json!([file("web1", &a, "alpha\n"), file("web1", &b, "beta\n")]);
@@ -181,7 +181,7 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
     );
 
     // In use: not deleted.
-    let (status, err, text) = host.send(Method::DELETE, "/nodes/web1", None).await;
+    let (status, err, text) = host.send_text(Method::DELETE, "/nodes/web1", None).await;
     assert_eq!((status, err["code"].as_str()), (StatusCode::CONFLICT, Some("node_in_use")), "{err}");
     assert!(err["message"].as_str().unwrap().contains("dev"), "{err}");
     answers.push(text);
@@ -199,7 +199,7 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
     let (status, version) = host.submit("dev", json!([])).await;
     assert_eq!(status, StatusCode::CREATED, "{version}");
     wait_for("the node to be out of use and deleted", Duration::from_secs(60), async || {
-        let (status, body, _) = host.send(Method::DELETE, "/nodes/web1", None).await;
+        let (status, body, _) = host.send_text(Method::DELETE, "/nodes/web1", None).await;
         if status == StatusCode::NO_CONTENT {
             return Ok(());
         }
@@ -225,8 +225,8 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
     // A restarted host opens the credentials it sealed and verifies its nodes again.
     host.register(key_registration("web3", &sshd)).await;
     let before = host.wait_status("web3", "public").await;
-    let (dir, database, token) = host.restart_later().await;
-    let host = Host::start_on(dir, database, Some(token)).await;
+    let (data, token) = host.restart_later().await;
+    let host = Host::start_again(data, token).await;
     let after = host
         .wait_node("web3", "verified again", |n| {
             n["status"] == "public" && n["verified_at"] != before["verified_at"]
@@ -239,11 +239,11 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
         assert!(!text.contains("BEGIN OPENSSH PRIVATE KEY"), "an answer holds a key: {text}");
     }
     // At rest: encrypted with the host's key, which only its owner may read.
-    let secret = host.dir.path().join("secret.key");
+    let secret = host.data.path().join("secret.key");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&secret).unwrap().permissions().mode() & 0o777, 0o600);
     if backend == Backend::Sqlite {
-        for entry in std::fs::read_dir(host.dir.path()).unwrap() {
+        for entry in std::fs::read_dir(host.data.path()).unwrap() {
             let path = entry.unwrap().path();
             if path.file_name().unwrap().to_string_lossy().starts_with("orc.db") {
                 let bytes = std::fs::read(&path).unwrap();
@@ -267,8 +267,8 @@ async fn a_node_is_verified_and_files_are_deployed_to_it(backend: Backend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn private_nodes_are_refused_to_other_environments() {
     let host = Host::start(Backend::Sqlite).await;
-    host.create_environment("team-a", 1).await;
-    host.create_environment("team-b", 1).await;
+    host.create_environment_retrying("team-a", 1).await;
+    host.create_environment_retrying("team-b", 1).await;
     // Nothing listens on this port.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let node = host
@@ -306,7 +306,7 @@ async fn private_nodes_are_refused_to_other_environments() {
     let (status, version) = host.submit("team-a", Value::Array(many)).await;
     assert_eq!(status, StatusCode::CREATED, "{version}");
     // In use from the moment the version is released, before its states are stored.
-    let (status, err, _) = host.send(Method::DELETE, "/nodes/db1", None).await;
+    let (status, err, _) = host.send_text(Method::DELETE, "/nodes/db1", None).await;
     assert_eq!((status, err["code"].as_str()), (StatusCode::CONFLICT, Some("node_in_use")), "{err}");
     assert!(err["message"].as_str().unwrap().contains("team-a"), "{err}");
     let state = host.wait_resource("team-a", "file[db1,/tmp/x]", "unavailable").await;
@@ -314,7 +314,7 @@ async fn private_nodes_are_refused_to_other_environments() {
 
     // Made public, the other environment may use it.
     let (_, node, _) = host
-        .send(
+        .send_text(
             Method::PATCH,
             "/nodes/db1",
             Some(&json!({ "environment": null, "labels": { "tier": "db" } })),
@@ -333,7 +333,7 @@ async fn private_nodes_are_refused_to_other_environments() {
     // Used by both now: making it private to either is refused, naming the other; nothing changes.
     for (to, other) in [("team-a", "team-b"), ("team-b", "team-a")] {
         let (status, err, _) = host
-            .send(Method::PATCH, "/nodes/db1", Some(&json!({ "environment": to, "labels": {} })))
+            .send_text(Method::PATCH, "/nodes/db1", Some(&json!({ "environment": to, "labels": {} })))
             .await;
         assert_eq!((status, err["code"].as_str()), (StatusCode::CONFLICT, Some("node_in_use")), "{err}");
         let message = err["message"].as_str().unwrap();
@@ -394,7 +394,7 @@ async fn wrong_credentials_and_a_wrong_pinned_key_are_reported() {
     );
     assert!(!node.to_string().contains("wrong-password"));
     let (status, node, _) = host
-        .send(
+        .send_text(
             Method::PATCH,
             "/nodes/pw",
             Some(&json!({ "credential": { "password": TEST_PASSWORD } })),
@@ -449,7 +449,7 @@ async fn a_host_key_changed_under_a_node_in_use_blocks_it_until_accepted() {
     let host = Host::start(Backend::Sqlite).await;
     host.register(key_registration("web1", &sshd)).await;
     host.wait_status("web1", "public").await;
-    host.create_environment("dev", 1).await;
+    host.create_environment_retrying("dev", 1).await;
     let scratch = sshd.scratch_dir("dev");
     let (a, b) = (scratch.join("a"), scratch.join("b"));
     let (status, v) = host.submit("dev", json!([file("web1", &a, "a\n")])).await;
@@ -490,7 +490,7 @@ async fn a_stopped_node_makes_resources_unavailable_until_it_returns() {
     let host = Host::start(Backend::Sqlite).await;
     host.register(key_registration("web1", &sshd)).await;
     host.wait_status("web1", "public").await;
-    host.create_environment("dev", 1).await;
+    host.create_environment_retrying("dev", 1).await;
     let scratch = sshd.scratch_dir("dev");
     let (a, b) = (scratch.join("a"), scratch.join("b"));
     let (status, v) = host.submit("dev", json!([file("web1", &a, "a\n")])).await;
