@@ -21,6 +21,7 @@ pub mod console;
 pub mod embedded;
 pub mod error;
 pub mod executor;
+pub mod if_match;
 pub mod intent;
 pub mod json;
 pub mod metrics;

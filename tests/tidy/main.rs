@@ -47,6 +47,7 @@ const BELOW_THE_APPLICATION: &[&str] = &[
     "host/src/store/",
     "host/src/error.rs",
     "host/src/executor.rs",
+    "host/src/if_match.rs",
     "host/src/json.rs",
     "host/src/named.rs",
     "host/src/status.rs",

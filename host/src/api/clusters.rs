@@ -14,8 +14,9 @@ use super::auth::Caller;
 use super::etag::{etag, if_match};
 use super::extract::{Json, Path, Query};
 use super::{ApiError, AppState, ErrorBody, Result};
-use crate::app::clusters::{AmendRequest, ClusterView, CreateRequest, Outcome, PlanPreview, ReconfigureRequest, ServiceAction};
 use crate::clusters::ClusterError;
+use crate::clusters::requests::{AmendRequest, CreateRequest, ReconfigureRequest, ServiceAction};
+use crate::clusters::view::{ClusterView, Outcome, PlanPreview};
 use crate::store::{Millis, TemplateRecord};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {

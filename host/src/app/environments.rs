@@ -3,6 +3,7 @@
 use super::running::{node_dir, scheduler_settings};
 use super::{App, EnvError};
 use crate::access::Principal;
+use crate::if_match::tag_matches;
 use crate::policy::outbound;
 use crate::policy::settings::EnvironmentSettings;
 use crate::store::{Environment, EnvironmentId, StoreError};
@@ -139,31 +140,11 @@ impl App {
     }
 }
 
-/// JSON merge patch (RFC 7396): objects merge field by field, `null` removes a field (so that it
-/// takes its default), anything else replaces.
 /// The ETag of an environment's settings: a digest of their canonical JSON, so equal settings
 /// have equal tags whatever changed them.
 pub fn settings_tag(settings: &EnvironmentSettings) -> String {
     let value = serde_json::to_value(settings).expect("settings serialise");
     format!("s-{}", &orc_manifest::canonical::digest(&value).hex()[..16])
-}
-
-/// Whether an `If-Match` value (`"tag"`, `W/"tag"`, `tag` or `*`) names `current`.
-pub fn tag_matches(if_match: &str, current: &str) -> bool {
-    if_match.split(',').any(|t| {
-        let t = t.trim();
-        t == "*" || t.trim_start_matches("W/").trim_matches('"') == current
-    })
-}
-
-/// The revision an `If-Match` names, for objects whose ETag is a number: `None` without one (or
-/// `*`); a value that is no number names a revision nothing has (-1).
-pub fn expected_revision(if_match: Option<&str>) -> Option<i64> {
-    let tag = if_match?.trim();
-    if tag == "*" {
-        return None;
-    }
-    Some(tag.trim_start_matches("W/").trim_matches('"').parse().unwrap_or(-1))
 }
 
 /// Environment names ([`orc_manifest::names::ENVIRONMENT`]) become directory names (node

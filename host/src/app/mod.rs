@@ -29,7 +29,7 @@ mod watcher;
 pub use crate::error::EnvError;
 pub(crate) use access::new_secret;
 pub use access::{NewUser, ScopeRequest, TokenView, UserPatch};
-pub use environments::{expected_revision, settings_tag, tag_matches};
+pub use environments::settings_tag;
 pub use error::{AccessError, StartError};
 pub use resources::DesiredResource;
 use running::Running;

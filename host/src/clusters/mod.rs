@@ -22,8 +22,18 @@
 //! purged: stop and remove in reverse order, then dropped) and the cluster is `failed` with the
 //! task and its error; during another operation → `failed`, still watched (a later retry that
 //! succeeds makes it `active` again). Watchers are restarted with the environment.
+//!
+//! Here: the clusters' vocabulary (statuses, operations, the stored document, the errors);
+//! [`requests`] (what an operator sends), [`view`] (what the API shows, and how far a plan is),
+//! [`plan`] (a cluster's tasks from its document, through the [`planner`]) and [`stored`] (its
+//! row decoded and checked). The operations, which read the store, call the solver and release
+//! versions, and the watchers are the application's (`app::clusters`).
 
+pub mod plan;
 pub mod planner;
+pub mod requests;
+pub mod stored;
+pub mod view;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -91,6 +101,20 @@ pub enum OperationKind {
     Restart,
     Rollback,
     Delete,
+}
+
+/// The status a cluster has while `kind` runs.
+pub(crate) fn busy_status(kind: OperationKind) -> ClusterStatus {
+    match kind {
+        OperationKind::Create => ClusterStatus::Creating,
+        OperationKind::Amend => ClusterStatus::Amending,
+        OperationKind::Reconfigure => ClusterStatus::Reconfiguring,
+        OperationKind::Stop => ClusterStatus::Stopping,
+        OperationKind::Start => ClusterStatus::Starting,
+        OperationKind::Restart => ClusterStatus::Restarting,
+        OperationKind::Rollback => ClusterStatus::RollingBack,
+        OperationKind::Delete => ClusterStatus::Deleting,
+    }
 }
 
 /// Why a cluster failed.
@@ -198,6 +222,9 @@ impl From<crate::intent::IntentError> for ClusterError {
         ClusterError::Env(e.into())
     }
 }
+
+/// The solver a template gets when it names none.
+pub const DEFAULT_SOLVER: &str = "layout-solver";
 
 /// Names of clusters and templates follow the rule of service names
 /// ([`orc_manifest::names::SERVICE`]): they become parts of resource keys.

@@ -29,7 +29,8 @@ use super::session::{Sessions, SignedIn};
 use super::{AppState, PageError, allow, audit, authorize, authorize_change, refused};
 use crate::api::ApiError;
 use crate::app::App;
-use crate::app::clusters::{AmendRequest, ClusterView, CreateRequest, Outcome, PlanPreview, ReconfigureRequest, ServiceAction, TaskView};
+use crate::clusters::requests::{AmendRequest, CreateRequest, ReconfigureRequest, ServiceAction};
+use crate::clusters::view::{ClusterView, Outcome, PlanPreview, TaskView};
 use crate::store::TemplateRecord;
 
 pub async fn clusters(

@@ -1,5 +1,7 @@
 //! Template and cluster operations of the application: what the REST API calls; [`watch`]
-//! follows each cluster operation to its end.
+//! follows each cluster operation to its end. What they take and answer, and the steps between
+//! that need neither the store nor a plugin (checks, plans, views), are the domain's
+//! ([`crate::clusters`]).
 
 mod watch;
 
@@ -10,180 +12,21 @@ use orc_cluster::{Layout, NodeInfo, Template, check_layout};
 use orc_manifest::{Digest, PluginKind};
 use orc_runtime::Grants;
 use orc_runtime::wit;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::app::{App, EnvError};
-use crate::clusters::planner::{self, PlanInput, Step};
-use crate::clusters::{ClusterDoc, ClusterError, ClusterFailure, ClusterStatus, OperationKind, validate_name};
+use crate::clusters::plan::{effective_config, plan_for, replan};
+use crate::clusters::planner;
+use crate::clusters::requests::{
+    AmendRequest, CreateRequest, DEFAULT_MAX_ATTEMPTS, ReconfigureRequest, ServiceAction, check_overrides, lease_ms,
+};
+use crate::clusters::stored::{check_if_match, ensure_idle, stored_doc, stored_template};
+use crate::clusters::view::{ClusterView, Outcome, Progress, preview, progress_of};
+use crate::clusters::{ClusterDoc, ClusterError, ClusterFailure, ClusterStatus, DEFAULT_SOLVER, OperationKind, busy_status, validate_name};
 use crate::intent::pinning;
 use crate::intent::{Intent, IntentDocument, PluginRef, ResourceSpec};
 use crate::json::merge_patch;
-use crate::scheduler::ResourceStatus;
-use crate::store::{ClusterRecord, Environment, Millis, ResourceState, StoreError, TemplateRecord, now_ms};
-
-/// The solver a template gets when it names none.
-pub const DEFAULT_SOLVER: &str = "layout-solver";
-/// How many times a task may fail before its operation fails (a create is rolled back).
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
-/// The longest lease a cluster may be given: ten years, in seconds.
-pub const MAX_LEASE_S: u64 = 10 * 365 * 86_400;
-
-/// A lease of `lease_s` seconds in milliseconds; a lease of no time or beyond [`MAX_LEASE_S`]
-/// is refused, naming the field.
-fn lease_ms(lease_s: u64) -> Result<Millis, ClusterError> {
-    if !(1..=MAX_LEASE_S).contains(&lease_s) {
-        return Err(ClusterError::Invalid(format!(
-            "lease_s: {lease_s} is out of range: a lease lasts from 1 to {MAX_LEASE_S} seconds (ten years)"
-        )));
-    }
-    Ok(lease_s as i64 * 1000)
-}
-
-/// `POST …/clusters`.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateRequest {
-    pub name: String,
-    /// The template's name.
-    pub template: String,
-    /// A version of the template; the latest when absent.
-    #[serde(default)]
-    pub template_version: Option<i64>,
-    /// Number of nodes; the template's default when absent.
-    #[serde(default)]
-    pub size: Option<u32>,
-    /// The services to run; the template's default when absent.
-    #[serde(default)]
-    pub services: Option<Vec<String>>,
-    /// Per service, changes to the template's configuration (a JSON merge patch).
-    #[serde(default)]
-    #[schema(value_type = Object)]
-    pub config: BTreeMap<String, Value>,
-    /// The nodes the cluster may use; every node the environment may use when empty.
-    #[serde(default)]
-    pub nodes: Vec<String>,
-    /// The cluster is deleted this many seconds after creation unless its lease is extended
-    /// (1 to 315360000, ten years).
-    #[serde(default)]
-    #[schema(minimum = 1, maximum = 315_360_000)]
-    pub lease_s: Option<u64>,
-    /// A task failing this many times fails the create, which is rolled back (default 3).
-    #[serde(default)]
-    pub max_attempts: Option<u32>,
-    /// Only show the layout and the plan; create nothing.
-    #[serde(default)]
-    pub preview: bool,
-}
-
-/// `POST …/clusters/{name}/amend`.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AmendRequest {
-    /// The new number of nodes.
-    #[serde(default)]
-    pub size: Option<u32>,
-    /// Services of the template to add.
-    #[serde(default)]
-    pub add_services: Vec<String>,
-    /// Replaces the nodes the cluster may use.
-    #[serde(default)]
-    pub nodes: Option<Vec<String>>,
-    #[serde(default)]
-    pub preview: bool,
-}
-
-/// `POST …/clusters/{name}/reconfigure`.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReconfigureRequest {
-    /// Per service, a JSON merge patch of the cluster's configuration overrides.
-    #[schema(value_type = Object)]
-    pub config: BTreeMap<String, Value>,
-    #[serde(default)]
-    pub preview: bool,
-}
-
-/// `POST …/clusters/{name}/services/{service}/{action}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ServiceAction {
-    Stop,
-    Start,
-    Restart,
-}
-
-/// One task of a cluster, with its state.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct TaskView {
-    pub id: String,
-    pub node: String,
-    pub service: String,
-    pub step: String,
-    /// Being undone (`start` → stop, `install` → remove).
-    pub purged: bool,
-    /// The resource's status; `pending` before the scheduler has taken the plan in, `done` when
-    /// the state deployed is this plan's.
-    pub status: String,
-    pub attempts: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-    /// When the scheduler tries it again after a failure (milliseconds since the epoch).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_retry_at: Option<Millis>,
-}
-
-/// A cluster as the API shows it.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct ClusterView {
-    pub name: String,
-    pub template: String,
-    pub template_version: i64,
-    pub status: ClusterStatus,
-    pub operation: OperationKind,
-    /// The user who started the current operation; `null`: the host itself (a rollback after a
-    /// failure, a lease that ended).
-    pub operation_author: Option<String>,
-    pub size: u32,
-    pub services: Vec<String>,
-    /// Node → the services it runs.
-    #[schema(value_type = Object)]
-    pub layout: Layout,
-    pub stopped: BTreeSet<String>,
-    /// Each service's effective configuration.
-    #[schema(value_type = Object)]
-    pub config: BTreeMap<String, Value>,
-    /// Tasks by state: `done`, `pending`, and the resource statuses.
-    pub progress: BTreeMap<String, usize>,
-    pub tasks: Vec<TaskView>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub failure: Option<ClusterFailure>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lease_expires_at: Option<Millis>,
-    /// Counts the cluster's changes: its `ETag`. An operation sent with an `If-Match` naming
-    /// another revision is refused (409 `version_conflict`).
-    pub revision: i64,
-    pub created_at: Millis,
-    pub updated_at: Millis,
-}
-
-/// What an operation would do, without doing it.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct PlanPreview {
-    #[schema(value_type = Object)]
-    pub layout: Layout,
-    /// Tasks to run or undo (unchanged tasks are left out).
-    pub tasks: Vec<PreviewTask>,
-    pub unchanged: usize,
-}
-
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct PreviewTask {
-    pub id: String,
-    /// `add`, `change` or `remove`.
-    pub change: &'static str,
-    pub requires: Vec<String>,
-}
+use crate::store::{ClusterRecord, Environment, ResourceState, StoreError, TemplateRecord, now_ms};
 
 /// What [`App::release_cluster_tasks`] does to the cluster's row once the tasks are
 /// released. Each names the revision of the row the caller read: if the row moved on since,
@@ -248,41 +91,6 @@ struct Current {
     template: Template,
 }
 
-/// The cluster's tasks planned anew for `selected` (taken out of `doc`): the previous ones and
-/// the new ones.
-fn replan(name: &str, selected: &Template, doc: &mut ClusterDoc) -> Result<(Vec<ResourceSpec>, Vec<ResourceSpec>), ClusterError> {
-    let previous = std::mem::take(&mut doc.tasks);
-    let tasks = plan_for(name, selected, doc, &previous, true)?;
-    Ok((previous, tasks))
-}
-
-/// Refuses an operation whose `If-Match` names another revision than the cluster's.
-fn check_if_match(record: &ClusterRecord, if_match: Option<&str>) -> Result<(), ClusterError> {
-    match crate::app::expected_revision(if_match) {
-        Some(expected) if expected != record.revision => Err(ClusterError::Env(EnvError::VersionConflict(format!(
-            "cluster `{}` is at revision {}, not {expected}",
-            record.name, record.revision
-        )))),
-        _ => Ok(()),
-    }
-}
-
-/// An operation's answer: the cluster, or only a preview.
-#[derive(Debug)]
-pub enum Outcome {
-    Started(Box<ClusterView>),
-    Preview(PlanPreview),
-}
-
-/// A cluster's tasks and their states, as the watcher and the view see them.
-pub(crate) struct Progress {
-    /// Every task's state is this plan's, deployed.
-    pub done: bool,
-    /// A task that failed `max_attempts` times in this plan.
-    pub failed: Option<ClusterFailure>,
-    pub tasks: Vec<TaskView>,
-}
-
 impl App {
     // --- templates ---
 
@@ -308,7 +116,7 @@ impl App {
                 .to_string();
         }
         let document = serde_json::to_string(&template).expect("a template serialises");
-        match crate::app::expected_revision(if_match) {
+        match crate::if_match::expected_revision(if_match) {
             None => Ok(self.store.insert_template(&env.id, name, &document).await?),
             Some(expected) => match self.store.insert_template_after(&env.id, name, &document, expected).await {
                 Err(StoreError::Conflict { what }) => Err(ClusterError::Env(EnvError::VersionConflict(what))),
@@ -387,7 +195,7 @@ impl App {
 
     pub async fn delete_template(&self, key: &str, name: &str, if_match: Option<&str>) -> Result<(), ClusterError> {
         let env = self.get(key).await?;
-        if let Some(expected) = crate::app::expected_revision(if_match) {
+        if let Some(expected) = crate::if_match::expected_revision(if_match) {
             let latest = self.template_of(&env, name, None).await?.version;
             if latest != expected {
                 return Err(ClusterError::Env(EnvError::VersionConflict(format!(
@@ -1034,220 +842,10 @@ impl App {
 
     async fn view(&self, env: &Environment, record: &ClusterRecord, doc: &ClusterDoc) -> Result<ClusterView, ClusterError> {
         let progress = self.progress(env, doc).await?;
-        let mut counts = BTreeMap::new();
-        for t in &progress.tasks {
-            *counts.entry(t.status.clone()).or_insert(0) += 1;
-        }
         let config = match self.template_of(env, &record.template, Some(record.template_version)).await {
             Ok(t) => effective_config(&stored_template(&t)?, doc),
             Err(_) => BTreeMap::new(),
         };
-        Ok(ClusterView {
-            name: record.name.clone(),
-            template: record.template.clone(),
-            template_version: record.template_version,
-            status: ClusterStatus::parse(&record.status).unwrap_or(ClusterStatus::Failed),
-            operation: doc.operation,
-            operation_author: doc.author.clone(),
-            size: doc.size,
-            services: doc.services.clone(),
-            layout: doc.layout.clone(),
-            stopped: doc.stopped.clone(),
-            config,
-            progress: counts,
-            tasks: progress.tasks,
-            failure: doc.failure.clone(),
-            lease_expires_at: record.lease_expires_at,
-            revision: record.revision,
-            created_at: record.created_at,
-            updated_at: record.updated_at,
-        })
+        Ok(ClusterView::new(record, doc, progress.tasks, config))
     }
-}
-
-/// The status a cluster has while `kind` runs.
-pub(crate) fn busy_status(kind: OperationKind) -> ClusterStatus {
-    match kind {
-        OperationKind::Create => ClusterStatus::Creating,
-        OperationKind::Amend => ClusterStatus::Amending,
-        OperationKind::Reconfigure => ClusterStatus::Reconfiguring,
-        OperationKind::Stop => ClusterStatus::Stopping,
-        OperationKind::Start => ClusterStatus::Starting,
-        OperationKind::Restart => ClusterStatus::Restarting,
-        OperationKind::Rollback => ClusterStatus::RollingBack,
-        OperationKind::Delete => ClusterStatus::Deleting,
-    }
-}
-
-fn ensure_idle(name: &str, record: &ClusterRecord) -> Result<(), ClusterError> {
-    match ClusterStatus::parse(&record.status) {
-        Some(s) if s.busy() => Err(ClusterError::Busy {
-            name: name.to_string(),
-            status: s.as_str(),
-        }),
-        _ => Ok(()),
-    }
-}
-
-pub(crate) fn stored_template(record: &TemplateRecord) -> Result<Template, ClusterError> {
-    serde_json::from_str(&record.document).map_err(|e| {
-        ClusterError::Env(EnvError::Store(StoreError::Corrupt {
-            what: format!("template `{}` version {}: {e}", record.name, record.version),
-        }))
-    })
-}
-
-pub(crate) fn stored_doc(record: &ClusterRecord) -> Result<ClusterDoc, ClusterError> {
-    serde_json::from_str(&record.document).map_err(|e| {
-        ClusterError::Env(EnvError::Store(StoreError::Corrupt {
-            what: format!("cluster `{}`: {e}", record.name),
-        }))
-    })
-}
-
-/// Overrides must name the cluster's services and be objects.
-fn check_overrides(template: &Template, config: &BTreeMap<String, Value>) -> Result<(), ClusterError> {
-    for (service, patch) in config {
-        if !template.services.contains_key(service) {
-            return Err(ClusterError::Invalid(format!(
-                "config: `{service}` is not one of the cluster's services"
-            )));
-        }
-        if !patch.is_object() {
-            return Err(ClusterError::Invalid(format!("config.{service}: must be a JSON object")));
-        }
-    }
-    Ok(())
-}
-
-/// Each service's configuration: the template's with the cluster's overrides merged in.
-fn effective_config(template: &Template, doc: &ClusterDoc) -> BTreeMap<String, Value> {
-    template
-        .services
-        .iter()
-        .filter(|(name, _)| doc.services.contains(name))
-        .map(|(name, s)| {
-            let mut config = s.config.clone();
-            if let Some(patch) = doc.config.get(name) {
-                merge_patch(&mut config, patch.clone());
-            }
-            (name.clone(), config)
-        })
-        .collect()
-}
-
-/// The cluster's tasks for its layout, stopped services and configuration.
-pub(crate) fn plan_for(
-    name: &str,
-    template: &Template,
-    doc: &ClusterDoc,
-    previous: &[ResourceSpec],
-    keep_removals: bool,
-) -> Result<Vec<ResourceSpec>, ClusterError> {
-    let config = effective_config(template, doc);
-    planner::plan(&PlanInput {
-        cluster: name,
-        template,
-        config: &config,
-        layout: &doc.layout,
-        late_config: &BTreeMap::new(),
-        stopped: &doc.stopped,
-        previous,
-        keep_removals,
-    })
-    .map_err(|e| ClusterError::Invalid(e.to_string()))
-}
-
-/// What `tasks` changes from `previous`.
-fn preview(layout: &Layout, previous: &[ResourceSpec], tasks: &[ResourceSpec]) -> PlanPreview {
-    let before: HashMap<String, &ResourceSpec> = previous.iter().map(|t| (t.id.to_string(), t)).collect();
-    let mut out = Vec::new();
-    let mut unchanged = 0;
-    for t in tasks {
-        let change = match before.get(&t.id.to_string()) {
-            _ if t.purged && !before.get(&t.id.to_string()).is_some_and(|b| b.purged) => "remove",
-            None => "add",
-            Some(b) if b.attributes != t.attributes || b.purged != t.purged => "change",
-            Some(_) => {
-                unchanged += 1;
-                continue;
-            }
-        };
-        out.push(PreviewTask {
-            id: t.id.to_string(),
-            change,
-            requires: t.requires.iter().map(ToString::to_string).collect(),
-        });
-    }
-    PlanPreview {
-        layout: layout.clone(),
-        tasks: out,
-        unchanged,
-    }
-}
-
-/// Whether `tasks` still holds removals (purged tasks of (node, service) pairs the layout no
-/// longer has) that can be dropped once done.
-pub(crate) fn has_removals(doc: &ClusterDoc) -> bool {
-    doc.tasks.iter().any(|t| {
-        t.purged
-            && planner::parse_task_key(&t.id.key).is_none_or(|(_, service, step)| {
-                step != Step::Start || !doc.layout.services_on(&t.id.node).is_some_and(|s| s.contains(service))
-            })
-    })
-}
-
-/// How far the plan `planned` (one resource set's tasks) is by `states` (resource id → state);
-/// a task failed `max_attempts` times fails it.
-pub(crate) fn progress_of(
-    planned: &[ResourceSpec],
-    max_attempts: u32,
-    states: &HashMap<String, ResourceState>,
-) -> Result<Progress, ClusterError> {
-    let mut done = true;
-
-    let mut failed = None;
-    let mut tasks = Vec::with_capacity(planned.len());
-    for t in planned {
-        let PluginRef::Digest(digest) = &t.adaptor else {
-            return Err(ClusterError::Invalid(format!("task `{}` is not pinned", t.id)));
-        };
-        let expected = crate::scheduler::desired_hash(t, digest).to_string();
-        let id = t.id.to_string();
-        let state = states.get(&id);
-        let (service, step) = planner::parse_task_key(&t.id.key)
-            .map(|(_, s, step)| (s.to_string(), step.as_str()))
-            .unwrap_or_default();
-        let mut view = TaskView {
-            id,
-            node: t.id.node.clone(),
-            service,
-            step: step.to_string(),
-            purged: t.purged,
-            status: "pending".into(),
-            attempts: 0,
-            last_error: None,
-            next_retry_at: None,
-        };
-        match state {
-            Some(s) if s.desired_hash == expected => {
-                let finished = s.status == ResourceStatus::Deployed && s.deployed_hash.as_deref() == Some(expected.as_str());
-                view.status = if finished { "done".into() } else { s.status.as_str().to_string() };
-                view.attempts = s.attempts;
-                view.last_error = s.last_error.as_ref().map(|e| format!("{}: {}", e.code, e.message));
-                view.next_retry_at = s.next_retry_at;
-                done &= finished;
-                if s.status == ResourceStatus::Failed && s.attempts >= i64::from(max_attempts) && failed.is_none() {
-                    failed = Some(ClusterFailure {
-                        task: Some(t.id.to_string()),
-                        code: s.last_error.as_ref().map_or("failed".into(), |e| e.code.clone()),
-                        message: s.last_error.as_ref().map_or_else(String::new, |e| e.message.clone()),
-                    });
-                }
-            }
-            _ => done = false,
-        }
-        tasks.push(view);
-    }
-    Ok(Progress { done, failed, tasks })
 }

@@ -7,10 +7,12 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use super::{RowChange, has_removals, plan_for, stored_doc, stored_template};
+use super::RowChange;
 use crate::app::App;
 use crate::app::running::Running;
 use crate::app::watcher::{Look, Watch};
+use crate::clusters::plan::{has_removals, plan_for};
+use crate::clusters::stored::{stored_doc, stored_template};
 use crate::clusters::{ClusterDoc, ClusterError, ClusterStatus, OperationKind};
 use crate::scheduler::subscribers::{Subscription, Want};
 use crate::store::{ClusterRecord, Environment, EnvironmentId, now_ms};

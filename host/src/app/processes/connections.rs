@@ -16,9 +16,9 @@ use serde_json::{Value, json};
 
 use super::{Delivered, Release, plan, state_of};
 use crate::app::App;
-use crate::app::clusters::TaskView;
 use crate::app::running::Running;
 use crate::clusters::planner;
+use crate::clusters::view::TaskView;
 use crate::intent::ResourceSpec;
 use crate::processes::{Deployment, ProcessDoc, ProcessState, ServicesError, set_of};
 use crate::store::{ConnectionRecord, Environment, Millis, StoreError, now_ms};
@@ -307,7 +307,7 @@ impl App {
         let running = self.running(&env).await?;
         let _services = running.services.lock().await;
         if let Some(tag) = if_match
-            && !crate::app::tag_matches(tag, &CONNECTION_REVISION.to_string())
+            && !crate::if_match::tag_matches(tag, &CONNECTION_REVISION.to_string())
         {
             // Refused before anything is deleted; a connection that does not exist is still
             // answered `unknown_connection`.
@@ -376,7 +376,7 @@ impl App {
         let states = self.task_states(&env, &tasks).await?;
         let running = self.running(&env).await?;
         for (record, doc) in processes {
-            let progress = crate::app::clusters::progress_of(&doc.tasks, doc.max_attempts, &states)?;
+            let progress = crate::clusters::view::progress_of(&doc.tasks, doc.max_attempts, &states)?;
             let changes = pending_of(&running, &record.name, &progress.tasks, &doc);
             if !changes.is_empty() {
                 items.push(PendingProcess {

@@ -30,8 +30,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::app::App;
-use crate::app::clusters::{Progress, TaskView, progress_of};
 use crate::clusters::planner::{self, PlanInput};
+use crate::clusters::view::{Progress, TaskView, progress_of};
 use crate::clusters::{ClusterError, ClusterFailure};
 use crate::intent::{ResourceId, ResourceSpec};
 use crate::processes::{Deployment, Operation, ProcessDoc, ProcessState, ServicesError, set_of};
@@ -648,7 +648,7 @@ impl App {
         }
         let grants = env.settings.capabilities.grants();
         let solver = self
-            .pin_plugin(&doc.name, crate::app::clusters::DEFAULT_SOLVER, PluginKind::Solver, &grants)
+            .pin_plugin(&doc.name, crate::clusters::DEFAULT_SOLVER, PluginKind::Solver, &grants)
             .await?;
         let mut template = single_service(&doc.name, doc.automator, &doc.needs);
         template.solver = Some(solver.to_string());
@@ -899,7 +899,7 @@ fn secret_pointers(schema: &Value, config: &Value) -> Vec<String> {
 
 fn check_if_match(name: &str, record: &ProcessRecord, if_match: Option<&str>) -> Result<(), ServicesError> {
     match if_match {
-        Some(tag) if !crate::app::tag_matches(tag, &record.revision.to_string()) => Err(ServicesError::VersionConflict {
+        Some(tag) if !crate::if_match::tag_matches(tag, &record.revision.to_string()) => Err(ServicesError::VersionConflict {
             what: format!("process `{name}`"),
             expected: tag.chars().filter(|c| !c.is_control()).take(40).collect(),
             current: record.revision,
