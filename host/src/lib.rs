@@ -4,7 +4,7 @@
 //! [`store`], reporting events) → [`executor`] (one resource action through its adaptor) → the
 //! Wasm runtime (`orc-runtime`) → the nodes (`orc-node`, `orc-ssh`). Beside the flow: [`intent`]
 //! (the desired state, its validation, diff and pinning), [`clusters`] (templates, layouts and
-//! the planner), [`services`] (the service catalog, processes, connections), [`nodes`] (the SSH node registry), [`policy`] (what an environment's plugins
+//! the planner), [`processes`] (the service catalog, processes, connections), [`nodes`] (the SSH node registry), [`policy`] (what an environment's plugins
 //! may reach), [`metrics`]; at the edges [`server`] (`orc-host serve`) and [`embedded`]
 //! (`orc-host deploy`).
 //!

@@ -17,7 +17,9 @@ use super::auth::Caller;
 use super::etag::{etag, if_match};
 use super::extract::{Json, Path, Query};
 use super::{AppState, ErrorBody, Result};
-use crate::app::processes::{CONNECTION_REVISION, ConnectRequest, ConnectionView, CreateProcess, PendingList, ProcessView, UpdateProcess};
+use crate::processes::connections::{CONNECTION_REVISION, ConnectRequest, ConnectionView};
+use crate::processes::requests::{CreateProcess, UpdateProcess, parse_states};
+use crate::processes::view::{PendingList, ProcessView};
 
 pub(super) fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -176,7 +178,7 @@ async fn list_processes(
     Path(env): Path<String>,
     Query(q): Query<ProcessQuery>,
 ) -> Result<axum::Json<ProcessList>> {
-    let states = q.state.as_deref().map(crate::app::processes::parse_states).transpose()?;
+    let states = q.state.as_deref().map(parse_states).transpose()?;
     Ok(axum::Json(ProcessList {
         items: app.processes(&env, states.as_deref()).await?,
     }))

@@ -16,7 +16,8 @@ use super::extract::Path;
 use super::pages::{layout, path_segment, time};
 use super::session::{Sessions, SignedIn};
 use super::{AppState, PageError, allow, authorize, refused};
-use crate::app::processes::{ConnectionView, ProcessView};
+use crate::processes::connections::ConnectionView;
+use crate::processes::view::ProcessView;
 
 pub async fn processes(
     State(app): State<AppState>,

@@ -32,6 +32,20 @@
 //! failure. A move plans the new node's tasks and purges the old node's, the old `stop` waiting
 //! for the new `start`; peers are told the new address once the move is done (they are always
 //! given a peer's `active` node).
+//!
+//! Here: the processes' vocabulary (states, operations, deployments, the stored document, the
+//! errors); [`requests`] (what an operator sends), [`config`] (a configuration against its
+//! service's schema, and its secrets), [`plan`] (a process's tasks), [`stored`] (its row read and
+//! checked), [`view`] (what the API shows) and [`connections`] (connections as the API sees
+//! them). The operations, which read the store and the catalog, place processes and release
+//! their tasks, and the watchers are the application's (`app::processes`).
+
+pub mod config;
+pub mod connections;
+pub mod plan;
+pub mod requests;
+pub mod stored;
+pub mod view;
 
 use std::collections::BTreeMap;
 
@@ -51,6 +65,11 @@ pub const SET_PREFIX: &str = "process.";
 /// The resource set of process `name`.
 pub fn set_of(name: &str) -> String {
     format!("{SET_PREFIX}{name}")
+}
+
+/// Whether `r` is a task of some process.
+pub(crate) fn is_process_task(r: &ResourceSpec) -> bool {
+    r.id.resource_type == crate::clusters::planner::TASK_TYPE && r.id.key.starts_with(SET_PREFIX)
 }
 
 /// A process's state.

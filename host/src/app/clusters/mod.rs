@@ -814,7 +814,7 @@ impl App {
         tasks: &[&ResourceSpec],
     ) -> Result<HashMap<String, ResourceState>, ClusterError> {
         let ids: Vec<String> = tasks.iter().map(|t| t.id.to_string()).collect();
-        if tasks.iter().all(|t| crate::app::processes::is_process_task(t))
+        if tasks.iter().all(|t| crate::processes::is_process_task(t))
             && let Some(states) = self.running(env).await?.process_news.states_of(ids.iter().map(String::as_str))
         {
             return Ok(states);

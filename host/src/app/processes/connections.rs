@@ -7,138 +7,33 @@
 //! **pending** — the scheduler re-applies it until the process has taken it — and `pending` lists
 //! what each process has not taken yet.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use orc_cluster::service::{Mismatch, Role, negotiate};
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{Delivered, Release, plan, state_of};
+use super::Release;
 use crate::app::App;
 use crate::app::running::Running;
 use crate::clusters::planner;
 use crate::clusters::view::TaskView;
-use crate::intent::ResourceSpec;
+use crate::processes::connections::{CONNECTION_REVISION, ConnectRequest, ConnectionView, Endpoint};
+use crate::processes::plan::{Delivered, only_waits_dropped, plan, plan_move};
+use crate::processes::stored::state_of;
+use crate::processes::view::{PendingChange, PendingList, PendingProcess, pending_changes};
 use crate::processes::{Deployment, ProcessDoc, ProcessState, ServicesError, set_of};
-use crate::store::{ConnectionRecord, Environment, Millis, StoreError, now_ms};
+use crate::store::{ConnectionRecord, Environment, StoreError, now_ms};
 
-/// One side of a connection.
-#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Endpoint {
-    pub process: String,
-    pub interface: String,
-}
-
-/// `POST …/connections`.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ConnectRequest {
-    #[serde(deserialize_with = "crate::json::object")]
-    pub from: Endpoint,
-    #[serde(deserialize_with = "crate::json::object")]
-    pub to: Endpoint,
-}
-
-/// A connection as the API shows it.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct ConnectionView {
-    pub id: String,
-    pub from: Endpoint,
-    pub to: Endpoint,
-    /// The interface version both sides agreed on.
-    pub version: String,
-    /// `sha256:` of that version's message schema.
-    pub interface_id: String,
-    pub created_by: Option<String>,
-    pub created_at: Millis,
-}
-
-impl From<ConnectionRecord> for ConnectionView {
-    fn from(c: ConnectionRecord) -> ConnectionView {
-        ConnectionView {
-            id: c.id,
-            from: Endpoint {
-                process: c.from_process,
-                interface: c.from_interface,
-            },
-            to: Endpoint {
-                process: c.to_process,
-                interface: c.to_interface,
-            },
-            version: c.version,
-            interface_id: c.interface_id,
-            created_by: c.created_by,
-            created_at: c.created_at,
-        }
-    }
-}
-
-/// A change a process has not taken yet: one of its tasks whose desired state is not deployed,
-/// or its peers' new nodes, queued to be told.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct PendingChange {
-    pub task: String,
-    pub step: String,
-    /// `pending` (not started), `deploying`, `failed`, `unavailable` (its node cannot be
-    /// reached), `skipped`, …; `queued` for a process to be told its peers' new nodes (task
-    /// `process.<name>/connections`, step `connections`).
-    pub status: String,
-    pub attempts: i64,
-    pub last_error: Option<String>,
-    /// Since when the step has been as it is (the change made; not the process's last change).
-    pub since: Millis,
-    /// When the scheduler tries it again (milliseconds since the epoch); sooner when its node,
-    /// unreachable, answers again.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_retry_at: Option<Millis>,
-}
-
-/// `GET …/pending`: each process with changes it has not taken.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct PendingList {
-    pub items: Vec<PendingProcess>,
-}
-
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct PendingProcess {
-    pub process: String,
-    pub state: ProcessState,
-    pub changes: Vec<PendingChange>,
-}
-
-/// The tasks of `tasks` not done, as pending changes since `since`; first, if process `name`
-/// waits to be told its peers' new nodes ([`Running::queue_tells`]), that change: task
-/// `<set>/connections`, step `connections`, status `queued`, since it was queued, with the
-/// releaser's error if its last round failed.
+/// The changes process `name` has not taken yet ([`pending_changes`]): first, if it waits to be
+/// told its peers' new nodes ([`Running::queue_tells`]), that change, since it was queued, with
+/// the releaser's error if its last round failed.
 pub(crate) fn pending_of(running: &Running, name: &str, tasks: &[TaskView], doc: &ProcessDoc) -> Vec<PendingChange> {
-    let queued = running.tell_queued_since(name).map(|queued_at| PendingChange {
-        task: format!("{}/connections", set_of(name)),
-        step: "connections".into(),
-        status: "queued".into(),
-        attempts: 0,
-        last_error: running.process_release_error.lock().expect("release error").clone(),
-        since: queued_at,
-        next_retry_at: None,
-    });
-    queued
-        .into_iter()
-        .chain(tasks.iter().filter(|t| t.status != "done").map(|t| PendingChange {
-            task: t.id.clone(),
-            step: t.step.clone(),
-            status: t.status.clone(),
-            attempts: t.attempts,
-            last_error: t.last_error.clone(),
-            since: doc.since(&t.id),
-            next_retry_at: t.next_retry_at,
-        }))
-        .collect()
+    let queued = running
+        .tell_queued_since(name)
+        .map(|queued_at| (queued_at, running.process_release_error.lock().expect("release error").clone()));
+    pending_changes(name, queued, tasks, doc)
 }
-
-/// A connection's revision, its `ETag`: a connection is never changed once made (it is made,
-/// or deleted), so it stays at its first.
-pub(crate) const CONNECTION_REVISION: i64 = 1;
 
 fn clip(text: &str) -> String {
     text.chars().filter(|c| !c.is_control()).take(100).collect()
@@ -515,7 +410,7 @@ impl App {
             let set = set_of(name);
             let tasks = match doc.active.as_ref().map(|a| a.node.as_str()) {
                 Some(from) if state == ProcessState::Moving && from != doc.target.node => {
-                    super::plan_move(&set, &doc.target, from, &doc.tasks, &connections)?
+                    plan_move(&set, &doc.target, from, &doc.tasks, &connections)?
                 }
                 _ => plan(&set, Some(&doc.target), &doc.tasks, &connections)?,
             };
@@ -530,38 +425,4 @@ impl App {
         }
         Ok(changed)
     }
-}
-
-/// Whether `new` is `old` without some of its waits for other processes' starts, and nothing
-/// else: a provider that has arrived where its consumer was told it goes. The row keeps them (met,
-/// they order nothing), rather than being written and released again for no action: such a
-/// start leaves its process's tasks only once that process has moved on (again, or terminated),
-/// and each of those re-plans the waiting process first (told the new destination, or the
-/// connection dropped).
-fn only_waits_dropped(set: &str, new: &[ResourceSpec], old: &[ResourceSpec]) -> bool {
-    new.len() == old.len()
-        && new.iter().zip(old).all(|(n, o)| {
-            n.id == o.id
-                && n.adaptor == o.adaptor
-                && n.attributes == o.attributes
-                && n.purged == o.purged
-                && n.set == o.set
-                && n.requires.iter().all(|r| o.requires.contains(r))
-                && o.requires
-                    .iter()
-                    .all(|r| n.requires.contains(r) || planner::parse_task_key(&r.key).is_some_and(|(other, _, _)| other != set))
-        })
-}
-
-/// The other processes whose tasks `process`'s tasks (in `doc`) wait for: a `configure` or
-/// `start` for a provider's `start` where it goes.
-pub(super) fn waited_for(process: &str, doc: &ProcessDoc) -> BTreeSet<String> {
-    let own = set_of(process);
-    doc.tasks
-        .iter()
-        .flat_map(|t| t.requires.iter())
-        .filter_map(|r| planner::parse_task_key(&r.key).map(|(set, _, _)| set))
-        .filter(|set| *set != own)
-        .filter_map(|set| set.strip_prefix(crate::processes::SET_PREFIX).map(str::to_string))
-        .collect()
 }

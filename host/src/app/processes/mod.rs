@@ -1,6 +1,8 @@
 //! Processes of the application: create (on a named node, or where the solver puts it),
-//! update (a new version and/or configuration), terminate, list and show; [`watch`] follows each
-//! operation to its end. The model and its lifecycle: [`crate::processes`].
+//! update (a new version and/or configuration), move, terminate, list and show; [`watch`] follows each
+//! operation to its end. The model and its lifecycle, what the operations take and answer, and
+//! the steps between that need neither the store nor a plugin (checks, plans, views):
+//! [`crate::processes`].
 //!
 //! Each operation checks what a release would refuse, writes the process's row
 //! (revision-checked: `If-Match`, and any writer that read an older revision, gets
@@ -14,141 +16,30 @@ mod release;
 mod table;
 mod watch;
 
-pub(crate) use connections::CONNECTION_REVISION;
-pub use connections::{ConnectRequest, ConnectionView, Endpoint, PendingChange, PendingList};
 pub(crate) use news::ProcessNews;
-pub(crate) use release::{Release, is_process_task};
+pub(crate) use release::Release;
 use table::Decoded;
 pub(crate) use table::ProcessTable;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use orc_cluster::{Layout, Needs, ServiceDocument, Template};
+use orc_cluster::{Layout, Needs, ServiceDocument};
 use orc_manifest::PluginKind;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::app::App;
-use crate::clusters::planner::{self, PlanInput};
-use crate::clusters::view::{Progress, TaskView, progress_of};
-use crate::clusters::{ClusterError, ClusterFailure};
-use crate::intent::{ResourceId, ResourceSpec};
+use crate::clusters::ClusterError;
+use crate::clusters::view::{Progress, progress_of};
+use crate::intent::ResourceSpec;
+use crate::processes::config::{check_config, secret_pointers};
+use crate::processes::connections::ConnectionView;
+use crate::processes::plan::{Delivered, plan, plan_move, single_service};
+use crate::processes::requests::{CreateProcess, DEFAULT_MAX_ATTEMPTS, UpdateProcess};
+use crate::processes::stored::{check_if_match, encode, ensure_allows, state_of};
+use crate::processes::view::{ProcessView, RecentAction};
 use crate::processes::{Deployment, Operation, ProcessDoc, ProcessState, ServicesError, set_of};
-use crate::store::{Environment, Millis, ProcessRecord, StoreError, now_ms};
-
-/// How many times a task may fail before its operation fails (and is rolled back).
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
-
-/// `POST …/processes`.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateProcess {
-    pub name: String,
-    /// `name@version` of a service in the catalog.
-    pub service: String,
-    /// The node to run on; the solver picks one the service's needs allow when absent.
-    #[serde(default)]
-    pub node: Option<String>,
-    /// The process's own configuration, valid against the service's `config_schema`.
-    #[serde(default = "empty_object")]
-    #[schema(value_type = Object)]
-    pub config: Value,
-    /// Port name → number, replacing the service's defaults.
-    #[serde(default)]
-    pub ports: BTreeMap<String, u16>,
-    /// A task failing this many times fails the operation (default 3).
-    #[serde(default)]
-    pub max_attempts: Option<u32>,
-}
-
-/// `PATCH …/processes/{name}`: what is given replaces what the process has.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct UpdateProcess {
-    /// Another version of the same service (`name@version`).
-    #[serde(default)]
-    pub service: Option<String>,
-    #[serde(default)]
-    #[schema(value_type = Option<Object>)]
-    pub config: Option<Value>,
-    #[serde(default)]
-    pub ports: Option<BTreeMap<String, u16>>,
-}
-
-pub(crate) fn empty_object() -> Value {
-    Value::Object(Default::default())
-}
-
-/// What a process is told of its connections ([`App::delivered_connections`]): what its
-/// automator gets under the service's `connections_key`, and the starts its `configure` and
-/// `start` wait for — a peer's where it goes (moving, or updating to other ports), where the
-/// process is told it runs.
-#[derive(Debug, Clone)]
-pub(crate) struct Delivered {
-    pub config: Value,
-    pub waits: Vec<ResourceId>,
-}
-
-impl Delivered {
-    /// No connections.
-    pub(crate) fn none() -> Delivered {
-        Delivered {
-            config: empty_object(),
-            waits: Vec::new(),
-        }
-    }
-}
-
-/// A process as the API shows it.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct ProcessView {
-    pub name: String,
-    pub state: ProcessState,
-    /// Counts the process's changes: its ETag.
-    pub revision: i64,
-    /// `name@version` of the service it is driven to.
-    pub service: String,
-    pub node: String,
-    /// Its configuration; values the schema marks `writeOnly` or `format: password` are
-    /// `"<redacted>"`.
-    #[schema(value_type = Object)]
-    pub config: Value,
-    pub ports: BTreeMap<String, u16>,
-    /// What last ran (service, node), when something has.
-    pub active: Option<ActiveView>,
-    pub failure: Option<ClusterFailure>,
-    /// Tasks by state: `done`, `pending`, and the resource statuses.
-    pub progress: BTreeMap<String, usize>,
-    pub tasks: Vec<TaskView>,
-    /// Its connections, from either side.
-    pub connections: Vec<ConnectionView>,
-    /// What it has not taken yet: its tasks whose desired state is not deployed.
-    pub pending: Vec<PendingChange>,
-    /// Why its latest change is not released yet, while the environment's last attempt to
-    /// release processes failed (it is tried again); `null` otherwise.
-    pub release_error: Option<String>,
-    /// Its tasks' latest actions, newest first (on `GET …/processes/{name}` only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub recent_actions: Option<Vec<RecentAction>>,
-    /// Who started the current operation; `null`: the host itself.
-    pub operation_author: Option<String>,
-    pub created_at: Millis,
-    pub updated_at: Millis,
-}
-
-/// One action of a process's tasks, from the action log.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct RecentAction {
-    pub resource: String,
-    /// What started it (`deploy`, `repair`, `dryrun`, …).
-    pub kind: String,
-    pub outcome: String,
-    pub started_at: Millis,
-    pub finished_at: Millis,
-    /// `code: message` of its error.
-    pub error: Option<String>,
-}
+use crate::store::{Environment, ProcessRecord, StoreError, now_ms};
 
 /// What the views of one environment's processes share.
 struct ViewContext {
@@ -163,12 +54,6 @@ struct ViewContext {
 
 /// How many actions a process's view shows.
 const RECENT_ACTIONS: usize = 10;
-
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct ActiveView {
-    pub service: String,
-    pub node: String,
-}
 
 /// Where a process goes: the node an operator named, or where the solver puts it (never on
 /// `except`, the node a moving process leaves).
@@ -273,15 +158,7 @@ impl App {
                 ..Default::default()
             };
             for a in self.store.list_actions(&env.id, &filter).await?.items {
-                let a = a.action;
-                recent.push(RecentAction {
-                    resource: a.resource_id,
-                    kind: a.kind.as_str().to_string(),
-                    outcome: a.outcome,
-                    started_at: a.started_at,
-                    finished_at: a.finished_at,
-                    error: a.error.map(|e| format!("{}: {}", e.code, e.message)),
-                });
+                recent.push(RecentAction::from(a.action));
             }
         }
         recent.sort_by(|a, b| b.started_at.cmp(&a.started_at).then_with(|| b.resource.cmp(&a.resource)));
@@ -706,10 +583,6 @@ impl App {
     async fn view_with(&self, record: &ProcessRecord, doc: &ProcessDoc, shared: &mut ViewContext) -> Result<ProcessView, ServicesError> {
         let set = set_of(&record.name);
         let Progress { tasks, .. } = progress_of(&doc.tasks, doc.max_attempts, &shared.states)?;
-        let mut progress = BTreeMap::new();
-        for t in &tasks {
-            *progress.entry(t.status.clone()).or_insert(0) += 1;
-        }
         let pending = connections::pending_of(&shared.running, &record.name, &tasks, doc);
         let connections = shared
             .connections
@@ -732,274 +605,6 @@ impl App {
             Some(e) if !App::tasks_recorded(&shared.running, &set, &doc.tasks) => Some(e.clone()),
             _ => None,
         };
-        Ok(ProcessView {
-            name: record.name.clone(),
-            state: state_of(record),
-            revision: record.revision,
-            service: doc.target.reference(),
-            node: doc.target.node.clone(),
-            config: redacted(schema, &doc.target.config),
-            ports: doc.target.ports.clone(),
-            active: doc.active.as_ref().map(|a| ActiveView {
-                service: a.reference(),
-                node: a.node.clone(),
-            }),
-            failure: doc.failure.clone(),
-            progress,
-            tasks,
-            connections,
-            pending,
-            release_error,
-            recent_actions: None,
-            operation_author: doc.author.clone(),
-            created_at: record.created_at,
-            updated_at: record.updated_at,
-        })
-    }
-}
-
-/// The template of one service, as the planner and the solver take it.
-fn single_service(service: &str, automator: orc_manifest::Digest, needs: &Needs) -> Template {
-    let value = serde_json::json!({"services": {service: {"automator": automator.to_string(), "needs": needs}}});
-    Template::from_json(value).expect("a one-service template is valid")
-}
-
-/// The tasks of a process's resource set `set` for `target` with its `connections` as delivered
-/// (`None`: every task undone), keeping `previous` tasks the new plan no longer has as removals.
-pub(crate) fn plan(
-    set: &str,
-    target: Option<&Deployment>,
-    previous: &[ResourceSpec],
-    delivered: &Delivered,
-) -> Result<Vec<ResourceSpec>, ServicesError> {
-    let (template, layout, config, late_config) = match target {
-        Some(t) => (
-            single_service(&t.service, t.automator, &Needs::default()),
-            [(t.node.clone(), [t.service.clone()])].into_iter().collect::<Layout>(),
-            [(t.service.clone(), t.effective_config())].into_iter().collect(),
-            [(t.service.clone(), t.late_config(&delivered.config))].into_iter().collect(),
-        ),
-        None => {
-            let service = previous
-                .iter()
-                .find_map(|t| planner::parse_task_key(&t.id.key).map(|(_, s, _)| s.to_string()))
-                .unwrap_or_else(|| "none".to_string());
-            let automator = previous
-                .iter()
-                .find_map(|t| match &t.adaptor {
-                    crate::intent::PluginRef::Digest(d) => Some(*d),
-                    _ => None,
-                })
-                .unwrap_or_else(|| orc_manifest::Digest::of(b""));
-            (
-                single_service(&service, automator, &Needs::default()),
-                Layout::default(),
-                BTreeMap::new(),
-                BTreeMap::new(),
-            )
-        }
-    };
-    let mut tasks = planner::plan(&PlanInput {
-        cluster: set,
-        template: &template,
-        config: &config,
-        layout: &layout,
-        late_config: &late_config,
-        stopped: &BTreeSet::new(),
-        previous,
-        keep_removals: true,
-    })
-    .map_err(|e| ServicesError::Invalid(e.to_string()))?;
-    // The configuration's secrets are never shown (undoings keep what they had).
-    if let Some(t) = target {
-        let sensitive = (!t.secrets.is_empty()).then(|| Box::new(t.secrets.iter().map(|p| format!("/config{p}")).collect::<Vec<_>>()));
-        for task in tasks.iter_mut().filter(|task| !task.purged) {
-            task.sensitive = sensitive.clone();
-        }
-    }
-    // The one requirement across sets: the steps told the connections (`configure`, `start`:
-    // each may be the only one to run, the other unchanged) wait for the moving providers'
-    // starts at their destinations, where they are told those run.
-    if let Some(t) = target
-        && !delivered.waits.is_empty()
-    {
-        for step in planner::Step::ALL.into_iter().filter(|s| s.sees_layout()) {
-            let id = planner::task_id(set, &t.node, &t.service, step);
-            if let Some(task) = tasks.iter_mut().find(|task| task.id == id && !task.purged) {
-                task.requires.extend(delivered.waits.iter().cloned());
-            }
-        }
-    }
-    Ok(tasks)
-}
-
-/// A move's tasks: `target`'s on its new node, the old node's (`from`) purged, the old `stop`
-/// (its purged `start`) waiting for the new `start`, so the process runs somewhere throughout.
-fn plan_move(
-    set: &str,
-    target: &Deployment,
-    from: &str,
-    previous: &[ResourceSpec],
-    delivered: &Delivered,
-) -> Result<Vec<ResourceSpec>, ServicesError> {
-    let mut tasks = plan(set, Some(target), previous, delivered)?;
-    let started = planner::task_id(set, &target.node, &target.service, planner::Step::Start);
-    for t in &mut tasks {
-        if t.purged && t.id.node == from && planner::parse_task_key(&t.id.key).is_some_and(|(_, _, step)| step == planner::Step::Start) {
-            t.requires.push(started.clone());
-        }
-    }
-    Ok(tasks)
-}
-
-/// Refuses a configuration its service's schema does not accept, naming the first culprit by
-/// its JSON pointer.
-fn check_config(schema: &Value, config: &Value) -> Result<(), ServicesError> {
-    let validator = jsonschema::validator_for(schema).map_err(|e| ServicesError::InvalidConfig {
-        path: String::new(),
-        message: format!("the service's configuration schema does not compile: {e}"),
-    })?;
-    if let Some(e) = validator.iter_errors(config).next() {
-        return Err(ServicesError::InvalidConfig {
-            path: e.instance_path().to_string(),
-            message: e.to_string(),
-        });
-    }
-    Ok(())
-}
-
-/// `config` with the values `schema` marks secret replaced (see [`secret_pointers`]).
-fn redacted(schema: &Value, config: &Value) -> Value {
-    let mut shown = config.clone();
-    crate::intent::redact(&mut shown, &secret_pointers(schema, config));
-    shown
-}
-
-/// JSON pointers to the values of `config` that `schema` marks secret (`writeOnly`, `format:
-/// password`), in nested objects at any depth.
-fn secret_pointers(schema: &Value, config: &Value) -> Vec<String> {
-    fn walk(schema: &Value, config: &Value, at: &str, out: &mut Vec<String>) {
-        let (Value::Object(map), Some(properties)) = (config, schema.get("properties").and_then(Value::as_object)) else {
-            return;
-        };
-        for (key, value) in map {
-            let Some(p) = properties.get(key) else { continue };
-            let here = format!("{at}/{}", key.replace('~', "~0").replace('/', "~1"));
-            if p.get("writeOnly") == Some(&Value::Bool(true)) || p.get("format").and_then(Value::as_str) == Some("password") {
-                out.push(here);
-            } else {
-                walk(p, value, &here, out);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(schema, config, "", &mut out);
-    out
-}
-
-fn check_if_match(name: &str, record: &ProcessRecord, if_match: Option<&str>) -> Result<(), ServicesError> {
-    match if_match {
-        Some(tag) if !crate::if_match::tag_matches(tag, &record.revision.to_string()) => Err(ServicesError::VersionConflict {
-            what: format!("process `{name}`"),
-            expected: tag.chars().filter(|c| !c.is_control()).take(40).collect(),
-            current: record.revision,
-        }),
-        _ => Ok(()),
-    }
-}
-
-fn ensure_allows(name: &str, state: ProcessState, operation: Operation) -> Result<(), ServicesError> {
-    if state.allows(operation) {
-        Ok(())
-    } else {
-        Err(ServicesError::InvalidTransition {
-            name: name.to_string(),
-            state: state.as_str(),
-            operation: operation.as_str(),
-        })
-    }
-}
-
-/// `creating,moving` → those states; an unknown one is refused, naming it.
-pub fn parse_states(list: &str) -> Result<Vec<ProcessState>, ServicesError> {
-    list.split(',')
-        .map(|s| {
-            ProcessState::parse(s.trim()).ok_or_else(|| {
-                ServicesError::Invalid(format!(
-                    "state: `{}` is not a process state (creating, running, updating, moving, rolling_back, terminating, failed)",
-                    s.chars().filter(|c| !c.is_control()).take(40).collect::<String>()
-                ))
-            })
-        })
-        .collect()
-}
-
-pub(crate) fn state_of(record: &ProcessRecord) -> ProcessState {
-    ProcessState::parse(&record.state).unwrap_or(ProcessState::Failed)
-}
-
-pub(crate) fn encode(doc: &ProcessDoc) -> String {
-    serde_json::to_string(doc).expect("a process serialises")
-}
-
-pub(crate) fn decode(record: &ProcessRecord) -> Result<ProcessDoc, ServicesError> {
-    serde_json::from_str(&record.document).map_err(|e| {
-        StoreError::Corrupt {
-            what: format!("process `{}`: {e}", record.name),
-        }
-        .into()
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn secrets_the_schema_marks_are_redacted_at_any_depth() {
-        let schema = json!({"type": "object", "properties": {
-            "password": {"type": "string", "writeOnly": true},
-            "db": {"type": "object", "properties": {"token": {"type": "string", "format": "password"}, "host": {"type": "string"}}},
-            "port": {"type": "integer"}
-        }});
-        let config = json!({"password": "p", "db": {"token": "t", "host": "h"}, "port": 1, "extra": "x"});
-        assert_eq!(
-            redacted(&schema, &config),
-            json!({"password": "<redacted>", "db": {"token": "<redacted>", "host": "h"}, "port": 1, "extra": "x"})
-        );
-    }
-
-    #[test]
-    fn a_configuration_is_refused_naming_its_first_culprit() {
-        let schema = json!({"type": "object", "additionalProperties": false, "properties": {"size": {"type": "integer", "minimum": 1}}});
-        check_config(&schema, &json!({"size": 2})).unwrap();
-        match check_config(&schema, &json!({"size": 0})) {
-            Err(ServicesError::InvalidConfig { path, .. }) => assert_eq!(path, "/size"),
-            other => panic!("{other:?}"),
-        }
-        assert!(matches!(
-            check_config(&schema, &json!({"other": 1})),
-            Err(ServicesError::InvalidConfig { .. })
-        ));
-    }
-
-    #[test]
-    fn an_if_match_must_name_the_current_revision() {
-        let record = ProcessRecord {
-            name: "p".into(),
-            state: "running".into(),
-            document: "{}".into(),
-            revision: 4,
-            created_at: 0,
-            updated_at: 0,
-        };
-        for ok in [None, Some("*"), Some("\"4\""), Some("W/\"4\""), Some("4")] {
-            check_if_match("p", &record, ok).unwrap();
-        }
-        assert!(matches!(
-            check_if_match("p", &record, Some("\"3\"")),
-            Err(ServicesError::VersionConflict { current: 4, .. })
-        ));
+        Ok(ProcessView::new(record, doc, tasks, connections, pending, schema, release_error))
     }
 }

@@ -34,10 +34,9 @@ use tracing::Instrument;
 use crate::app::running::Running;
 use crate::app::{App, EnvError};
 use crate::clusters::ClusterError;
-use crate::clusters::planner;
 use crate::intent::pinning;
 use crate::intent::{Intent, IntentDocument, ResourceSpec};
-use crate::processes::{SET_PREFIX, ServicesError};
+use crate::processes::{ServicesError, is_process_task};
 use crate::store::{Environment, EnvironmentId, StoreError};
 
 /// The releaser's first wait after a failed release; doubled up to [`MAX_BACKOFF`].
@@ -73,11 +72,6 @@ pub(crate) enum Release {
     /// A watcher's step that only drops what is done: the old node's removals once a move or an
     /// update has finished, a terminated process's tasks.
     Tidy,
-}
-
-/// Whether `r` is a task of some process.
-pub(crate) fn is_process_task(r: &ResourceSpec) -> bool {
-    r.id.resource_type == planner::TASK_TYPE && r.id.key.starts_with(SET_PREFIX)
 }
 
 impl App {

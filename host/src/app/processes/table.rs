@@ -13,10 +13,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use super::connections::waited_for;
-use super::decode;
 use crate::app::App;
 use crate::app::running::Running;
+use crate::processes::plan::waited_for;
+use crate::processes::stored::{decode, state_of};
 use crate::processes::{ProcessDoc, ServicesError};
 use crate::store::{ConnectionRecord, Environment, ProcessRecord};
 
@@ -186,7 +186,7 @@ impl App {
         fn count<'a>(records: impl Iterator<Item = &'a ProcessRecord>) -> BTreeMap<&'static str, i64> {
             let mut counts = BTreeMap::new();
             for record in records {
-                *counts.entry(super::state_of(record).as_str()).or_default() += 1;
+                *counts.entry(state_of(record).as_str()).or_default() += 1;
             }
             counts
         }

@@ -11,15 +11,15 @@ use orc_manifest::{Digest, error_chain};
 use tracing::Instrument;
 
 use super::news::{Subscription, TaskNews};
-use super::release::{Release, is_process_task};
-use super::{decode, plan, state_of};
+use super::release::Release;
 use crate::app::App;
 use crate::app::running::Running;
 use crate::app::watcher::{Look, Watch};
 use crate::clusters::planner;
 use crate::intent::{IntentDocument, PluginRef};
-use crate::processes::ProcessDoc;
-use crate::processes::{ProcessState, ServicesError, set_of};
+use crate::processes::plan::{Delivered, plan};
+use crate::processes::stored::{decode, state_of};
+use crate::processes::{ProcessDoc, ProcessState, ServicesError, is_process_task, set_of};
 use crate::scheduler::ResourceStatus;
 use crate::store::{Environment, EnvironmentId};
 
@@ -159,7 +159,7 @@ impl App {
                     let connections = self.delivered_connections(env, name, &doc.target).await?;
                     doc.tasks = plan(&set, Some(&doc.target), &previous, &connections)?;
                 } else {
-                    doc.tasks = plan(&set, None, &previous, &super::Delivered::none())?;
+                    doc.tasks = plan(&set, None, &previous, &Delivered::none())?;
                 }
                 self.begin_process(env, &record, doc, ProcessState::RollingBack, None).await?;
                 Ok(Next::Done)
