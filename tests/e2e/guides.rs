@@ -36,15 +36,6 @@ use orc_tests::server::Served;
 use orc_tests::sshd::Sshd;
 use orc_tests::{bin, repo_root};
 
-/// The guides, in the order a newcomer reads them.
-const GUIDES: &[&str] = &[
-    "README.md",
-    "docs/operator.md",
-    "docs/api.md",
-    "docs/clusters-and-services.md",
-    "docs/plugins.md",
-];
-
 /// The values a reader fills in, which the test gives.
 const FILLED_IN: &[&str] = &["ORC", "TOKEN", "NODE_ADDRESS", "NODE_PORT", "NODE_USER", "NODE_KEY"];
 
@@ -59,13 +50,26 @@ const GUIDE_TIMEOUT: Duration = Duration::from_secs(600);
 /// What marks a block printed, in the script's output.
 const SEPARATOR: &str = "::guide-block::";
 
-#[test]
-fn every_guide_runs_as_written() {
-    let mut ran = Vec::new();
-    for guide in GUIDES {
-        ran.push(run_guide(guide));
-    }
-    eprintln!("{}", ran.join("\n"));
+/// One test per guide, so that they run side by side.
+macro_rules! guides {
+    ($($test:ident: $guide:literal,)*) => {
+        /// The guides, in the order a newcomer reads them.
+        const GUIDES: &[&str] = &[$($guide),*];
+        $(
+            #[test]
+            fn $test() {
+                eprintln!("{}", run_guide($guide));
+            }
+        )*
+    };
+}
+
+guides! {
+    the_readme_runs_as_written: "README.md",
+    the_operator_guide_runs_as_written: "docs/operator.md",
+    the_api_guide_runs_as_written: "docs/api.md",
+    the_clusters_and_services_guide_runs_as_written: "docs/clusters-and-services.md",
+    the_plugin_guide_runs_as_written: "docs/plugins.md",
 }
 
 #[test]
