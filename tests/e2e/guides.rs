@@ -15,6 +15,8 @@
 //! - an assignment of a value the reader fills in — `ORC` (the server's URL), `TOKEN` (the
 //!   admin token its first start printed), `NODE_ADDRESS`, `NODE_PORT`, `NODE_USER`, `NODE_KEY`
 //!   (a node and the private key orc signs in with) — gets the test's value;
+//! - plugin crates compile in the end-to-end tests' shared target directory
+//!   (`CARGO_TARGET_DIR`), where their dependencies are compiled already;
 //! - a `curl -N` (an event stream, which never ends by itself) is read for three seconds;
 //! - every `curl` fails on an HTTP error (`--fail-with-body`) unless its line prints the status
 //!   itself (`-w`, `-i`).
@@ -131,6 +133,7 @@ fn run_guide(guide: &str) -> String {
         ("ORC".to_string(), server.url()),
         ("TOKEN".to_string(), server.token.clone()),
         ("ORC_HOME".to_string(), scratch.path().join("orc-home").display().to_string()),
+        ("CARGO_TARGET_DIR".to_string(), orc_tests::guest_target_dir().display().to_string()),
         (
             "PATH".to_string(),
             format!("{}:{}", bin_dir().display(), std::env::var("PATH").unwrap_or_default()),

@@ -27,25 +27,22 @@ async fn new_build_publish_and_load_by_digest() {
     };
 
     run(
-        plugin(&["new", "adaptor", "greeting"])
-            .arg("--dir")
-            .arg(work.path().join("greeting")),
+        plugin(&["new", "adaptor", "welcome"]).arg("--dir").arg(work.path().join("welcome")),
         true,
     );
-    let manifest = std::fs::read_to_string(work.path().join("greeting/Cargo.toml")).unwrap();
+    let manifest = std::fs::read_to_string(work.path().join("welcome/Cargo.toml")).unwrap();
     assert!(
         !manifest.contains(&repo_root().display().to_string()),
         "the scaffold must not point into the repository:\n{manifest}"
     );
 
-    // Share one target dir between the builds of this test (a fresh crate compiles its deps once).
     let build = run(
-        plugin(&["build", "greeting"]).env("CARGO_TARGET_DIR", work.path().join("target")),
+        plugin(&["build", "welcome"]).env("CARGO_TARGET_DIR", orc_tests::guest_target_dir()),
         true,
     );
     let text = stdout(&build);
     let digest = digest_line(&text);
-    let artifact = work.path().join("greeting/target/orc/greeting-0.1.0.wasm");
+    let artifact = work.path().join("welcome/target/orc/welcome-0.1.0.wasm");
     let bytes = std::fs::read(&artifact).unwrap();
     assert_eq!(Digest::of(&bytes), digest, "the printed digest is the artifact's");
 
@@ -80,7 +77,7 @@ async fn new_build_publish_and_load_by_digest() {
         .to_string();
 
     let published = stdout(&run(plugin(&["publish"]).arg(&artifact).args(["--registry", &url]), true));
-    assert!(published.contains("published greeting@0.1.0"), "{published}");
+    assert!(published.contains("published welcome@0.1.0"), "{published}");
     assert_eq!(digest_line(&published), digest);
     let again = stdout(&run(plugin(&["publish"]).arg(&artifact).args(["--registry", &url]), true));
     assert!(again.contains("already published"), "{again}");
@@ -102,8 +99,8 @@ async fn new_build_publish_and_load_by_digest() {
         ..CallContext::new("e2e")
     };
     let target = orc_runtime::wit::Target {
-        id: "greeting[web1,/hello.txt]".into(),
-        resource_type: "greeting".into(),
+        id: "welcome[web1,/hello.txt]".into(),
+        resource_type: "welcome".into(),
         node: "web1".into(),
         key: "/hello.txt".into(),
         attributes: r#"{"greeting":"hello from a fresh plugin"}"#.into(),
@@ -131,7 +128,7 @@ async fn new_build_publish_and_load_by_digest() {
     std::fs::write(
         &intent,
         serde_json::json!({ "resources": [
-            { "id": "greeting[local,/motd]", "adaptor": digest.to_string(), "attributes": { "greeting": "hi" } }
+            { "id": "welcome[local,/motd]", "adaptor": digest.to_string(), "attributes": { "greeting": "hi" } }
         ]})
         .to_string(),
     )
@@ -186,7 +183,7 @@ async fn solver_and_automator_scaffolds_build_and_run() {
             c.args(args)
                 .current_dir(work.path())
                 .env("ORC_HOME", &home)
-                .env("CARGO_TARGET_DIR", work.path().join("target"));
+                .env("CARGO_TARGET_DIR", orc_tests::guest_target_dir());
             run(&mut c, true)
         };
         run_cli(&["new", kind, name]);

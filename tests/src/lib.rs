@@ -30,6 +30,18 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// Where the end-to-end tests compile the plugin crates they make (`orc-plugin build` honours
+/// `CARGO_TARGET_DIR`): one directory beside the binaries, so that the guest's dependencies are
+/// compiled once for all of them, and once for all runs.
+pub fn guest_target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(|d| d.parent())
+        .and_then(|d| d.parent())
+        .expect("target/<profile>/deps")
+        .join("e2e-guests")
+}
+
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -76,6 +76,15 @@ impl Served {
         self.dir.path().join("data")
     }
 
+    /// Kills the server with SIGKILL (nothing of it runs after this returns) and hands back the
+    /// directory its configuration and data are in.
+    pub fn kill(mut self) -> tempfile::TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        std::mem::replace(&mut self.dir, dir)
+    }
+
     /// The directory the server's configuration and data are in.
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -22,6 +22,8 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    DataDirInUse(#[from] super::data_dir::DataDirError),
     #[error("cannot open the database")]
     Store(#[from] StoreError),
     #[error("cannot open the plugin registry")]

@@ -9,11 +9,13 @@
 //!
 //! Data directory layout: `orc.db` (the default SQLite database), `registry/`, `cache/`
 //! (compiled plugins), `nodes/<environment>/local/` (each environment's local node root),
-//! `secret.key` (the key node credentials are sealed with, unless `secret_key_file` says where).
+//! `secret.key` (the key node credentials are sealed with, unless `secret_key_file` says where),
+//! `orc-host.pid` (held while the server runs: one process per directory, [`data_dir`]).
 
 mod access;
 mod audit;
 pub mod clusters;
+pub mod data_dir;
 mod environments;
 mod error;
 mod nodes;
@@ -66,6 +68,8 @@ pub struct App {
     /// Secrets for plugins' outgoing HTTP, used by the environments whose settings name them.
     secrets: HostSecrets,
     data_dir: PathBuf,
+    /// This process's hold on `data_dir`, let go at shutdown ([`data_dir::DataDirLock`]).
+    data_dir_lock: std::sync::Mutex<Option<data_dir::DataDirLock>>,
     defaults: EnvironmentSettings,
     running: Mutex<HashMap<EnvironmentId, Arc<Running>>>,
     /// Environments being deleted: set under the `running` lock before their scheduler is
@@ -106,6 +110,7 @@ impl App {
             path: data_dir.clone(),
             source,
         })?;
+        let data_dir_lock = data_dir::DataDirLock::acquire(&data_dir)?;
         let store = Store::connect(&config.database_url()).await?;
         let registry = orc_registry::Store::open(data_dir.join("registry"), StoreOptions::default())?;
         for artifact in orc_plugin_artifacts::FIRST_PARTY {
@@ -135,6 +140,7 @@ impl App {
             runtime,
             kv,
             data_dir,
+            data_dir_lock: std::sync::Mutex::new(Some(data_dir_lock)),
             defaults: config.environment_defaults.clone(),
             running: Mutex::new(HashMap::new()),
             deleting: std::sync::Mutex::new(std::collections::HashSet::new()),
@@ -218,5 +224,7 @@ impl App {
             tracing::warn!("audit entries not written within the grace period are lost");
         }
         self.store.close().await;
+        // Last: another process may take the directory now.
+        drop(self.data_dir_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take());
     }
 }

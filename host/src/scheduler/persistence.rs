@@ -11,7 +11,7 @@ use orc_node::{NodeDirectory, NodeError};
 
 use super::ErrorInfo;
 use crate::scheduler::{BoxFuture, Event, Sink, Trigger};
-use crate::store::{ActionId, ActionKind, ActionRecord, DbKv, EnvironmentId, ResourceState, Store, StoreError};
+use crate::store::{ActionId, ActionKind, ActionRecord, DbKv, EnvironmentId, Fence, ResourceState, Store, StoreError};
 
 /// Attempts at writing one batch, the first retry after [`FIRST_RETRY`], doubling: about 6 s in
 /// all. The scheduler's writer waits meanwhile (events queue up in order behind the batch).
@@ -35,6 +35,8 @@ pub struct StoreSink {
     environment: EnvironmentId,
     plugin_state: Option<Arc<DbKv>>,
     nodes: Option<Arc<dyn NodeDirectory>>,
+    /// The owner's epoch every batch is written under (see `store::ownership`); `None`: unfenced.
+    fence: Option<Fence>,
     /// Set once a batch was given up: the store may not hold what the scheduler handed over.
     gave_up: std::sync::atomic::AtomicBool,
 }
@@ -46,6 +48,7 @@ impl StoreSink {
             environment,
             plugin_state: None,
             nodes: None,
+            fence: None,
             gave_up: Default::default(),
         }
     }
@@ -57,6 +60,15 @@ impl StoreSink {
     pub fn after_nodes(self, nodes: Arc<dyn NodeDirectory>) -> StoreSink {
         StoreSink {
             nodes: Some(nodes),
+            ..self
+        }
+    }
+
+    /// Writes every batch under `fence`: once another replica owns the environment, nothing
+    /// more is stored (the batch is given up at once, not retried).
+    pub fn fenced(self, fence: Fence) -> StoreSink {
+        StoreSink {
+            fence: Some(fence),
             ..self
         }
     }
@@ -141,7 +153,11 @@ impl StoreSink {
             // in this batch is stored before what its actions wrote is durable.
             let written = match self.fences().await {
                 Err(e) => Err(BatchError::Nodes(e)),
-                Ok(()) => match self.store.record_progress(&self.environment, &states, &actions).await {
+                Ok(()) => match self
+                    .store
+                    .record_progress(&self.environment, self.fence.as_ref(), &states, &actions)
+                    .await
+                {
                     // Every state the release handed over is stored by now (before the
                     // release): a complete one leaves outside the version only what it dropped;
                     // otherwise the dropped go and the rest, unchanged, now belong to it. A crash
@@ -170,6 +186,7 @@ impl StoreSink {
                         took_us = started.elapsed().as_micros() as u64, "batch recorded");
                     return Ok(());
                 }
+                Err(BatchError::Store(e @ StoreError::Fenced { .. })) => return Err(BatchError::Store(e)),
                 Err(e) if attempt < WRITE_ATTEMPTS => {
                     tracing::warn!(environment = %self.environment, attempt, error = %e, "cannot persist scheduler events; retrying");
                     tokio::time::sleep(delay).await;
@@ -352,5 +369,36 @@ mod tests {
         let states = store.load_states(&env.id).await.unwrap();
         assert_eq!(states.len(), 1);
         assert_eq!(states[0].status, crate::scheduler::ResourceStatus::Deployed);
+    }
+
+    /// A sink fenced by an epoch another replica has since taken over stores nothing, and gives
+    /// the batch up at once instead of retrying it; the new owner's sink stores.
+    #[tokio::test]
+    async fn a_fenced_sink_stores_nothing_after_a_takeover() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite(dir.path().join("orc.db")).await.unwrap();
+        let env = store.create_environment("owned", &EnvironmentSettings::default()).await.unwrap();
+        let ttl = std::time::Duration::from_secs(60);
+        let (old, new) = (crate::store::ReplicaId::random(), crate::store::ReplicaId::random());
+        let first = store.claim(&env.id, old, ttl).await.unwrap().unwrap();
+        let stale = StoreSink::new(store.clone(), env.id).fenced(first);
+        assert!(stale.persist(vec![deployed("file[local,/a]")]).await);
+        store.release(&env.id, old).await.unwrap();
+        let second = store.claim(&env.id, new, ttl).await.unwrap().unwrap();
+
+        let started = std::time::Instant::now();
+        assert!(!stale.persist(vec![deployed("file[local,/b]")]).await);
+        assert!(started.elapsed() < FIRST_RETRY, "given up without a retry");
+        assert!(stale.in_doubt());
+        let current = StoreSink::new(store.clone(), env.id).fenced(second);
+        assert!(current.persist(vec![deployed("file[local,/c]")]).await);
+        let stored: Vec<String> = store
+            .load_states(&env.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.resource_id)
+            .collect();
+        assert_eq!(stored, ["file[local,/a]", "file[local,/c]"]);
     }
 }

@@ -31,6 +31,18 @@ pub enum StoreError {
     /// A stored value that this version of orc cannot read (an unknown status, unparsable settings).
     #[error("corrupt data in the store: {what}")]
     Corrupt { what: String },
+    /// A write for an environment under an epoch that is no longer its own: another replica
+    /// took the environment over (`current`), or it was deleted (`None`). Nothing was written;
+    /// the writer must stop acting for the environment.
+    #[error(
+        "environment {env} is owned under epoch {} now, not {epoch}: another replica took it over",
+        current.map(|c| c.to_string()).unwrap_or_else(|| "none (deleted)".into())
+    )]
+    Fenced {
+        env: super::EnvironmentId,
+        epoch: i64,
+        current: Option<i64>,
+    },
     /// The database location given to `Store::connect` is not one the store understands.
     #[error("invalid database location {location}: {reason}")]
     Config { location: String, reason: String },

@@ -112,3 +112,7 @@ uuid_id!(
     /// One user-triggered deploy or repair.
     OperationId
 );
+uuid_id!(
+    /// One incarnation of an `orc-host serve` process on the database: new at every start.
+    ReplicaId
+);

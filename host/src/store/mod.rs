@@ -75,6 +75,7 @@ mod jobs;
 mod kv;
 mod model;
 mod nodes;
+mod ownership;
 pub(crate) mod pace;
 mod processes;
 mod states;
@@ -87,6 +88,7 @@ pub use ids::*;
 pub use kv::DbKv;
 pub use model::*;
 pub use nodes::{NodeDeletion, NodePatched};
+pub use ownership::{Epoch, Fence, LeaseRecord, ReplicaRecord};
 pub use processes::{ConnectionRecord, ProcessRecord};
 pub use tokens::hash_token;
 pub use users::UserChange;
@@ -435,6 +437,7 @@ const SQLITE_MIGRATIONS: Embedded = &[
     (8, "revisions", include_str!("../../migrations/sqlite/0008_revisions.sql")),
     (9, "process_heads", include_str!("../../migrations/sqlite/0009_process_heads.sql")),
     (10, "audit_source", include_str!("../../migrations/sqlite/0010_audit_source.sql")),
+    (11, "ownership", include_str!("../../migrations/sqlite/0011_ownership.sql")),
 ];
 const POSTGRES_MIGRATIONS: Embedded = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -447,6 +450,7 @@ const POSTGRES_MIGRATIONS: Embedded = &[
     (8, "revisions", include_str!("../../migrations/postgres/0008_revisions.sql")),
     (9, "process_heads", include_str!("../../migrations/postgres/0009_process_heads.sql")),
     (10, "audit_source", include_str!("../../migrations/postgres/0010_audit_source.sql")),
+    (11, "ownership", include_str!("../../migrations/postgres/0011_ownership.sql")),
 ];
 
 fn migrator(embedded: Embedded) -> Migrator {

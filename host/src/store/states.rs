@@ -14,9 +14,10 @@ use sqlx::{PgConnection, Postgres, QueryBuilder, Sqlite, SqliteConnection};
 use super::actions;
 use super::environments::environment_not_found;
 use super::error::backend_with;
+use super::ownership;
 use super::{
-    ActionRecord, Attempts, BeginWrite, Db, EnvironmentId, ResourceState, Result, StateFilter, StatePage, StatusChange, Store, StoreError,
-    error_info, now_ms, page_size, parse_name, sqlite_keeps_prepared, sqlite_rows_per_statement,
+    ActionRecord, Attempts, BeginWrite, Db, EnvironmentId, Fence, ResourceState, Result, StateFilter, StatePage, StatusChange, Store,
+    StoreError, error_info, now_ms, page_size, parse_name, sqlite_keeps_prepared, sqlite_rows_per_statement,
 };
 use crate::status::ResourceStatus;
 
@@ -266,17 +267,32 @@ impl Store {
     /// `last_deploy_at` / `last_verified_at` keeps the stored time, since the scheduler means
     /// "unchanged" by it) and the actions that led to them, appended in order. A state that
     /// says `deployed` is thus never stored without the action that deployed it.
-    pub async fn record_progress(&self, env: &EnvironmentId, states: &[ResourceState], actions: &[ActionRecord]) -> Result<()> {
+    ///
+    /// With a `fence` (the writer owns `env` under its epoch) nothing is written unless the
+    /// epoch is still the environment's ([`StoreError::Fenced`]; see `ownership`).
+    pub async fn record_progress(
+        &self,
+        env: &EnvironmentId,
+        fence: Option<&Fence>,
+        states: &[ResourceState],
+        actions: &[ActionRecord],
+    ) -> Result<()> {
         if states.is_empty() && actions.is_empty() {
             return Ok(());
         }
-        match self.write_progress(env, states, actions).await {
+        match self.write_progress(env, fence, states, actions).await {
             Err(e) if e.is_foreign_key_violation() => Err(environment_not_found(env)),
             other => other,
         }
     }
 
-    async fn write_progress(&self, env: &EnvironmentId, states: &[ResourceState], actions: &[ActionRecord]) -> Result<()> {
+    async fn write_progress(
+        &self,
+        env: &EnvironmentId,
+        fence: Option<&Fence>,
+        states: &[ResourceState],
+        actions: &[ActionRecord],
+    ) -> Result<()> {
         let states = last_per_key(states, |s| &s.resource_id);
         let context = || {
             format!(
@@ -288,12 +304,18 @@ impl Store {
         match &self.db {
             Db::Sqlite(pool) => {
                 let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
+                if let Some(fence) = fence {
+                    ownership::check_sqlite(&mut tx, fence).await?;
+                }
                 upsert_sqlite(&mut tx, env, &states, Times::KeepStored).await?;
                 actions::insert_sqlite(&mut tx, actions).await?;
                 tx.commit().await.map_err(backend_with(context))?;
             }
             Db::Postgres(pool) => {
                 let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
+                if let Some(fence) = fence {
+                    ownership::check_postgres(&mut tx, fence).await?;
+                }
                 if !states.is_empty() {
                     upsert_postgres(&mut tx, env, &states, Times::KeepStored).await?;
                 }

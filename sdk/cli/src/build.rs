@@ -49,7 +49,9 @@ pub fn build(dir: &Path, out: Option<&Path>, profile: &str) -> Result<Built> {
     bar.set_message(format!("compiling {} for wasm32-wasip2", project.manifest.reference()));
     let started = Instant::now();
     let mut count = 0usize;
-    let result = project.build(Path::new("cargo"), profile, None, |krate| {
+    // Cargo's own variable, as `cargo build` honours it: where the crates are compiled.
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from);
+    let result = project.build(Path::new("cargo"), profile, target_dir.as_deref(), |krate| {
         count += 1;
         bar.set_message(format!("compiled {count} crates, last {krate}"));
     });

@@ -6,6 +6,7 @@ mod access;
 mod cases;
 mod clusters;
 mod harness;
+mod ownership;
 
 /// One `#[tokio::test]` per case and backend: `sqlite::<case>` and `postgres::<case>`, for the
 /// cases of each module listed (`module: [case, …]`).
@@ -68,5 +69,9 @@ on_both_backends!(
         deleting_an_environment_removes_its_clusters,
         processes_are_revision_checked,
         connections_are_listed_oldest_first,
+    ],
+    ownership: [
+        a_stale_owner_never_writes_after_a_takeover,
+        a_released_environment_is_claimed_at_once,
     ],
 );
