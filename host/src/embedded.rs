@@ -69,6 +69,8 @@ impl EmbeddedConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
+    #[error(transparent)]
+    DataDirInUse(#[from] crate::data_dir::DataDirError),
     #[error("cannot prepare the data directory {path}")]
     DataDir {
         path: PathBuf,
@@ -157,6 +159,7 @@ pub async fn deploy(
     let data_dir = &config.data_dir;
     let dir_err = |path: PathBuf| move |source| EmbeddedError::DataDir { path, source };
     std::fs::create_dir_all(data_dir).map_err(dir_err(data_dir.clone()))?;
+    let _held = crate::data_dir::DataDirLock::acquire(data_dir)?;
 
     let store = Store::open(data_dir.join("registry"), StoreOptions::default())?;
     for artifact in orc_plugin_artifacts::FIRST_PARTY {

@@ -6,7 +6,7 @@
 //! (the desired state, its validation, diff and pinning), [`clusters`] (templates, layouts and
 //! the planner), [`processes`] (the service catalog, processes, connections), [`nodes`] (the SSH node registry), [`policy`] (what an environment's plugins
 //! may reach), [`metrics`]; at the edges [`server`] (`orc-host serve`) and [`embedded`]
-//! (`orc-host deploy`).
+//! (`orc-host deploy`), which both hold their [`data_dir`].
 //!
 //! Architecture invariants: plugins are addressed only by digest (names are resolved and pinned
 //! when an intent is accepted); the Wasm runtime knows nothing of intents or storage; the API
@@ -18,6 +18,7 @@ pub mod api;
 pub mod app;
 pub mod clusters;
 pub mod console;
+pub mod data_dir;
 pub mod embedded;
 pub mod error;
 pub mod executor;

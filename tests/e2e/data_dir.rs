@@ -1,5 +1,5 @@
-//! One process per data directory: a second `orc-host serve` on the directory of a running one
-//! is refused at once, naming that process; once it is gone — even killed with SIGKILL, leaving
+//! One process per data directory: a second `orc-host serve` (or an `orc-host deploy`) on the
+//! directory of a running server is refused at once, naming that process; once it is gone — even killed with SIGKILL, leaving
 //! its lock file behind — the directory serves again.
 
 // Test support: a failed unwrap is the test failing, where it failed.
@@ -31,6 +31,20 @@ fn a_second_server_on_a_data_directory_is_refused_naming_the_first() {
         "the refusal names the first process:\n{stderr}"
     );
     assert!(stderr.contains(&data_dir.display().to_string()), "and the directory:\n{stderr}");
+    // So is an embedded deploy, which would write to the same local node.
+    let out = Command::new(bin("orc-host"))
+        .arg("deploy")
+        .arg(orc_tests::repo_root().join("host/intents/quickstart.json"))
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the deploy ran:\n{stderr}");
+    assert!(
+        stderr.contains(&format!("is in use by another orc-host (process {})", first.pid())),
+        "{stderr}"
+    );
 
     // Killed outright, the first leaves its lock file; the kernel has dropped the lock.
     let _dir = first.kill();

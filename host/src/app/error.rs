@@ -23,7 +23,7 @@ pub enum StartError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    DataDirInUse(#[from] super::data_dir::DataDirError),
+    DataDirInUse(#[from] crate::data_dir::DataDirError),
     #[error("cannot open the database")]
     Store(#[from] StoreError),
     #[error("cannot open the plugin registry")]

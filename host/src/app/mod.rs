@@ -10,12 +10,11 @@
 //! Data directory layout: `orc.db` (the default SQLite database), `registry/`, `cache/`
 //! (compiled plugins), `nodes/<environment>/local/` (each environment's local node root),
 //! `secret.key` (the key node credentials are sealed with, unless `secret_key_file` says where),
-//! `orc-host.pid` (held while the server runs: one process per directory, [`data_dir`]).
+//! `orc-host.pid` (held while the server runs: one process per directory, [`crate::data_dir`]).
 
 mod access;
 mod audit;
 pub mod clusters;
-pub mod data_dir;
 mod environments;
 mod error;
 mod nodes;
@@ -68,8 +67,8 @@ pub struct App {
     /// Secrets for plugins' outgoing HTTP, used by the environments whose settings name them.
     secrets: HostSecrets,
     data_dir: PathBuf,
-    /// This process's hold on `data_dir`, let go at shutdown ([`data_dir::DataDirLock`]).
-    data_dir_lock: std::sync::Mutex<Option<data_dir::DataDirLock>>,
+    /// This process's hold on `data_dir`, let go at shutdown ([`crate::data_dir::DataDirLock`]).
+    data_dir_lock: std::sync::Mutex<Option<crate::data_dir::DataDirLock>>,
     defaults: EnvironmentSettings,
     running: Mutex<HashMap<EnvironmentId, Arc<Running>>>,
     /// Environments being deleted: set under the `running` lock before their scheduler is
@@ -110,7 +109,7 @@ impl App {
             path: data_dir.clone(),
             source,
         })?;
-        let data_dir_lock = data_dir::DataDirLock::acquire(&data_dir)?;
+        let data_dir_lock = crate::data_dir::DataDirLock::acquire(&data_dir)?;
         let store = Store::connect(&config.database_url()).await?;
         let registry = orc_registry::Store::open(data_dir.join("registry"), StoreOptions::default())?;
         for artifact in orc_plugin_artifacts::FIRST_PARTY {

@@ -1,9 +1,9 @@
 //! One process per data directory. A data directory holds what one `orc-host` keeps on its
 //! machine — the SQLite database, the registry, compiled plugins, the `local` node's roots —
-//! and two processes over one would each run every environment's scheduler on it. So the
-//! server holds an exclusive lock (`flock(2)`) on `DATA_DIR/orc-host.pid` while it runs, with
-//! its process id written inside; a second `orc-host serve` on the same directory is refused,
-//! naming the process that holds it. The kernel drops the lock when the process dies, however
+//! and two processes over one would each run every environment's scheduler on it, or deploy to
+//! the same local node at once. So `orc-host serve`, and `orc-host deploy` while it runs, hold
+//! an exclusive lock (`flock(2)`) on `DATA_DIR/orc-host.pid`, with the process id written
+//! inside; another process on the same directory is refused, naming the one that holds it. The kernel drops the lock when the process dies, however
 //! it dies: a stale file never blocks a start. Replicas (on PostgreSQL) each have a directory
 //! of their own.
 
