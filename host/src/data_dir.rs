@@ -9,6 +9,7 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read as _, Seek as _, Write as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 /// The lock file's name in the data directory.
@@ -48,6 +49,8 @@ impl DataDirLock {
             .write(true)
             .create(true)
             .truncate(false)
+            // A link planted in its place is not followed (the file is truncated once locked).
+            .custom_flags(libc::O_NOFOLLOW)
             .open(dir.join(LOCK_FILE))
             .map_err(io)?;
         match file.try_lock() {
@@ -85,5 +88,16 @@ mod tests {
         assert!(err.to_string().contains(&format!("(process {})", std::process::id())), "{err}");
         drop(first);
         let _again = DataDirLock::acquire(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn a_link_in_place_of_the_lock_file_is_refused_and_its_target_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("precious");
+        std::fs::write(&target, "keep me").unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join(LOCK_FILE)).unwrap();
+        let err = DataDirLock::acquire(dir.path()).unwrap_err();
+        assert!(matches!(err, DataDirError::Io { .. }), "{err}");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
     }
 }

@@ -109,95 +109,56 @@ impl Store {
     pub async fn claim(&self, env: &EnvironmentId, me: ReplicaId, ttl: Duration) -> Result<Option<Fence>> {
         let context = || format!("claiming environment {env}");
         let (id, holder, ttl_ms) = (env.to_string(), me.to_string(), millis(ttl));
-        let epoch: Option<Epoch> = match &self.db {
-            Db::Sqlite(pool) => {
-                let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
-                let now = now_ms();
-                sqlx::query("INSERT INTO env_leases (environment_id) VALUES ($1) ON CONFLICT DO NOTHING")
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend_with(context))?;
-                sqlx::query("INSERT INTO env_fences (environment_id) VALUES ($1) ON CONFLICT DO NOTHING")
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend_with(context))?;
-                let taken = sqlx::query(
-                    "UPDATE env_leases SET holder = $2, expires_at = $3 + $4 \
-                     WHERE environment_id = $1 AND (expires_at <= $3 OR holder IS NULL OR holder = $2)",
-                )
-                .bind(&id)
-                .bind(&holder)
-                .bind(now)
-                .bind(ttl_ms)
-                .execute(&mut *tx)
-                .await
-                .map_err(backend_with(context))?
-                .rows_affected();
-                let epoch = if taken == 1 {
-                    Some(
-                        sqlx::query_scalar(
-                            "UPDATE env_fences SET epoch = epoch + 1, holder = $2 WHERE environment_id = $1 RETURNING epoch",
-                        )
-                        .bind(&id)
-                        .bind(&holder)
-                        .fetch_one(&mut *tx)
-                        .await
-                        .map_err(backend_with(context))?,
-                    )
-                } else {
-                    None
-                };
-                tx.commit().await.map_err(backend_with(context))?;
-                epoch
-            }
-            Db::Postgres(pool) => {
-                let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
+        // What differs: the clock the lease is judged by (SQLite: this process's, bound as $4).
+        let (now, take) = match &self.db {
+            Db::Sqlite(_) => (
+                Some(now_ms()),
+                "UPDATE env_leases SET holder = $2, expires_at = $4 + $3 \
+                 WHERE environment_id = $1 AND (expires_at <= $4 OR holder IS NULL OR holder = $2)",
+            ),
+            Db::Postgres(_) => (
+                None,
+                "UPDATE env_leases SET holder = $2, expires_at = now() + make_interval(secs => $3::float8 / 1000) \
+                 WHERE environment_id = $1 AND (expires_at <= now() OR holder IS NULL OR holder = $2)",
+            ),
+        };
+        let epoch: Option<Epoch> = on_pool!(self, pool => {
+            let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
+            if now.is_none() {
                 sqlx::query("SET LOCAL lock_timeout = '2s'")
                     .execute(&mut *tx)
                     .await
                     .map_err(backend_with(context))?;
-                sqlx::query("INSERT INTO env_leases (environment_id) VALUES ($1) ON CONFLICT DO NOTHING")
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend_with(context))?;
-                sqlx::query("INSERT INTO env_fences (environment_id) VALUES ($1) ON CONFLICT DO NOTHING")
-                    .bind(&id)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend_with(context))?;
-                let taken = sqlx::query(
-                    "UPDATE env_leases SET holder = $2, expires_at = now() + make_interval(secs => $3::float8 / 1000) \
-                     WHERE environment_id = $1 AND (expires_at <= now() OR holder IS NULL OR holder = $2)",
-                )
-                .bind(&id)
-                .bind(&holder)
-                .bind(ttl_ms)
-                .execute(&mut *tx)
-                .await
-                .map_err(backend_with(context))?
-                .rows_affected();
-                let epoch = if taken == 1 {
-                    // Waits for every open transaction that read the fence `FOR SHARE`.
-                    Some(
-                        sqlx::query_scalar(
-                            "UPDATE env_fences SET epoch = epoch + 1, holder = $2 WHERE environment_id = $1 RETURNING epoch",
-                        )
+            }
+            for made in [
+                "INSERT INTO env_leases (environment_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                "INSERT INTO env_fences (environment_id) VALUES ($1) ON CONFLICT DO NOTHING",
+            ] {
+                sqlx::query(made).bind(&id).execute(&mut *tx).await.map_err(backend_with(context))?;
+            }
+            let query = sqlx::query(take).bind(&id).bind(&holder).bind(ttl_ms);
+            let query = match now {
+                Some(now) => query.bind(now),
+                None => query,
+            };
+            let taken = query.execute(&mut *tx).await.map_err(backend_with(context))?.rows_affected();
+            let epoch = if taken == 1 {
+                // On PostgreSQL this waits for every open transaction that read the fence
+                // `FOR SHARE`.
+                Some(
+                    sqlx::query_scalar("UPDATE env_fences SET epoch = epoch + 1, holder = $2 WHERE environment_id = $1 RETURNING epoch")
                         .bind(&id)
                         .bind(&holder)
                         .fetch_one(&mut *tx)
                         .await
                         .map_err(backend_with(context))?,
-                    )
-                } else {
-                    None
-                };
-                tx.commit().await.map_err(backend_with(context))?;
-                epoch
-            }
-        };
+                )
+            } else {
+                None
+            };
+            tx.commit().await.map_err(backend_with(context))?;
+            epoch
+        });
         if let Some(epoch) = epoch {
             tracing::info!(environment = %env, replica = %me, epoch, "environment claimed");
         }
