@@ -63,6 +63,10 @@ pub enum EnvError {
     /// be done until the host is restarted.
     #[error("the scheduler of environment `{environment}` is not running ({reason}); restart the host")]
     SchedulerUnavailable { environment: String, reason: String },
+    /// Another replica runs the environment (`owner`: where its API listens), or none does
+    /// right now (`None`: one is taking it over).
+    #[error("{}", elsewhere(environment, owner.as_deref()))]
+    Elsewhere { environment: String, owner: Option<String> },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("cannot prepare the node root {path}")]
@@ -76,5 +80,12 @@ pub enum EnvError {
 impl From<PinError> for EnvError {
     fn from(e: PinError) -> EnvError {
         EnvError::Pin(Box::new(e))
+    }
+}
+
+fn elsewhere(environment: &str, owner: Option<&str>) -> String {
+    match owner {
+        Some(owner) => format!("environment `{environment}` is run by the replica at {owner}: send the request there"),
+        None => format!("environment `{environment}` is between replicas (one is taking it over): try again in a moment"),
     }
 }

@@ -4,7 +4,7 @@
 //! [`store`], reporting events) → [`executor`] (one resource action through its adaptor) → the
 //! Wasm runtime (`orc-runtime`) → the nodes (`orc-node`, `orc-ssh`). Beside the flow: [`intent`]
 //! (the desired state, its validation, diff and pinning), [`clusters`] (templates, layouts and
-//! the planner), [`processes`] (the service catalog, processes, connections), [`nodes`] (the SSH node registry), [`policy`] (what an environment's plugins
+//! the planner), [`processes`] (the service catalog, processes, connections), [`nodes`] (the SSH node registry), [`replicas`] (how environments spread over replicas), [`policy`] (what an environment's plugins
 //! may reach), [`metrics`]; at the edges [`server`] (`orc-host serve`) and [`embedded`]
 //! (`orc-host deploy`), which both hold their [`data_dir`].
 //!
@@ -30,6 +30,7 @@ mod named;
 pub mod nodes;
 pub mod policy;
 pub mod processes;
+pub mod replicas;
 pub mod scheduler;
 pub mod server;
 pub mod status;

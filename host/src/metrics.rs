@@ -92,6 +92,11 @@ pub struct Metrics {
     hasher: RandomState,
     /// The event streams' queued bytes and lagged subscribers, moved by the streams themselves.
     streams: StreamStats,
+    /// Environments this replica claimed, and those it stopped because their lease was gone.
+    takeovers: Counter,
+    losses: Counter,
+    /// Environments this replica holds.
+    held: Gauge,
 }
 
 impl Default for Metrics {
@@ -146,7 +151,24 @@ impl Metrics {
             "Event stream subscribers ended because they fell behind their buffer",
             streams.lagged.clone(),
         );
+        let takeovers = Counter::default();
+        registry.register(
+            "environment_takeovers",
+            "Environments this replica claimed (at its start, from a replica that ended or was drained, or new)",
+            takeovers.clone(),
+        );
+        let losses = Counter::default();
+        registry.register(
+            "environment_losses",
+            "Environments this replica stopped at once because their lease was gone (its writes for them are refused from then on)",
+            losses.clone(),
+        );
+        let held = Gauge::default();
+        registry.register("environments_held", "Environments this replica runs", held.clone());
         Metrics {
+            takeovers,
+            losses,
+            held,
             streams,
             registry,
             resources,
@@ -259,6 +281,23 @@ impl Metrics {
     /// The scheduler of `environment` stopped on its own.
     pub fn scheduler_failed(&self, environment: &str) {
         self.scheduler_failures.get_or_create(&environment_labels(environment)).inc();
+    }
+
+    /// This replica claimed an environment; it now holds `held`.
+    pub fn took_over(&self, held: usize) {
+        self.takeovers.inc();
+        self.held.set(held as i64);
+    }
+
+    /// This replica stopped an environment whose lease was gone; it now holds `held`.
+    pub fn lost(&self, held: usize) {
+        self.losses.inc();
+        self.held.set(held as i64);
+    }
+
+    /// This replica now holds `held` environments.
+    pub fn holding(&self, held: usize) {
+        self.held.set(held as i64);
     }
 
     /// `environment` was deleted: its gauges go away (counters stay, as counters do).

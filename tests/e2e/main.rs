@@ -5,4 +5,5 @@ mod data_dir;
 mod guides;
 mod plugin_author;
 mod quickstart;
+mod replicas;
 mod sign_in;

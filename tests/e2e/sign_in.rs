@@ -7,33 +7,12 @@
 // Test support: a failed unwrap is the test failing, where it failed.
 #![allow(clippy::unwrap_used)]
 
-use std::io::{Read as _, Write as _};
-use std::net::TcpStream;
-use std::time::Duration;
-
-use orc_tests::server::Served;
+use orc_tests::server::{Served, request};
 
 /// The most the host's peak RSS may grow by during the burst, in MiB.
 const BOUND_MIB: u64 = 80;
 /// Concurrent sign-ins.
 const BURST: usize = 200;
-
-/// One HTTP/1.1 request: the status and the whole answer.
-fn request(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let auth = token.map(|t| format!("authorization: Bearer {t}\r\n")).unwrap_or_default();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{auth}connection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, answer)
-}
 
 fn status_field(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -26,6 +26,17 @@ impl Served {
     /// Starts `orc-host serve --listen 127.0.0.1:0 --config FILE --data-dir DIR`, with `config`
     /// (TOML) as FILE and `env` added to its environment, and waits for its address and token.
     pub fn start(config: &str, env: &[(&str, &str)]) -> Served {
+        Served::spawn(config, env, true)
+    }
+
+    /// [`Served::start`] for a replica on a database that may have users already: waits for its
+    /// address, then a moment for the token a first start prints (`token` stays empty if none
+    /// came: the two lines are written one right after the other).
+    pub fn start_replica(config: &str) -> Served {
+        Served::spawn(config, &[], false)
+    }
+
+    fn spawn(config: &str, env: &[(&str, &str)], wants_token: bool) -> Served {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let config_file = dir.path().join("orc-host.toml");
         std::fs::write(&config_file, config).expect("write the configuration");
@@ -38,21 +49,45 @@ impl Served {
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
+        // To see what a server logged: `ORC_TEST_SERVER_LOGS=DIR` keeps each one's stderr there.
+        if let Ok(logs) = std::env::var("ORC_TEST_SERVER_LOGS") {
+            let file = tempfile::Builder::new()
+                .prefix("orc-host-")
+                .suffix(".log")
+                .tempfile_in(logs)
+                .and_then(|f| f.keep().map_err(|e| e.error));
+            if let Ok((file, _)) = file {
+                command
+                    .stderr(file)
+                    .env("ORC_LOG", std::env::var("ORC_LOG").unwrap_or_else(|_| "info".into()));
+            }
+        }
         let mut child = command.spawn().expect("start orc-host serve");
-        let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+        let lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+        // Read on a thread of its own, which keeps draining stdout afterwards.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
         let (mut addr, mut token) = (None, None);
-        while addr.is_none() || token.is_none() {
-            let line = lines
-                .next()
-                .expect("orc-host serve printed its address and token before it ended")
-                .expect("read orc-host's stdout");
+        while addr.is_none() || (wants_token && token.is_none()) {
+            let line = rx
+                .recv_timeout(std::time::Duration::from_secs(120))
+                .expect("orc-host serve printed its address (and token) before it ended");
             if let Some(a) = line.strip_prefix(LISTENING) {
                 addr = Some(a.trim().to_string());
             } else if let Some((_, t)) = line.split_once(ADMIN_TOKEN) {
                 token = Some(t.trim().to_string());
             }
         }
-        std::thread::spawn(move || for _ in lines {});
+        if token.is_none()
+            && let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(1))
+            && let Some((_, t)) = line.split_once(ADMIN_TOKEN)
+        {
+            token = Some(t.trim().to_string());
+        }
         Served {
             child,
             addr: addr.unwrap_or_default(),
@@ -89,6 +124,39 @@ impl Served {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+
+    /// Sends `signal` (`-STOP`, `-CONT`, …) to the server with `kill`.
+    pub fn signal(&self, signal: &str) {
+        let sent = Command::new("kill").arg(signal).arg(self.pid().to_string()).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill {signal} {}", self.pid());
+    }
+}
+
+/// One HTTP/1.1 request to `addr` (`127.0.0.1:PORT`), with a JSON `body` and the bearer `token`
+/// if given: the status and the whole answer, headers and body (a connection of its own,
+/// closed after; [`body_of`] takes the body).
+pub fn request(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(120)))
+        .expect("a read timeout");
+    let auth = token.map(|t| format!("authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{auth}connection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send the request");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let status = answer.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, answer)
+}
+
+/// The body of an answer [`request`] returned.
+pub fn body_of(answer: &str) -> &str {
+    answer.split_once("\r\n\r\n").map_or("", |(_, body)| body)
 }
 
 impl Drop for Served {

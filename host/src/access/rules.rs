@@ -90,6 +90,9 @@ pub const RULES: &[(&str, &str, Rule)] = &[
     ("POST", "/tokens", Rule::Signed),
     ("DELETE", "/tokens/{id}", Rule::Signed),
     ("GET", "/audit", ADMIN),
+    // The replica set: the admin's.
+    ("GET", "/replicas", ADMIN),
+    ("POST", "/replicas/{id}/drain", ADMIN),
     // The service catalog: every signed-in user reads it (publishing is the registry's).
     ("GET", "/services", Rule::Signed),
     ("GET", "/services/{name}", Rule::Signed),

@@ -164,6 +164,10 @@ impl From<EnvError> for ApiError {
             EnvError::TooManyResources { .. } => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_many_resources", e.to_string()),
             EnvError::RateLimited { retry_after_s, .. } => ApiError::rate_limited(retry_after_s, e.to_string()),
             EnvError::SchedulerUnavailable { .. } => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "scheduler_unavailable", e.to_string()),
+            EnvError::Elsewhere { .. } => ApiError {
+                retry_after_s: Some(1),
+                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "run_elsewhere", e.to_string())
+            },
             EnvError::Intent(e) => e.into(),
             EnvError::Pin(e) => (*e).into(),
             EnvError::Store(e) => e.into(),

@@ -21,6 +21,7 @@ mod intents;
 mod nodes;
 mod ops;
 mod processes;
+mod replicas;
 mod resources;
 mod serve;
 mod services;
@@ -78,7 +79,7 @@ type Result<T, E = ApiError> = std::result::Result<T, E>;
         (name = "clusters", description = "Cluster templates and clusters: create, amend, reconfigure, stop/start/restart services, delete"),
         (name = "services", description = "The service catalog (service versions, their interfaces and configuration schemas) and processes"),
         (name = "nodes", description = "SSH nodes: register, verify, label, share or keep private, accept a changed host key"),
-        (name = "host", description = "Health and readiness"),
+        (name = "host", description = "Health, readiness and the replica set"),
         (name = "access", description = "Users, roles, tokens, signing in and the audit trail"),
     )
 )]
@@ -110,6 +111,7 @@ fn protected() -> OpenApiRouter<AppState> {
         .merge(clusters::routes())
         .merge(services::routes())
         .merge(processes::routes())
+        .merge(replicas::routes())
 }
 
 /// The OpenAPI document of `/api/v1` (paths relative to it; `servers` says where it lives).

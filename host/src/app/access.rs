@@ -118,17 +118,16 @@ impl App {
     }
 
     /// On a first start (no user yet): the user `admin` (server-wide admin, no password) and a
-    /// token for it, returned to be shown once (the store keeps only its sha256).
+    /// token for it, returned to be shown once (the store keeps only its sha256). Of replicas
+    /// starting together on an empty database, one makes it
+    /// ([`crate::store::Store::create_first_admin`]).
     pub(crate) async fn ensure_first_admin(&self) -> Result<Option<String>, StoreError> {
         if self.store.count_users().await? > 0 {
             return Ok(None);
         }
-        let admin = self.store.insert_user("admin", None, true, false).await?;
         let secret = new_secret();
-        self.store
-            .insert_token(&hash_token(&secret), &admin.id, None, "created on the first start")
-            .await?;
-        Ok(Some(secret))
+        let made = self.store.create_first_admin(&hash_token(&secret)).await?;
+        Ok(made.then_some(secret))
     }
 
     /// The principal of a bearer token: `None` for an unknown token or a disabled user.
@@ -168,8 +167,9 @@ impl App {
         principal.credential = hash.to_string();
         let principal = Arc::new(principal);
         let mut cache = self.access.principals.lock().expect("principal cache");
-        // A change while this was read leaves the principal uncached: it may be stale.
-        if *self.access.changed.borrow() == generation {
+        // A change while this was read leaves the principal uncached: it may be stale (and so
+        // may anything read while other replicas' changes cannot be heard).
+        if *self.access.changed.borrow() == generation && self.store.copies_trusted() {
             if cache.len() >= CACHE_ENTRIES {
                 cache.clear();
             }
@@ -208,9 +208,27 @@ impl App {
 
     /// Forgets every cached principal; the next request of each token reads the store.
     pub(super) fn access_invalidated(&self) {
+        self.forget_principals();
+        self.store.announce_access_change();
+    }
+
+    fn forget_principals(&self) {
         let mut cache = self.access.principals.lock().expect("principal cache");
         cache.clear();
         self.access.changed.send_modify(|g| *g += 1);
+    }
+
+    /// Forgets the principals kept whenever another replica changes users, roles or tokens, for
+    /// as long as the host runs.
+    pub(super) fn follow_access_changes(self: &Arc<Self>) {
+        let mut changes = self.store.access_changes();
+        let app = Arc::downgrade(self);
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                let Some(app) = app.upgrade() else { return };
+                app.forget_principals();
+            }
+        });
     }
 
     // Users.

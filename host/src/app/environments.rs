@@ -52,9 +52,14 @@ impl App {
         };
         if let Some(running) = running {
             running.deleted.store(true, std::sync::atomic::Ordering::SeqCst);
+            running.ended.send_replace(true);
             running.scheduler.stop().await;
         }
         let deleted = self.store.delete_environment(&env.id).await;
+        if deleted.is_ok() {
+            // Its lease went with it.
+            self.ownership.forget(&env.id);
+        }
         // Gone from the store (or not, and then it may run again): from now on `running` asks
         // the store.
         self.deleting.lock().expect("deleting").remove(&env.id);
@@ -161,12 +166,14 @@ mod tests {
     use super::*;
     use crate::server::config::HostConfig;
 
-    async fn app(dir: &std::path::Path) -> App {
+    async fn app(dir: &std::path::Path) -> std::sync::Arc<App> {
         let config = HostConfig {
             data_dir: dir.to_path_buf(),
             ..HostConfig::default()
         };
-        App::open(&config).await.unwrap()
+        let app = App::open(&config, "127.0.0.1:0").await.unwrap();
+        app.start_ownership().await;
+        app
     }
 
     /// A request that read the environment before a delete (either while the delete runs, or

@@ -19,6 +19,7 @@ mod environments;
 mod error;
 mod nodes;
 mod operations;
+mod ownership;
 pub mod processes;
 mod resources;
 mod running;
@@ -32,6 +33,7 @@ pub(crate) use access::new_secret;
 pub use access::{NewUser, ScopeRequest, TokenView, UserPatch};
 pub use environments::settings_tag;
 pub use error::{AccessError, StartError};
+pub use ownership::{HeldView, ReplicaView};
 pub use resources::DesiredResource;
 use running::Running;
 pub use running::{node_root, node_spares, scheduler_settings};
@@ -41,7 +43,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use orc_manifest::error_chain;
 use orc_registry::StoreOptions;
 use orc_runtime::{Runtime, RuntimeConfig};
 use tokio::sync::Mutex;
@@ -90,6 +91,10 @@ pub struct App {
     sign_in: sign_in::SignInGate,
     /// The bound of each event stream subscriber's queue, in bytes.
     event_buffer_bytes: usize,
+    /// Which environments this replica runs ([`ownership`]).
+    ownership: ownership::Ownership,
+    /// This `App`, for the tasks a request starts (an environment taken resumes its watchers).
+    this: std::sync::Weak<App>,
 }
 
 impl App {
@@ -98,9 +103,10 @@ impl App {
         &self.registry
     }
 
-    /// Opens the store and the registry (seeded with the first-party plugins) and starts the
-    /// scheduler of every environment, resuming what was persisted.
-    pub async fn open(config: &HostConfig) -> Result<App, StartError> {
+    /// Opens the store and the registry (seeded with the first-party plugins) and joins the
+    /// replicas on the database as a new one, holding nothing yet: [`App::start_ownership`]
+    /// takes this replica's environments and resumes them. `address` is where its API listens.
+    pub async fn open(config: &HostConfig, address: &str) -> Result<Arc<App>, StartError> {
         // First: a secret that cannot be read or is bound to no origin stops the start before
         // anything is created.
         let secrets = HostSecrets::load(&config.secrets)?;
@@ -130,7 +136,13 @@ impl App {
         )
         .await?;
         let audit = audit::AuditTrail::start(store.clone());
-        let environments = App {
+        let me = crate::store::ReplicaId::random();
+        store.register_replica(me, address, env!("CARGO_PKG_VERSION")).await?;
+        let presence = store.presence(me).await?;
+        let ownership = ownership::Ownership::new(me, presence, config.replicas);
+        let app = Arc::new_cyclic(|this| App {
+            this: this.clone(),
+            ownership,
             audit,
             nodes,
             secrets,
@@ -150,15 +162,9 @@ impl App {
             service_docs: services::ServiceDocs::default(),
             sign_in: sign_in::SignInGate::new(&config.sign_in),
             event_buffer_bytes: config.event_buffer_bytes,
-        };
-        for env in environments.store.list_environments().await? {
-            // One environment that cannot resume (say, a plugin gone from the registry) must
-            // not keep the others down; requests retry the start.
-            if let Err(e) = environments.running(&env).await {
-                tracing::error!(environment = %env.name, error = %error_chain(&e), "cannot resume environment");
-            }
-        }
-        Ok(environments)
+        });
+        app.follow_access_changes();
+        Ok(app)
     }
 
     /// What `GET /metrics` shows.
@@ -206,6 +212,9 @@ impl App {
     pub async fn shutdown(&self, grace: Duration) {
         self.stopping.send_replace(true);
         let running: Vec<Arc<Running>> = self.running.lock().await.drain().map(|(_, r)| r).collect();
+        for r in &running {
+            r.ended.send_replace(true);
+        }
         let stops = futures::future::join_all(running.iter().map(|r| r.scheduler.stop()));
         if tokio::time::timeout(grace, stops).await.is_err() {
             tracing::warn!(
@@ -214,6 +223,10 @@ impl App {
             );
         }
         drop(running);
+        // Stopped: the others may take them over now rather than once the leases expire. (An
+        // action abandoned above may still write to a device; its outcome is not recorded and
+        // the next owner reads the resource again.)
+        self.release_all().await;
         // Plugin state accepted by actions that finished is committed before the pool closes
         // (the scheduler's sink already waited for what its batches depended on).
         if tokio::time::timeout(grace, self.kv.durable()).await.is_err() {

@@ -107,6 +107,9 @@ pub(crate) struct Running {
     pub(super) deleted: std::sync::atomic::AtomicBool,
     /// Dryruns running now, against `limits.concurrent_dryruns`.
     pub(super) dryruns: Arc<std::sync::atomic::AtomicU64>,
+    /// Set when this replica stops running the environment (it was lost, handed over or
+    /// deleted, or the host stops): the tasks that work for it end.
+    pub(crate) ended: tokio::sync::watch::Sender<bool>,
 }
 
 /// One running dryrun, counted in [`Running::dryruns`] until dropped.
@@ -290,6 +293,8 @@ impl App {
             Err(crate::store::StoreError::NotFound { .. }) => return Err(gone()),
             Err(e) => return Err(e.into()),
         }
+        // Only the environment's owner runs it; every write of its scheduler carries the fence.
+        let fence = self.fence_for(env).await?;
         let root = node_root(&self.data_dir, &env.name);
         let spares = node_spares(&self.data_dir, &env.name);
         let node = LocalNode::open(&root)
@@ -327,6 +332,7 @@ impl App {
         let sink = Arc::new(
             EnvironmentSink::new(
                 StoreSink::new(self.store.clone(), env.id)
+                    .fenced(fence)
                     .after_plugin_state(self.kv.clone())
                     .after_nodes(nodes),
                 stream.clone(),
@@ -371,6 +377,7 @@ impl App {
             process_release_error: std::sync::Mutex::new(None),
             deleted: std::sync::atomic::AtomicBool::new(false),
             dryruns: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            ended: tokio::sync::watch::Sender::new(false),
         });
         if let Some(version) = released {
             // Not waited for: a request that needs the environment need not wait for its
@@ -391,6 +398,11 @@ impl App {
         }
         follow_nodes_back(&r, self.nodes.back());
         running.insert(env.id, r.clone());
+        // Its clusters' and processes' operations under way go on here.
+        if let Some(app) = self.this.upgrade() {
+            let env = env.clone();
+            tokio::spawn(app.resume_environment(env));
+        }
         Ok(r)
     }
 }

@@ -161,7 +161,7 @@ impl App {
         running.check_scheduler()?;
         let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &running.grants()).await?;
         // An earlier version may name a node deleted since, or made private to another environment.
-        self.check_nodes(&intent, &pinned.plugins, env)?;
+        self.check_nodes(&intent, &pinned.plugins, env).await?;
         let document = serde_json::to_string(&pinned.pinned_document(&intent)).expect("an intent serialises");
         let info = self.store.submit_version(&env.id, &document, author).await?;
         if !release {
@@ -209,7 +209,7 @@ impl App {
         }
         running.check_scheduler()?;
         let loaded = self.load_version(&env.id, version, &running.grants()).await?;
-        self.check_nodes(&loaded.intent, &loaded.plugins, &env)?;
+        self.check_nodes(&loaded.intent, &loaded.plugins, &env).await?;
         let info = self.store.release_version(&env.id, version).await?;
         self.metrics.released(&env.name, info.version);
         running.release(loaded).await?;
@@ -221,7 +221,22 @@ impl App {
     /// `unavailable` (or fail as denied) until it is usable, as with a node that goes down later.
     /// A resource whose adaptor does not use nodes (`http-object`: the node part names an API)
     /// is not checked.
-    pub(crate) fn check_nodes(&self, intent: &Intent, plugins: &[Arc<orc_runtime::Plugin>], env: &Environment) -> Result<(), EnvError> {
+    pub(crate) async fn check_nodes(
+        &self,
+        intent: &Intent,
+        plugins: &[Arc<orc_runtime::Plugin>],
+        env: &Environment,
+    ) -> Result<(), EnvError> {
+        // A node registered, deleted or shared on another replica since this one last looked.
+        let known = |r: &crate::intent::ResourceSpec| self.nodes.check(&r.id.node, &env.id).is_ok();
+        let doubt = intent
+            .resources
+            .iter()
+            .zip(plugins)
+            .any(|(r, p)| pinning::uses_nodes(&p.manifest) && r.id.node != LOCAL_NODE && !known(r));
+        if doubt && let Err(e) = self.nodes.refresh().await {
+            tracing::warn!(error = %orc_manifest::error_chain(&e), "cannot read the nodes again");
+        }
         let on_nodes = intent
             .resources
             .iter()

@@ -1,5 +1,6 @@
 //! The one driver of the watchers that follow an operation until it is over (a cluster's, a
-//! process's): each round it reads the environment (gone: the watcher ends), subscribes to what
+//! process's): each round it reads the environment (gone, or run by another replica: the
+//! watcher ends), subscribes to what
 //! may wake it *before* it looks (so what is persisted after its look wakes it), looks once, and
 //! waits for news worth a look, a tick, or the host stopping. What a watcher looks at and what
 //! wakes it are its [`Watch`].
@@ -65,6 +66,8 @@ impl App {
             };
             let mut news = match self.running(&env).await {
                 Ok(running) => watch.subscribe(&running),
+                // Another replica runs it, and its watchers there.
+                Err(super::EnvError::Elsewhere { .. }) => return,
                 Err(e) => {
                     tracing::warn!(error = %error_chain(&e), "environment not running");
                     tokio::time::sleep(TICK).await;

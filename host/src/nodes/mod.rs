@@ -336,6 +336,50 @@ impl NodeRegistry {
         self.verify(name).await
     }
 
+    /// Reads the nodes again from the store: what another replica on the database registered,
+    /// deleted or made private or public since is seen here too (a new node is verified from
+    /// here). A node's own state (its connection, its status as this replica last verified it)
+    /// stays.
+    pub async fn refresh(&self) -> Result<(), StoreError> {
+        let stored = self.inner.store.list_nodes().await?;
+        let mut added = Vec::new();
+        let removed: Vec<Entry> = {
+            let mut entries = self.inner.entries.write().expect("node entries");
+            let names: std::collections::HashSet<&str> = stored.iter().map(|n| n.name.as_str()).collect();
+            let gone: Vec<String> = entries.keys().filter(|n| !names.contains(n.as_str())).cloned().collect();
+            let removed = gone.iter().filter_map(|n| entries.remove(n)).collect();
+            for node in &stored {
+                match entries.get_mut(&node.name) {
+                    Some(e) => e.environment = node.environment,
+                    None => {
+                        entries.insert(
+                            node.name.clone(),
+                            Entry {
+                                status: node.status,
+                                environment: node.environment,
+                                ssh: None,
+                                last_error: node.last_error.clone(),
+                            },
+                        );
+                        if node.status != NodeStatus::HostKeyChanged {
+                            added.push(node.name.clone());
+                        }
+                    }
+                }
+            }
+            removed
+        };
+        for entry in removed {
+            if let Some(ssh) = entry.ssh {
+                ssh.ssh.disconnect().await;
+            }
+        }
+        for name in added {
+            self.spawn_verify(name);
+        }
+        Ok(())
+    }
+
     /// Whether an intent of `env` may name node `name` (verified or not).
     pub fn check(&self, name: &str, env: &EnvironmentId) -> Result<(), Refusal> {
         match self.entries().get(name) {
@@ -427,6 +471,10 @@ async fn reverify_loop(inner: Weak<Inner>, every: Duration) {
     loop {
         tick.tick().await;
         let Some(inner) = inner.upgrade() else { return };
+        // What other replicas on the database changed meanwhile.
+        if let Err(e) = (NodeRegistry { inner: inner.clone() }).refresh().await {
+            tracing::debug!(error = %orc_manifest::error_chain(&e), "cannot read the nodes again");
+        }
         let due: Vec<String> = inner
             .entries
             .read()

@@ -68,12 +68,23 @@ impl SecretKey {
                 if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                     std::fs::create_dir_all(parent).map_err(io)?;
                 }
-                let created = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path);
+                // Written whole beside it, then linked into place: a replica starting at the same
+                // moment reads the whole key or none, never a file half written.
+                let partial = path.with_extension(format!("partial-{}", std::process::id()));
+                let mut file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&partial)
+                    .map_err(io)?;
+                file.write_all(format!("{}\n", hex::encode(key.as_slice())).as_bytes())
+                    .and_then(|()| file.sync_all())
+                    .map_err(io)?;
+                let created = std::fs::hard_link(&partial, path);
+                let _ = std::fs::remove_file(&partial);
                 match created {
-                    Ok(mut file) => {
-                        file.write_all(format!("{}\n", hex::encode(key.as_slice())).as_bytes())
-                            .and_then(|()| file.sync_all())
-                            .map_err(io)?;
+                    Ok(()) => {
                         tracing::info!(path = %path.display(), "created the host's secret key");
                         Ok(SecretKey::from_key(&key))
                     }

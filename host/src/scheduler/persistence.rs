@@ -380,11 +380,11 @@ mod tests {
         let env = store.create_environment("owned", &EnvironmentSettings::default()).await.unwrap();
         let ttl = std::time::Duration::from_secs(60);
         let (old, new) = (crate::store::ReplicaId::random(), crate::store::ReplicaId::random());
-        let first = store.claim(&env.id, old, ttl).await.unwrap().unwrap();
+        let first = store.claim(&env.id, old, ttl, None).await.unwrap().unwrap();
         let stale = StoreSink::new(store.clone(), env.id).fenced(first);
         assert!(stale.persist(vec![deployed("file[local,/a]")]).await);
         store.release(&env.id, old).await.unwrap();
-        let second = store.claim(&env.id, new, ttl).await.unwrap().unwrap();
+        let second = store.claim(&env.id, new, ttl, None).await.unwrap().unwrap();
 
         let started = std::time::Instant::now();
         assert!(!stale.persist(vec![deployed("file[local,/b]")]).await);

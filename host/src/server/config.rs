@@ -50,6 +50,13 @@ pub struct HostConfig {
     /// Bytes of events each event stream subscriber may fall behind by before it is told it
     /// lagged and its stream ends (a reader that does not read costs at most this).
     pub event_buffer_bytes: usize,
+    /// Where operators and the other replicas reach this replica's API (`GET /api/v1/replicas`,
+    /// and the owner a `run_elsewhere` answer names), as `host:port` or a URL; default: the
+    /// address it listens on.
+    pub advertise: Option<String>,
+    /// The leases' timings (not configurable: `crate::replicas::Timings` says why these).
+    #[serde(skip)]
+    pub replicas: crate::replicas::Timings,
 }
 
 impl Default for HostConfig {
@@ -68,6 +75,8 @@ impl Default for HostConfig {
             secrets: BTreeMap::new(),
             sign_in: SignInLimits::default(),
             event_buffer_bytes: DEFAULT_BUFFER_BYTES,
+            advertise: None,
+            replicas: crate::replicas::Timings::default(),
         }
     }
 }

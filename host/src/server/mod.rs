@@ -26,15 +26,19 @@ pub struct Server {
 impl Server {
     /// Opens everything and binds `config.listen`; nothing is served until [`Server::run`].
     pub async fn start(config: &HostConfig) -> Result<Server, StartError> {
-        let app = Arc::new(App::open(config).await?);
-        app.resume_clusters().await;
-        app.resume_processes().await;
+        // Bound first: the address is what this replica is known by.
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| StartError::Bind {
                 addr: config.listen,
                 source,
             })?;
+        let address = match &config.advertise {
+            Some(address) => address.clone(),
+            None => listener.local_addr().map_or_else(|_| config.listen.to_string(), |a| a.to_string()),
+        };
+        let app = App::open(config, &address).await?;
+        app.start_ownership().await;
         let initial_token = app.ensure_first_admin().await?;
         Ok(Server {
             listener,

@@ -30,7 +30,9 @@
 //!   counts an environment once, then keeps the count current itself.
 //!
 //! Architecture invariant: this process is the only writer of the scopes it serves (a scope is
-//! `environment/plugin` and an environment is served by one host), so its copies stay right.
+//! `environment/plugin` and an environment is served by one replica at a time), so its copies
+//! stay right; a replica that takes an environment drops what it kept of it first
+//! ([`DbKv::let_go`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
@@ -98,6 +100,12 @@ enum Command {
     Forget {
         prefix: String,
         done: oneshot::Sender<Result<u64, sqlx::Error>>,
+    },
+    /// Drop the copies of every scope that starts with the prefix, once the writes accepted
+    /// before are committed; the database keeps them.
+    LetGo {
+        prefix: String,
+        done: oneshot::Sender<()>,
     },
     /// Count what the scopes of an environment hold, once the writes accepted before are
     /// committed.
@@ -344,6 +352,25 @@ impl DbKv {
         match deleted.await {
             Ok(answer) => answer.map_err(backend_with(context)),
             Err(_) => Err(backend_with(context)(sqlx::Error::WorkerCrashed)),
+        }
+    }
+
+    /// Drops what this process keeps of the scopes that start with `prefix` (an environment's
+    /// `environment-id/`) and what the runtime counted of them, after the writes accepted before
+    /// are committed; the database keeps them. What a replica does with an environment it takes
+    /// (another replica may have written its scopes meanwhile), so that the one-writer rule
+    /// holds across replicas.
+    pub async fn let_go(&self, prefix: &str) {
+        if let Some(environment) = prefix.strip_suffix('/') {
+            self.accounts.forget(environment);
+        }
+        let (done, dropped) = oneshot::channel();
+        let command = Command::LetGo {
+            prefix: prefix.to_string(),
+            done,
+        };
+        if self.commands.send(command).is_ok() {
+            let _ = dropped.await;
         }
     }
 
@@ -604,6 +631,12 @@ async fn writer(store: Store, shared: Arc<Shared>, queued: mpsc::UnboundedReceiv
                     let through = *shared.durable.borrow();
                     shared.memory().forget(&prefix, through);
                     let _ = done.send(deleted);
+                }
+                Command::LetGo { prefix, done } => {
+                    commit_and_apply(&store, &shared, std::mem::take(&mut writes)).await;
+                    let through = *shared.durable.borrow();
+                    shared.memory().forget(&prefix, through);
+                    let _ = done.send(());
                 }
                 Command::Usage { environment, done } => {
                     // What was accepted before is counted.

@@ -88,7 +88,7 @@ pub use ids::*;
 pub use kv::DbKv;
 pub use model::*;
 pub use nodes::{NodeDeletion, NodePatched};
-pub use ownership::{Epoch, Fence, LeaseRecord, ReplicaRecord};
+pub use ownership::{Epoch, Fence, LeaseRecord, Presence, ReplicaRecord};
 pub use processes::{ConnectionRecord, ProcessRecord};
 pub use tokens::hash_token;
 pub use users::UserChange;
@@ -211,6 +211,9 @@ impl Store {
             caches: Default::default(),
         };
         store.migrate().await?;
+        if let Db::Postgres(pool) = &store.db {
+            store.caches.share(pool);
+        }
         Ok(store)
     }
 
@@ -255,6 +258,22 @@ impl Store {
             Db::Postgres(pool) => POSTGRES_MIGRATOR.run(pool).await,
         };
         run.map_err(|source| StoreError::Migrate { backend, source })
+    }
+
+    /// Users, roles or tokens changed here: the other replicas forget what they keep of
+    /// principals ([`Store::access_changes`]).
+    pub fn announce_access_change(&self) {
+        self.caches.announce_access();
+    }
+
+    /// Moves on when another replica changed users, roles or tokens, or may have.
+    pub fn access_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.caches.access.subscribe()
+    }
+
+    /// Whether copies of rows other replicas may change can be kept now (see `store::cache`).
+    pub fn copies_trusted(&self) -> bool {
+        self.caches.trusted()
     }
 
     pub fn backend(&self) -> Backend {

@@ -71,9 +71,22 @@ fn replica(text: Option<String>) -> Option<ReplicaId> {
 }
 
 impl Store {
-    /// Records replica `id` (listening at `address`, running `version`) as alive.
+    /// Records replica `id` (listening at `address`, running `version`) as alive, and forgets
+    /// replicas not heard of for a day.
     pub async fn register_replica(&self, id: ReplicaId, address: &str, version: &str) -> Result<()> {
         let context = || format!("registering replica {id}");
+        let forget = match &self.db {
+            Db::Sqlite(_) => "DELETE FROM replicas WHERE heartbeat_at < $1",
+            Db::Postgres(_) => "DELETE FROM replicas WHERE heartbeat_at < now() - make_interval(secs => $1::float8 / 1000)",
+        };
+        let day: i64 = 24 * 3600 * 1000;
+        let bound = match &self.db {
+            Db::Sqlite(_) => now_ms() - day,
+            Db::Postgres(_) => day,
+        };
+        on_pool!(self, pool => {
+            sqlx::query(forget).bind(bound).execute(pool).await.map_err(backend_with(context))?;
+        });
         match &self.db {
             Db::Sqlite(pool) => {
                 let now = now_ms();
@@ -100,26 +113,29 @@ impl Store {
     }
 
     /// Takes environment `env` for replica `me` if its lease has expired (or was never taken,
-    /// or is `me`'s own): the lease for `ttl` and the next epoch, in one transaction that waits
-    /// (at most 2 s) for the old owner's write transactions to end. `None`: another replica
-    /// holds a lease that has not expired. (The 2 s bound is the transaction's `lock_timeout`:
-    /// an old owner whose write outlasts it keeps the environment until the next claim.) Claiming what `me` holds starts a new epoch too: what
-    /// an owner does after a write whose outcome it does not know, so that later reads either
-    /// see that write or know it failed.
-    pub async fn claim(&self, env: &EnvironmentId, me: ReplicaId, ttl: Duration) -> Result<Option<Fence>> {
+    /// or is `me`'s own, or is held by `gone`: a replica known to have ended, see
+    /// [`Store::is_gone`]): the lease for `ttl` and the next epoch, in one transaction that
+    /// waits (at most 2 s) for the old owner's write transactions to end. `None`: another
+    /// replica holds a lease that has not expired. (The 2 s bound is the transaction's
+    /// `lock_timeout`: an old owner whose write outlasts it keeps the environment until the
+    /// next claim.) Claiming what `me` holds starts a new epoch too: what an owner does after a
+    /// write whose outcome it does not know, so that later reads either see that write or know
+    /// it failed.
+    pub async fn claim(&self, env: &EnvironmentId, me: ReplicaId, ttl: Duration, gone: Option<ReplicaId>) -> Result<Option<Fence>> {
         let context = || format!("claiming environment {env}");
         let (id, holder, ttl_ms) = (env.to_string(), me.to_string(), millis(ttl));
-        // What differs: the clock the lease is judged by (SQLite: this process's, bound as $4).
+        let gone = gone.map(|g| g.to_string());
+        // What differs: the clock the lease is judged by (SQLite: this process's, bound as $5).
         let (now, take) = match &self.db {
             Db::Sqlite(_) => (
                 Some(now_ms()),
-                "UPDATE env_leases SET holder = $2, expires_at = $4 + $3 \
-                 WHERE environment_id = $1 AND (expires_at <= $4 OR holder IS NULL OR holder = $2)",
+                "UPDATE env_leases SET holder = $2, expires_at = $5 + $3 \
+                 WHERE environment_id = $1 AND (expires_at <= $5 OR holder IS NULL OR holder = $2 OR holder = $4)",
             ),
             Db::Postgres(_) => (
                 None,
                 "UPDATE env_leases SET holder = $2, expires_at = now() + make_interval(secs => $3::float8 / 1000) \
-                 WHERE environment_id = $1 AND (expires_at <= now() OR holder IS NULL OR holder = $2)",
+                 WHERE environment_id = $1 AND (expires_at <= now() OR holder IS NULL OR holder = $2 OR holder = $4)",
             ),
         };
         let epoch: Option<Epoch> = on_pool!(self, pool => {
@@ -136,7 +152,7 @@ impl Store {
             ] {
                 sqlx::query(made).bind(&id).execute(&mut *tx).await.map_err(backend_with(context))?;
             }
-            let query = sqlx::query(take).bind(&id).bind(&holder).bind(ttl_ms);
+            let query = sqlx::query(take).bind(&id).bind(&holder).bind(ttl_ms).bind(&gone);
             let query = match now {
                 Some(now) => query.bind(now),
                 None => query,
@@ -286,12 +302,38 @@ impl Store {
 
     /// Every environment's lease and fence (those ever claimed).
     pub async fn leases(&self) -> Result<Vec<LeaseRecord>> {
+        self.lease_rows(None).await
+    }
+
+    /// Environment `env`'s lease and fence, if it was ever claimed.
+    pub async fn lease(&self, env: &EnvironmentId) -> Result<Option<LeaseRecord>> {
+        Ok(self.lease_rows(Some(env)).await?.pop())
+    }
+
+    /// Marks replica `id` draining: it hands over what it holds and claims nothing more, and
+    /// the others count it out of the spread. `false`: no such replica.
+    pub async fn set_draining(&self, id: ReplicaId) -> Result<bool> {
+        let marked = on_pool!(self, pool => {
+            sqlx::query("UPDATE replicas SET draining = TRUE WHERE id = $1")
+                .bind(id.to_string())
+                .execute(pool)
+                .await
+                .map_err(backend_with(|| format!("marking replica {id} draining")))?
+                .rows_affected()
+        });
+        Ok(marked == 1)
+    }
+
+    async fn lease_rows(&self, env: Option<&EnvironmentId>) -> Result<Vec<LeaseRecord>> {
+        let env = env.map(ToString::to_string);
         let rows: Vec<(String, Option<String>, i64, i64)> = match &self.db {
             Db::Sqlite(pool) => sqlx::query(
                 "SELECT l.environment_id, l.holder, f.epoch, l.expires_at - $1 \
-                 FROM env_leases l JOIN env_fences f ON f.environment_id = l.environment_id ORDER BY l.environment_id",
+                 FROM env_leases l JOIN env_fences f ON f.environment_id = l.environment_id \
+                 WHERE $2 IS NULL OR l.environment_id = $2 ORDER BY l.environment_id",
             )
             .bind(now_ms())
+            .bind(&env)
             .fetch_all(pool)
             .await
             .map_err(backend("listing leases"))?
@@ -302,8 +344,10 @@ impl Store {
                 "SELECT l.environment_id, l.holder, f.epoch, \
                  CASE WHEN l.expires_at = '-infinity' THEN -9223372036854775807 \
                       ELSE (EXTRACT(EPOCH FROM l.expires_at - now()) * 1000)::bigint END \
-                 FROM env_leases l JOIN env_fences f ON f.environment_id = l.environment_id ORDER BY l.environment_id",
+                 FROM env_leases l JOIN env_fences f ON f.environment_id = l.environment_id \
+                 WHERE $1::text IS NULL OR l.environment_id = $1 ORDER BY l.environment_id",
             )
+            .bind(&env)
             .fetch_all(pool)
             .await
             .map_err(backend("listing leases"))?
@@ -321,6 +365,112 @@ impl Store {
                 })
             })
             .collect()
+    }
+}
+
+/// The advisory-lock class of replicas' presence locks (PostgreSQL; `"orcp"`).
+const PRESENCE_CLASS: i32 = 0x6f72_6370;
+
+/// A replica's presence lock key: its id folded to 32 bits. Two replicas folding alike only
+/// make [`Store::is_gone`] answer `false` for one that ended (its leases then expire).
+fn presence_key(id: ReplicaId) -> i32 {
+    let bytes = id.as_uuid().as_bytes();
+    let folded = bytes
+        .chunks_exact(4)
+        .fold(0u32, |acc, c| acc ^ u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+    folded as i32
+}
+
+/// A replica's presence: on PostgreSQL a session of its own holding the advisory lock of its
+/// id, which the database lets go the moment that session ends (the process killed, its
+/// socket closed), so the others know at once that its leases are free rather than after they
+/// expire: the fast path of a failover. On SQLite, nothing: one process serves the database.
+/// (Behind a pooler in transaction mode the lock means nothing; leases still expire.)
+pub struct Presence {
+    me: ReplicaId,
+    session: tokio::sync::Mutex<Option<sqlx::PgConnection>>,
+    store: Store,
+}
+
+impl Presence {
+    /// Takes the lock again if its session was lost (a restart of the database, a cut link);
+    /// `false` while it cannot, when other replicas may take this one's environments at once.
+    pub async fn keep(&self) -> bool {
+        let Db::Postgres(pool) = &self.store.db else {
+            return true;
+        };
+        let mut session = self.session.lock().await;
+        if let Some(conn) = session.as_mut() {
+            if sqlx::query("SELECT 1").execute(&mut *conn).await.is_ok() {
+                return true;
+            }
+            *session = None;
+        }
+        match lock_presence(pool, self.me).await {
+            Ok(conn) => {
+                *session = Some(conn);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(replica = %self.me, error = %e, "cannot hold this replica's presence lock");
+                false
+            }
+        }
+    }
+}
+
+async fn lock_presence(pool: &sqlx::PgPool, me: ReplicaId) -> Result<sqlx::PgConnection> {
+    let context = || format!("taking the presence lock of replica {me}");
+    let mut conn = pool.acquire().await.map_err(backend_with(context))?.detach();
+    sqlx::query("SELECT pg_advisory_lock($1, $2)")
+        .bind(PRESENCE_CLASS)
+        .bind(presence_key(me))
+        .execute(&mut conn)
+        .await
+        .map_err(backend_with(context))?;
+    Ok(conn)
+}
+
+impl Store {
+    /// Takes replica `me`'s presence ([`Presence`]), held until it is dropped.
+    pub async fn presence(&self, me: ReplicaId) -> Result<Presence> {
+        let session = match &self.db {
+            Db::Postgres(pool) => Some(lock_presence(pool, me).await?),
+            Db::Sqlite(_) => None,
+        };
+        Ok(Presence {
+            me,
+            session: tokio::sync::Mutex::new(session),
+            store: self.clone(),
+        })
+    }
+
+    /// Whether replica `other` has ended: on PostgreSQL, its presence lock is free (tried and
+    /// let go at once); on SQLite, always, since one process serves the database (its data
+    /// directory is locked) and any other holder is an earlier start.
+    pub async fn is_gone(&self, other: ReplicaId) -> Result<bool> {
+        let context = || format!("looking for replica {other}");
+        match &self.db {
+            Db::Sqlite(_) => Ok(true),
+            Db::Postgres(pool) => {
+                let mut conn = pool.acquire().await.map_err(backend_with(context))?;
+                let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
+                    .bind(PRESENCE_CLASS)
+                    .bind(presence_key(other))
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(backend_with(context))?;
+                if free {
+                    sqlx::query("SELECT pg_advisory_unlock($1, $2)")
+                        .bind(PRESENCE_CLASS)
+                        .bind(presence_key(other))
+                        .execute(&mut *conn)
+                        .await
+                        .map_err(backend_with(context))?;
+                }
+                Ok(free)
+            }
+        }
     }
 }
 

@@ -4,7 +4,9 @@
 //! back when no way in that can act as admin would remain ([`guarded!`]).
 
 use super::error::{backend, backend_with};
-use super::{BeginWrite as _, EnvironmentId, Membership, Result, Store, StoreError, UserId, UserRecord, now_ms, parse_id, parse_name};
+use super::{
+    BeginWrite as _, EnvironmentId, Membership, Result, Store, StoreError, TokenId, UserId, UserRecord, now_ms, parse_id, parse_name,
+};
 use crate::access::Role;
 
 /// The ways in that can act as admin without any scope to check: an enabled admin's password,
@@ -122,6 +124,47 @@ impl Store {
                 .await?
                 .ok_or_else(|| StoreError::not_found(format!("user `{name}`"))),
         }
+    }
+
+    /// On a database with no user yet: the user `admin` (server-wide admin, no password) and a
+    /// token for it whose hash is `token_hash`, in one transaction that takes its turn at
+    /// [`ACCESS_LOCK`] first; `false` if a user exists. However many replicas start together on
+    /// an empty database, one of them makes the admin.
+    pub async fn create_first_admin(&self, token_hash: &str) -> Result<bool> {
+        let context = "making the first admin";
+        let (user, token) = (UserId::random(), TokenId::random());
+        on_pool!(self, pool => {
+            let mut tx = pool.begin_serialized(ACCESS_LOCK).await.map_err(backend(context))?;
+            let users: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM users")
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(backend(context))?;
+            if users > 0 {
+                return Ok(false);
+            }
+            sqlx::query(
+                "INSERT INTO users (id, name, password_hash, admin, publisher, disabled, created_at) \
+                 VALUES ($1, 'admin', NULL, TRUE, FALSE, FALSE, $2)",
+            )
+            .bind(user.to_string())
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await
+            .map_err(backend(context))?;
+            sqlx::query(
+                "INSERT INTO tokens (id, token_hash, user_id, scope, description, created_at) \
+                 VALUES ($1, $2, $3, NULL, 'created on the first start', $4)",
+            )
+            .bind(token.to_string())
+            .bind(token_hash)
+            .bind(user.to_string())
+            .bind(now_ms())
+            .execute(&mut *tx)
+            .await
+            .map_err(backend(context))?;
+            tx.commit().await.map_err(backend(context))?;
+        });
+        Ok(true)
     }
 
     pub async fn count_users(&self) -> Result<i64> {

@@ -188,33 +188,24 @@ impl App {
         Ok(())
     }
 
-    /// Restarts the watchers of clusters with an operation under way (or failed, to notice a
-    /// retry that heals them), and the lease sweeper. Called once the host is up.
-    pub async fn resume_clusters(self: &Arc<Self>) {
-        match self.store.list_environments().await {
-            Ok(envs) => {
-                for env in envs {
-                    match self.store.list_clusters(&env.id).await {
-                        Ok(clusters) => {
-                            for c in clusters {
-                                let watched = ClusterStatus::parse(&c.status).is_some_and(|s| s != ClusterStatus::Active);
-                                if let (true, Ok(doc)) = (watched, stored_doc(&c)) {
-                                    self.spawn_watcher(env.id, c.name.clone(), doc.generation);
-                                }
-                            }
-                        }
-                        Err(e) => tracing::error!(environment = %env.name, error = %error_chain(&e), "cannot list clusters"),
+    /// Restarts the watchers of `env`'s clusters with an operation under way (or failed, to
+    /// notice a retry that heals them). Called when this replica starts running `env`.
+    pub(in crate::app) async fn resume_clusters(self: &Arc<Self>, env: &Environment) {
+        match self.store.list_clusters(&env.id).await {
+            Ok(clusters) => {
+                for c in clusters {
+                    let watched = ClusterStatus::parse(&c.status).is_some_and(|s| s != ClusterStatus::Active);
+                    if let (true, Ok(doc)) = (watched, stored_doc(&c)) {
+                        self.spawn_watcher(env.id, c.name.clone(), doc.generation);
                     }
                 }
             }
-            Err(e) => tracing::error!(error = %error_chain(&e), "cannot list environments for their clusters"),
+            Err(e) => tracing::error!(environment = %env.name, error = %error_chain(&e), "cannot list clusters"),
         }
-        let this = self.clone();
-        tokio::spawn(async move { this.sweep_leases().await });
     }
 
-    /// Deletes clusters whose lease has ended.
-    async fn sweep_leases(self: Arc<Self>) {
+    /// Deletes clusters whose lease has ended, in the environments this replica runs.
+    pub(in crate::app) async fn sweep_leases(self: Arc<Self>) {
         let mut stopping = self.stopping.subscribe();
         loop {
             tokio::select! {
@@ -229,7 +220,7 @@ impl App {
                 }
             };
             for (env_id, record) in expired {
-                if ClusterStatus::parse(&record.status) == Some(ClusterStatus::Deleting) {
+                if ClusterStatus::parse(&record.status) == Some(ClusterStatus::Deleting) || !self.ownership.holds(&env_id) {
                     continue;
                 }
                 let Ok(env) = self.store.get_environment(&env_id).await else {

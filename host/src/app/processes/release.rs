@@ -94,7 +94,8 @@ impl App {
 
     async fn process_releaser(self: Arc<Self>, env_id: EnvironmentId, running: Arc<Running>) {
         let mut changes = running.process_changes.subscribe();
-        let mut stopping = self.stopping.subscribe();
+        // Ends with the environment here (and with the host: its shutdown ends every one).
+        let mut stopping = running.ended.subscribe();
         let mut released = 0;
         let mut backoff = FIRST_BACKOFF;
         loop {
@@ -225,7 +226,7 @@ impl App {
         let pinned = pinning::load_adaptors(&intent, &self.registry, &self.runtime, &running.grants())
             .await
             .map_err(EnvError::from)?;
-        self.check_nodes(&intent, &pinned.plugins, env)?;
+        self.check_nodes(&intent, &pinned.plugins, env).await?;
         Ok(())
     }
 

@@ -216,14 +216,11 @@ impl App {
         Ok(())
     }
 
-    /// Restarts the watchers of processes with an operation under way. Called once the host is
-    /// up.
-    pub async fn resume_processes(self: &Arc<Self>) {
-        let envs = match self.store.list_environments().await {
-            Ok(envs) => envs,
-            Err(e) => return tracing::error!(error = %error_chain(&e), "cannot list environments for their processes"),
-        };
-        for env in envs {
+    /// Restarts the watchers of `env`'s processes with an operation under way. Called when this
+    /// replica starts running `env`.
+    pub(in crate::app) async fn resume_processes(self: &Arc<Self>, env: &Environment) {
+        {
+            let env = env.clone();
             match self.store.list_processes(&env.id).await {
                 Ok(processes) => {
                     // Rows written before the host stopped may not be released yet; and with no

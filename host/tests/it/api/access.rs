@@ -86,6 +86,8 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("POST", "/tokens", "signed"),
     ("DELETE", "/tokens/{id}", "signed"),
     ("GET", "/audit", "admin"),
+    ("GET", "/replicas", "admin"),
+    ("POST", "/replicas/{id}/drain", "admin"),
     ("GET", "/services", "signed"),
     ("GET", "/services/{name}", "signed"),
     ("GET", "/services/{name}/{version}", "signed"),

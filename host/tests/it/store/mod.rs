@@ -73,5 +73,6 @@ on_both_backends!(
     ownership: [
         a_stale_owner_never_writes_after_a_takeover,
         a_released_environment_is_claimed_at_once,
+        an_ended_replica_lets_its_leases_go_at_once,
     ],
 );

@@ -78,7 +78,7 @@ async fn contend(store: Store, me: ReplicaId, envs: Vec<EnvironmentId>, seed: u6
             0..=2 => {
                 let env = envs[dice.below(envs.len() as u64) as usize];
                 if !owned.contains_key(&env)
-                    && let Some(fence) = store.claim(&env, me, TTL).await?
+                    && let Some(fence) = store.claim(&env, me, TTL, None).await?
                 {
                     journal.lock().unwrap().claims.push(Claimed {
                         fence,
@@ -232,15 +232,15 @@ pub async fn a_released_environment_is_claimed_at_once(db: &TestDb) -> Result<()
     let env = store.create_environment("handover", &EnvironmentSettings::default()).await?.id;
     let (a, b) = (ReplicaId::random(), ReplicaId::random());
     let long = Duration::from_secs(60);
-    let first = store.claim(&env, a, long).await?.expect("a fresh environment is free");
-    ensure!(store.claim(&env, b, long).await?.is_none(), "a live lease is not taken");
+    let first = store.claim(&env, a, long, None).await?.expect("a fresh environment is free");
+    ensure!(store.claim(&env, b, long, None).await?.is_none(), "a live lease is not taken");
     ensure!(store.renew(a, &[env], long).await? == vec![env]);
     store
         .record_progress(&env, Some(&first), &[], &[action(&first, ActionId::new())])
         .await?;
     store.release(&env, a).await?;
     ensure!(store.renew(a, &[env], long).await?.is_empty(), "released: not renewed");
-    let second = store.claim(&env, b, long).await?.expect("released: free at once");
+    let second = store.claim(&env, b, long, None).await?.expect("released: free at once");
     ensure!(second.epoch == first.epoch + 1, "{first:?} then {second:?}");
     let stale = store
         .record_progress(&env, Some(&first), &[], &[action(&first, ActionId::new())])
@@ -250,7 +250,7 @@ pub async fn a_released_environment_is_claimed_at_once(db: &TestDb) -> Result<()
         "{stale:?}"
     );
     // Claiming what one holds starts a new epoch: the writer's own earlier fence is refused.
-    let third = store.claim(&env, b, long).await?.expect("its own lease");
+    let third = store.claim(&env, b, long, None).await?.expect("its own lease");
     ensure!(third.epoch == second.epoch + 1);
     ensure!(matches!(
         store
@@ -264,5 +264,42 @@ pub async fn a_released_environment_is_claimed_at_once(db: &TestDb) -> Result<()
         .record_progress(&env, Some(&third), &[], &[action(&third, ActionId::new())])
         .await;
     ensure!(matches!(gone, Err(StoreError::Fenced { current: None, .. })), "{gone:?}");
+    Ok(())
+}
+
+/// A replica that has ended lets its leases go at once: while its presence is held it is not
+/// gone and its live lease stands; once its presence is dropped (its session closed, as when the
+/// process is killed) it is gone on PostgreSQL, and a claim naming it takes the lease without
+/// waiting for it to expire. On SQLite one process serves the database: every other holder is
+/// an earlier start, gone.
+pub async fn an_ended_replica_lets_its_leases_go_at_once(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    let env = store.create_environment("ended", &EnvironmentSettings::default()).await?.id;
+    let (a, b) = (ReplicaId::random(), ReplicaId::random());
+    let long = Duration::from_secs(60);
+    let presence = store.presence(a).await?;
+    let first = store.claim(&env, a, long, None).await?.expect("a fresh environment is free");
+    let postgres = store.backend() == orc_host::store::Backend::Postgres;
+    if postgres {
+        ensure!(!store.is_gone(a).await?, "a replica holding its presence is not gone");
+        // Asking does not take the lock from it.
+        ensure!(!store.is_gone(a).await?);
+    } else {
+        ensure!(store.is_gone(a).await?, "SQLite: any other holder is an earlier start");
+    }
+    ensure!(store.claim(&env, b, long, None).await?.is_none(), "a live lease is not taken");
+    drop(presence);
+    let gone = tokio::time::timeout(Duration::from_secs(10), async {
+        while !store.is_gone(a).await? {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok::<_, StoreError>(())
+    })
+    .await;
+    ensure!(matches!(gone, Ok(Ok(()))), "the presence of a dropped session is gone: {gone:?}");
+    let second = store.claim(&env, b, long, Some(a)).await?.expect("taken from a replica that ended");
+    ensure!(second.epoch == first.epoch + 1, "{first:?} then {second:?}");
+    // Naming a gone replica takes only its leases: b's is live and stays b's.
+    ensure!(store.claim(&env, a, long, Some(ReplicaId::random())).await?.is_none());
     Ok(())
 }

@@ -1,0 +1,210 @@
+//! Replicas: real `orc-host serve` processes on one real PostgreSQL (the harness starts it),
+//! sharing one secret key and an SSH node on a real sshd. Replicas started together make one
+//! admin; an environment is run by one replica at a time, and when its owner is killed
+//! outright in the middle of a deploy another takes it over within seconds and finishes it:
+//! every file right on disk, nothing left `deploying`, no resource deployed twice in the log.
+
+// Test support: a failed unwrap is the test failing, where it failed.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use orc_tests::server::{Served, body_of, request};
+use orc_tests::sshd::{Sshd, TEST_USER};
+use orc_tests::wait_for;
+use serde_json::{Value, json};
+
+/// Files the deploy writes on the node.
+const FILES: usize = 1_500;
+/// The most a takeover may take after the owner is killed (the target is ≤ 10 s worst).
+const TAKEOVER: Duration = Duration::from_secs(10);
+
+/// The configuration every replica of a set shares: the database and the key sealed node
+/// credentials are read with.
+fn replica_config(database: &str, key_dir: &std::path::Path) -> String {
+    format!(
+        "database = \"{database}\"\nsecret_key_file = \"{}\"\n",
+        key_dir.join("secret.key").display()
+    )
+}
+
+fn call(replica: &Served, token: &str, method: &str, path: &str, body: &Value) -> (u16, Value) {
+    let body = if body.is_null() { String::new() } else { body.to_string() };
+    let (status, answer) = request(&replica.addr, method, &format!("/api/v1{path}"), Some(token), &body);
+    let value = serde_json::from_str(body_of(&answer)).unwrap_or(Value::Null);
+    (status, value)
+}
+
+/// The replica set as `replica` sees it: replica id → (address, live, environments held).
+fn replica_set(replica: &Served, token: &str) -> Vec<Value> {
+    let (status, set) = call(replica, token, "GET", "/replicas", &Value::Null);
+    assert_eq!(status, 200, "{set}");
+    set["items"].as_array().unwrap().clone()
+}
+
+/// The address of the live replica holding `env`, as `replica` sees it.
+fn owner_of(replica: &Served, token: &str, env: &str) -> Option<String> {
+    replica_set(replica, token)
+        .into_iter()
+        .find(|r| r["live"] == true && r["holds"].as_array().unwrap().iter().any(|h| h["environment"] == env))
+        .map(|r| r["address"].as_str().unwrap().to_string())
+}
+
+fn start_set(database: &str, key_dir: &std::path::Path, n: usize) -> (Vec<Served>, String) {
+    let config = replica_config(database, key_dir);
+    let started: Vec<Served> = std::thread::scope(|s| {
+        let starting: Vec<_> = (0..n).map(|_| s.spawn(|| Served::start_replica(&config))).collect();
+        starting.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let tokens: Vec<&String> = started.iter().map(|r| &r.token).filter(|t| !t.is_empty()).collect();
+    assert_eq!(
+        tokens.len(),
+        1,
+        "exactly one replica of {n} started together made the admin: {tokens:?}"
+    );
+    let token = tokens[0].clone();
+    (started, token)
+}
+
+async fn database() -> String {
+    orc_tests::pg::fresh_database().await.unwrap()
+}
+
+/// Three replicas started at once on an empty database: migrations run once, one admin token
+/// is made, and each replica answers and sees the other two live. A token revoked through one
+/// replica is refused by another that had just accepted it (each keeps principals in memory).
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_started_together_make_one_admin_and_see_each_other() {
+    let database = database().await;
+    let keys = tempfile::tempdir().unwrap();
+    let (set, token) = start_set(&database, keys.path(), 3);
+    for replica in &set {
+        let seen = replica_set(replica, &token);
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        assert!(seen.iter().all(|r| r["live"] == true), "{seen:?}");
+        assert_eq!(seen.iter().filter(|r| r["this"] == true).count(), 1, "{seen:?}");
+    }
+
+    let (status, made) = call(&set[0], &token, "POST", "/tokens", &json!({"description": "short-lived"}));
+    assert_eq!(status, 201, "{made}");
+    let (id, secret) = (made["id"].as_str().unwrap(), made["token"].as_str().unwrap());
+    assert_eq!(call(&set[1], secret, "GET", "/me", &Value::Null).0, 200);
+    let (status, answer) = call(&set[2], &token, "DELETE", &format!("/tokens/{id}"), &Value::Null);
+    assert_eq!(status, 204, "{answer}");
+    wait_for(
+        "the revoked token to be refused by another replica",
+        Duration::from_secs(2),
+        async || call(&set[1], secret, "GET", "/me", &Value::Null).0 == 401,
+    )
+    .await;
+}
+
+/// The owner of an environment is killed with SIGKILL while it deploys 1,500 files to an SSH
+/// node: another replica owns the environment within [`TAKEOVER`], every resource ends
+/// `deployed` with its file right on disk, none is left `deploying`, and the action log holds
+/// one successful deploy per resource (what the killed owner did but had not recorded is read
+/// again, found right and recorded once).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_owner_is_replaced_and_the_deploy_finishes() {
+    let sshd = Sshd::start();
+    let database = database().await;
+    let keys = tempfile::tempdir().unwrap();
+    let (mut set, token) = start_set(&database, keys.path(), 3);
+    let node = json!({"name": "web1", "address": "127.0.0.1", "port": sshd.port, "user": TEST_USER,
+        "credential": {"private_key": sshd.client_key}});
+    let (status, answer) = call(&set[0], &token, "POST", "/nodes", &node);
+    assert_eq!(status, 201, "{answer}");
+    let (status, answer) = call(&set[1], &token, "POST", "/environments", &json!({"name": "prod"}));
+    assert_eq!(status, 201, "{answer}");
+
+    // Some replica takes it at its next look; every replica says which.
+    let owner = wait_for("a replica to own prod", Duration::from_secs(10), async || {
+        owner_of(&set[2], &token, "prod")
+    })
+    .await;
+    let at = set.iter().position(|r| r.addr == owner).unwrap();
+    // The others answer what needs the scheduler by naming the owner.
+    let other = &set[(at + 1) % set.len()];
+    let (status, refusal) = call(other, &token, "POST", "/environments/prod/deploy", &Value::Null);
+    assert_eq!((status, refusal["code"].as_str()), (503, Some("run_elsewhere")), "{refusal}");
+    assert!(refusal["message"].as_str().unwrap().contains(&owner), "{refusal}");
+
+    let dir = sshd.scratch_dir("replicas");
+    let content = |i: usize| format!("file {i} of the replicated deploy\n");
+    let path = |i: usize| dir.join(format!("f{i:05}.conf"));
+    let resources: Vec<Value> = (0..FILES)
+        .map(|i| {
+            json!({"id": format!("file[web1,{}]", path(i).display()), "adaptor": "file@0.1.0",
+                "attributes": {"content": content(i), "mode": "0644"}})
+        })
+        .collect();
+    let (status, answer) = call(
+        &set[at],
+        &token,
+        "POST",
+        "/environments/prod/intents",
+        &json!({"resources": resources}),
+    );
+    assert_eq!(status, 201, "{answer}");
+
+    // Mid-deploy: some deployed, not all.
+    let deployed = |replica: &Served| {
+        let (_, env) = call(replica, &token, "GET", "/environments/prod", &Value::Null);
+        env["resources"]["deployed"].as_u64().unwrap_or(0) as usize
+    };
+    let survivor = set[(at + 1) % set.len()].addr.clone();
+    wait_for("the deploy to be under way", Duration::from_secs(60), async || {
+        (FILES / 10..FILES).contains(&deployed(&set[at]))
+    })
+    .await;
+    let killed = set.remove(at);
+    let killed_at = Instant::now();
+    drop(killed.kill());
+
+    let watcher = set.iter().find(|r| r.addr == survivor).unwrap();
+    let new_owner = wait_for("another replica to own prod", TAKEOVER, async || {
+        owner_of(watcher, &token, "prod").filter(|o| *o != owner)
+    })
+    .await;
+    let took = killed_at.elapsed();
+    eprintln!("takeover after SIGKILL: {} ms", took.as_millis());
+    let new_owner = set.iter().find(|r| r.addr == new_owner).unwrap();
+
+    wait_for("every resource deployed", Duration::from_secs(120), async || {
+        let (_, env) = call(new_owner, &token, "GET", "/environments/prod", &Value::Null);
+        (env["resources"]["deployed"].as_u64() == Some(FILES as u64))
+            .then_some(())
+            .ok_or(env.to_string())
+    })
+    .await;
+    let (_, env) = call(new_owner, &token, "GET", "/environments/prod", &Value::Null);
+    assert_eq!(env["resources"].as_object().unwrap().len(), 1, "only `deployed`: {env}");
+    for i in 0..FILES {
+        assert_eq!(std::fs::read_to_string(path(i)).unwrap(), content(i), "{}", path(i).display());
+    }
+
+    // The action log, page by page: one successful deploy per resource.
+    let mut succeeded: HashMap<String, usize> = HashMap::new();
+    let mut before: Option<String> = None;
+    loop {
+        let query = match &before {
+            Some(b) => format!("/environments/prod/actions?limit=1000&before={b}"),
+            None => "/environments/prod/actions?limit=1000".to_string(),
+        };
+        let (status, page) = call(new_owner, &token, "GET", &query, &Value::Null);
+        assert_eq!(status, 200, "{page}");
+        for action in page["items"].as_array().unwrap() {
+            if action["kind"] == "deploy" && (action["outcome"] == "changed" || action["outcome"] == "unchanged") {
+                *succeeded.entry(action["resource_id"].as_str().unwrap().to_string()).or_default() += 1;
+            }
+        }
+        match &page["next_before"] {
+            Value::Null => break,
+            next => before = Some(next.to_string().trim_matches('"').to_string()),
+        }
+    }
+    assert_eq!(succeeded.len(), FILES, "every resource has its successful deploy");
+    let twice: Vec<_> = succeeded.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "deployed twice: {twice:?}");
+}
