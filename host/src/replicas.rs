@@ -47,6 +47,72 @@ impl Default for Timings {
     }
 }
 
+/// When this replica last renewed its leases, on its own monotonic clock (which runs on while
+/// the process is stopped): what a device write is judged by before it goes out ([`Tenure`]),
+/// with no round trip to the database.
+#[derive(Debug)]
+pub struct Renewals {
+    start: std::time::Instant,
+    /// Milliseconds from `start` to the last renewal sent that succeeded.
+    renewed_ms: std::sync::atomic::AtomicU64,
+    /// `None`: renewals never go stale (SQLite: one process, whose leases no one else takes).
+    self_fence: Option<Duration>,
+}
+
+impl Renewals {
+    pub fn new(self_fence: Option<Duration>) -> Renewals {
+        Renewals {
+            start: std::time::Instant::now(),
+            renewed_ms: std::sync::atomic::AtomicU64::new(0),
+            self_fence,
+        }
+    }
+
+    /// A renewal sent at `at` succeeded.
+    pub fn renewed(&self, at: std::time::Instant) {
+        let ms = at.saturating_duration_since(self.start).as_millis() as u64;
+        self.renewed_ms.fetch_max(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the last renewal is younger than the self-fencing time.
+    pub fn fresh(&self) -> bool {
+        let Some(limit) = self.self_fence else {
+            return true;
+        };
+        let renewed = Duration::from_millis(self.renewed_ms.load(std::sync::atomic::Ordering::SeqCst));
+        self.start.elapsed().saturating_sub(renewed) < limit
+    }
+}
+
+/// This replica's hold on one environment as its actions see it: ended when the environment is
+/// lost or handed over, and stale as soon as the renewals are ([`Renewals::fresh`]). An action
+/// that was running when its replica was paused past its lease finds its tenure over at the
+/// first device write after it wakes, before the renewer has even asked the database.
+#[derive(Debug)]
+pub struct Tenure {
+    renewals: std::sync::Arc<Renewals>,
+    held: std::sync::atomic::AtomicBool,
+}
+
+impl Tenure {
+    pub fn new(renewals: std::sync::Arc<Renewals>) -> Tenure {
+        Tenure {
+            renewals,
+            held: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    /// Whether this replica may still act for the environment.
+    pub fn holds(&self) -> bool {
+        self.held.load(std::sync::atomic::Ordering::SeqCst) && self.renewals.fresh()
+    }
+
+    /// The environment is no longer this replica's.
+    pub fn end(&self) {
+        self.held.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// What one look decided for replica `me`.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Plan {
@@ -262,6 +328,24 @@ mod tests {
 
     /// What a replica that ended held is claimed at once by the others, and a draining replica
     /// hands over everything and claims nothing.
+    /// A tenure ends when told, and goes stale once the renewals are older than the
+    /// self-fencing time, on the replica's own clock.
+    #[test]
+    fn a_tenure_ends_when_its_renewals_go_stale() {
+        let renewals = std::sync::Arc::new(Renewals::new(Some(Duration::from_millis(50))));
+        let tenure = Tenure::new(renewals.clone());
+        assert!(tenure.holds());
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(!tenure.holds(), "stale after the self-fencing time");
+        renewals.renewed(std::time::Instant::now());
+        assert!(tenure.holds(), "fresh again after a renewal");
+        tenure.end();
+        assert!(!tenure.holds());
+        let sole = Tenure::new(std::sync::Arc::new(Renewals::new(None)));
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(sole.holds(), "never stale without a self-fencing time");
+    }
+
     #[test]
     fn what_a_gone_or_draining_replica_held_is_taken() {
         let (a, b) = (ReplicaId::random(), ReplicaId::random());

@@ -2,7 +2,8 @@
 //! sharing one secret key and an SSH node on a real sshd. Replicas started together make one
 //! admin; an environment is run by one replica at a time, and when its owner is killed
 //! outright in the middle of a deploy another takes it over within seconds and finishes it:
-//! every file right on disk, nothing left `deploying`, no resource deployed twice in the log.
+//! every file right on disk, nothing left `deploying`, no resource deployed twice in the log; an
+//! owner paused past its lease changes nothing once it wakes, and rejoins.
 
 // Test support: a failed unwrap is the test failing, where it failed.
 #![allow(clippy::unwrap_used)]
@@ -185,7 +186,7 @@ async fn a_killed_owner_is_replaced_and_the_deploy_finishes() {
     }
 
     // The action log, page by page: one successful deploy per resource.
-    let mut succeeded: HashMap<String, usize> = HashMap::new();
+    let mut succeeded: HashMap<String, Vec<Value>> = HashMap::new();
     let mut before: Option<String> = None;
     loop {
         let query = match &before {
@@ -196,7 +197,10 @@ async fn a_killed_owner_is_replaced_and_the_deploy_finishes() {
         assert_eq!(status, 200, "{page}");
         for action in page["items"].as_array().unwrap() {
             if action["kind"] == "deploy" && (action["outcome"] == "changed" || action["outcome"] == "unchanged") {
-                *succeeded.entry(action["resource_id"].as_str().unwrap().to_string()).or_default() += 1;
+                succeeded
+                    .entry(action["resource_id"].as_str().unwrap().to_string())
+                    .or_default()
+                    .push(action.clone());
             }
         }
         match &page["next_before"] {
@@ -205,6 +209,102 @@ async fn a_killed_owner_is_replaced_and_the_deploy_finishes() {
         }
     }
     assert_eq!(succeeded.len(), FILES, "every resource has its successful deploy");
-    let twice: Vec<_> = succeeded.iter().filter(|(_, n)| **n > 1).collect();
+    let twice: Vec<_> = succeeded.iter().filter(|(_, actions)| actions.len() > 1).collect();
     assert!(twice.is_empty(), "deployed twice: {twice:?}");
+}
+
+/// The owner is stopped (SIGSTOP) in the middle of a deploy for longer than its lease: its
+/// presence session stays open, so the other replica takes the environment over once the lease
+/// expires (its open transaction, holding the fence, is ended by the server meanwhile),
+/// finishes the deploy and deploys a second version. Then the old owner wakes (SIGCONT) with
+/// actions of the first version still in flight: it records nothing, counts the environment
+/// lost and is live again as a standby; of its actions, none starts a new change (its tenure
+/// went stale while it was stopped), and at most the changes already sent when it stopped (one
+/// per action slot) land. A repair by the new owner finds and restores those.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_owner_changes_nothing_after_the_takeover_and_rejoins() {
+    let sshd = Sshd::start();
+    let database = database().await;
+    let keys = tempfile::tempdir().unwrap();
+    let (set, token) = start_set(&database, keys.path(), 2);
+    let node = json!({"name": "web1", "address": "127.0.0.1", "port": sshd.port, "user": TEST_USER,
+        "credential": {"private_key": sshd.client_key}});
+    assert_eq!(call(&set[0], &token, "POST", "/nodes", &node).0, 201);
+    assert_eq!(call(&set[0], &token, "POST", "/environments", &json!({"name": "prod"})).0, 201);
+    let owner = wait_for("a replica to own prod", Duration::from_secs(10), async || {
+        owner_of(&set[0], &token, "prod")
+    })
+    .await;
+    let (a, b) = match set.iter().position(|r| r.addr == owner).unwrap() {
+        0 => (&set[0], &set[1]),
+        _ => (&set[1], &set[0]),
+    };
+    let dir = sshd.scratch_dir("paused");
+    let path = |i: usize| dir.join(format!("f{i:05}.conf"));
+    let version = |v: u32| -> Value {
+        let resources: Vec<Value> = (0..FILES)
+            .map(|i| {
+                json!({"id": format!("file[web1,{}]", path(i).display()), "adaptor": "file@0.1.0",
+                    "attributes": {"content": format!("version {v} of file {i}\n"), "mode": "0644"}})
+            })
+            .collect();
+        json!({ "resources": resources })
+    };
+    let deployed = |replica: &Served, v: u64| {
+        let (_, env) = call(replica, &token, "GET", "/environments/prod", &Value::Null);
+        (env["resources"]["deployed"].as_u64() == Some(FILES as u64) && env["released_version"].as_u64() == Some(v))
+            .then_some(())
+            .ok_or(env.to_string())
+    };
+    assert_eq!(call(a, &token, "POST", "/environments/prod/intents", &version(1)).0, 201);
+    wait_for("the deploy to be under way", Duration::from_secs(60), async || {
+        let (_, env) = call(a, &token, "GET", "/environments/prod", &Value::Null);
+        (FILES / 10..FILES).contains(&(env["resources"]["deployed"].as_u64().unwrap_or(0) as usize))
+    })
+    .await;
+    a.signal("-STOP");
+    let stopped_at = Instant::now();
+    wait_for("the other replica to own prod", TAKEOVER, async || {
+        owner_of(b, &token, "prod").filter(|o| *o == b.addr)
+    })
+    .await;
+    eprintln!("takeover after SIGSTOP: {} ms", stopped_at.elapsed().as_millis());
+    wait_for("version 1 deployed by the new owner", Duration::from_secs(120), async || {
+        deployed(b, 1)
+    })
+    .await;
+    assert_eq!(call(b, &token, "POST", "/environments/prod/intents", &version(2)).0, 201);
+    wait_for("version 2 deployed", Duration::from_secs(120), async || deployed(b, 2)).await;
+
+    a.signal("-CONT");
+    wait_for("the old owner to count the environment lost", Duration::from_secs(10), async || {
+        let (status, answer) = request(&a.addr, "GET", "/metrics", None, "");
+        status == 200 && body_of(&answer).lines().any(|l| l == "orc_environment_losses_total 1")
+    })
+    .await;
+    let seen = replica_set(b, &token);
+    let woken = seen.iter().find(|r| r["address"] == a.addr.as_str()).unwrap();
+    assert_eq!(woken["live"], true, "{seen:?}");
+    // Nothing of the old owner reached the store: every state is still version 2, deployed.
+    deployed(b, 2).unwrap();
+    let stale = || -> Vec<usize> {
+        (0..FILES)
+            .filter(|i| std::fs::read_to_string(path(*i)).unwrap() != format!("version 2 of file {i}\n"))
+            .collect()
+    };
+    let late = stale();
+    assert!(
+        late.len() <= 16,
+        "{} files changed by the paused owner after it woke: {late:?}",
+        late.len()
+    );
+    let (status, answer) = call(b, &token, "POST", "/environments/prod/repair", &Value::Null);
+    assert_eq!(status, 202, "{answer}");
+    wait_for(
+        "the repair to restore what the old owner's last changes undid",
+        Duration::from_secs(60),
+        async || stale().is_empty(),
+    )
+    .await;
+    eprintln!("files the paused owner changed as it woke: {}", late.len());
 }

@@ -11,6 +11,7 @@
 mod checks;
 mod directory;
 mod durable;
+pub mod gate;
 mod local;
 pub mod sandbox;
 

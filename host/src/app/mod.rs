@@ -139,7 +139,8 @@ impl App {
         let me = crate::store::ReplicaId::random();
         store.register_replica(me, address, env!("CARGO_PKG_VERSION")).await?;
         let presence = store.presence(me).await?;
-        let ownership = ownership::Ownership::new(me, presence, config.replicas);
+        let sole = store.backend() == crate::store::Backend::Sqlite;
+        let ownership = ownership::Ownership::new(me, presence, config.replicas, sole);
         let app = Arc::new_cyclic(|this| App {
             this: this.clone(),
             ownership,

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use orc_manifest::error_chain;
 
 use super::{App, EnvError};
-use crate::replicas::{Plan, Seen, Timings, plan};
+use crate::replicas::{Plan, Renewals, Seen, Tenure, Timings, plan};
 use crate::store::{Environment, EnvironmentId, Epoch, Fence, Presence, ReplicaId, ReplicaRecord, StoreError};
 
 /// A replica and what it holds, as `GET /api/v1/replicas` shows it.
@@ -45,6 +45,10 @@ pub(super) struct Ownership {
     pub(super) me: ReplicaId,
     pub(super) timings: Timings,
     presence: Presence,
+    /// When the leases were last renewed: what device writes are judged by ([`Tenure`]).
+    renewals: Arc<Renewals>,
+    /// Each held environment's tenure, handed to its node directory; ended when it is let go.
+    tenures: std::sync::Mutex<HashMap<EnvironmentId, Arc<Tenure>>>,
     started: Instant,
     draining: AtomicBool,
     /// Environments held, with the fence their writes carry. An entry is made right after the
@@ -55,11 +59,23 @@ pub(super) struct Ownership {
 }
 
 impl Ownership {
-    pub(super) fn new(me: ReplicaId, presence: Presence, timings: Timings) -> Ownership {
+    /// `sole`: the only process on its database (SQLite): its leases last a year, since no one
+    /// else could take them, and it never fences itself.
+    pub(super) fn new(me: ReplicaId, presence: Presence, timings: Timings, sole: bool) -> Ownership {
+        let timings = if sole {
+            Timings {
+                lease: Duration::from_secs(365 * 24 * 3600),
+                ..timings
+            }
+        } else {
+            timings
+        };
         Ownership {
             me,
             timings,
             presence,
+            renewals: Arc::new(Renewals::new((!sole).then_some(timings.self_fence))),
+            tenures: Default::default(),
             started: Instant::now(),
             draining: AtomicBool::new(false),
             held: Default::default(),
@@ -83,6 +99,28 @@ impl Ownership {
     /// `env` is deleted: nothing of it is held any more.
     pub(super) fn forget(&self, env: &EnvironmentId) {
         self.held().remove(env);
+        self.end_tenure(env);
+    }
+
+    /// The tenure of `env` for its node directory, new unless one is current.
+    pub(super) fn tenure(&self, env: &EnvironmentId) -> Arc<Tenure> {
+        let mut tenures = self.tenures.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match tenures.get(env) {
+            Some(t) if t.holds() => t.clone(),
+            _ => {
+                let t = Arc::new(Tenure::new(self.renewals.clone()));
+                tenures.insert(*env, t.clone());
+                t
+            }
+        }
+    }
+
+    /// From now on no device write is made for `env` here.
+    fn end_tenure(&self, env: &EnvironmentId) {
+        let ended = self.tenures.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(env);
+        if let Some(t) = ended {
+            t.end();
+        }
     }
 
     /// Whether this replica holds `env`.
@@ -179,6 +217,7 @@ impl App {
             held.remove(env);
             self.metrics.lost(held.len());
         }
+        self.ownership.end_tenure(env);
         let running = self.running.lock().await.remove(env);
         tracing::warn!(environment = %env, replica = %self.ownership.me, epoch = fence.epoch, why, "environment lost: stopped here");
         if let Some(running) = running {
@@ -201,6 +240,7 @@ impl App {
             self.metrics.forget(&running.name);
             running.scheduler.stop().await;
         }
+        own.end_tenure(env);
         let was_held = {
             let mut held = own.held();
             let was = held.remove(env).is_some();
@@ -214,12 +254,13 @@ impl App {
         tracing::info!(environment = %env, replica = %own.me, "environment handed over");
     }
 
-    /// Takes what is this replica's to take, then keeps it: the first look, waited for (a
-    /// single replica runs every environment once this returns), then the renewer and the
-    /// looker.
+    /// Takes what is this replica's to take, then keeps it: the renewer, the first look, waited
+    /// for (a single replica runs every environment once this returns), then the looker.
     pub async fn start_ownership(self: &Arc<Self>) {
-        self.look().await;
+        // The renewer first: what the first look claims is renewed however long it takes to
+        // start.
         tokio::spawn(self.clone().renewer());
+        self.look().await;
         tokio::spawn(self.clone().looker());
         let this = self.clone();
         tokio::spawn(async move { this.sweep_leases().await });
@@ -240,14 +281,15 @@ impl App {
             let sent = Instant::now();
             // Bounded: a database that does not answer must not hold the self-fence back.
             let wait = own.timings.self_fence.saturating_sub(renewed_at.elapsed()).max(own.timings.renew);
-            match tokio::time::timeout(wait, self.store.renew(own.me, &ids, own.timings.lease)).await {
+            match tokio::time::timeout(wait, own.presence.renew(&ids, own.timings.lease)).await {
                 Ok(Ok(renewed)) => {
                     renewed_at = sent;
                     let renewed: HashSet<EnvironmentId> = renewed.into_iter().collect();
                     for fence in held.into_iter().filter(|f| !renewed.contains(&f.env)) {
                         self.lose(fence, "its lease expired").await;
                     }
-                    let _ = tokio::time::timeout(own.timings.renew, own.presence.keep()).await;
+                    // Only now: a tenure of a lease just lost never looks fresh again.
+                    own.renewals.renewed(sent);
                 }
                 failed => {
                     let error = match failed {
@@ -255,7 +297,7 @@ impl App {
                         _ => format!("no answer within {} ms", wait.as_millis()),
                     };
                     tracing::warn!(%error, "cannot renew this replica's leases");
-                    if renewed_at.elapsed() >= own.timings.self_fence {
+                    if !own.renewals.fresh() {
                         let held: Vec<Fence> = own.held().values().copied().collect();
                         for fence in held {
                             self.lose(fence, "the database did not answer within the self-fencing time").await;
@@ -401,6 +443,7 @@ impl App {
     pub(super) async fn release_all(&self) {
         let held: Vec<EnvironmentId> = self.ownership.held().drain().map(|(env, _)| env).collect();
         for env in held {
+            self.ownership.end_tenure(&env);
             if let Err(e) = self.store.release(&env, self.ownership.me).await {
                 tracing::warn!(environment = %env, error = %error_chain(&e), "cannot let the lease go: it expires");
             }

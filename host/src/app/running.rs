@@ -300,7 +300,10 @@ impl App {
         let node = LocalNode::open(&root)
             .and_then(|node| node.with_spares(&spares))
             .map_err(|source| EnvError::NodeRoot { path: root, source })?;
-        let nodes = Arc::new(self.nodes.directory(env.id, &env.name, Arc::new(node)));
+        let nodes = Arc::new(
+            self.nodes
+                .directory(env.id, &env.name, Arc::new(node), self.ownership.tenure(&env.id)),
+        );
         let base = CallContext {
             kv: self.kv.clone(),
             nodes: nodes.clone(),

@@ -14,6 +14,7 @@
 //! Architecture invariant: a credential is decrypted only here, right before it is handed to
 //! `orc-ssh`; it never reaches the API, a log line, an error message or a plugin.
 
+mod guarded;
 mod secret;
 
 use std::collections::{BTreeMap, HashMap};
@@ -26,6 +27,7 @@ use orc_ssh::{Credential, HostKeyPolicy, SshError, SshNode, SshOptions, SshTarge
 pub use secret::{SECRET_KEY_FILE, SecretError, SecretKey};
 
 use crate::intent::pinning::LOCAL_NODE;
+use crate::replicas::Tenure;
 use crate::store::{
     EnvironmentId, NewNode, NodeDeletion, NodeObservation, NodePatch, NodePatched, NodeRecord, NodeStatus, Store, StoreError, now_ms,
 };
@@ -399,13 +401,14 @@ impl NodeRegistry {
 
     /// The node directory of one environment: `local` is its own local node; any other name is
     /// a registered node, if the environment may use it and it is usable now.
-    pub fn directory(&self, env: EnvironmentId, env_name: &str, local: Arc<dyn NodeBackend>) -> EnvironmentNodes {
+    pub fn directory(&self, env: EnvironmentId, env_name: &str, local: Arc<dyn NodeBackend>, tenure: Arc<Tenure>) -> EnvironmentNodes {
         EnvironmentNodes {
             env,
             env_name: env_name.to_string(),
             local,
             registry: self.clone(),
             reached: Mutex::default(),
+            tenure,
         }
     }
 
@@ -647,6 +650,9 @@ pub struct EnvironmentNodes {
     /// Every SSH node handed out, by name, for the durability fence. Kept, not drained by a
     /// fence: a call may resolve its node before a fence and write after it.
     reached: Mutex<Reached>,
+    /// This replica's hold on the environment: every change to a node asks it first
+    /// ([`guarded`]).
+    tenure: Arc<Tenure>,
 }
 
 #[derive(Default)]
@@ -659,8 +665,14 @@ struct Reached {
 
 impl NodeDirectory for EnvironmentNodes {
     fn node(&self, name: &str) -> Result<Arc<dyn NodeBackend>, NodeError> {
+        let guarded = |node| -> Arc<dyn NodeBackend> {
+            Arc::new(guarded::Guarded {
+                node,
+                tenure: self.tenure.clone(),
+            })
+        };
         if name == LOCAL_NODE {
-            return Ok(self.local.clone());
+            return Ok(guarded(self.local.clone()));
         }
         let node = self.registry.resolve(name, &self.env, &self.env_name)?;
         let mut reached = self.reached.lock().expect("reached nodes");
@@ -672,7 +684,7 @@ impl NodeDirectory for EnvironmentNodes {
                 }
             }
         }
-        Ok(node)
+        Ok(guarded(node))
     }
 
     /// The local node's fence and that of every SSH node reached, at once (a node with nothing

@@ -488,17 +488,23 @@ impl Loop {
         let succeeded = done.report.outcome.succeeded();
         let outcome = done.report.outcome;
         let error = done.report.error.clone();
-        self.events.event(Event::Action {
+        // Recorded in one batch with the resource's next state, never apart: a crash between two
+        // batches must not keep an action whose resource is still stored `deploying` (its next
+        // owner would deploy it again and log it twice).
+        let action = Event::Action {
             version: done.version,
             trigger: done.trigger,
             report: done.report,
-        });
+        };
         // Only a resource of the released version is remembered as deployed (one dropped
         // while its action ran is not managed any more).
         if succeeded && let Some((id, _)) = self.by_id.get_key_value(done.resource.as_str()) {
             self.deployed.insert(id.clone(), done.executed_hash);
         }
-        let Some(&i) = self.by_id.get(done.resource.as_str()) else { return };
+        let Some(&i) = self.by_id.get(done.resource.as_str()) else {
+            self.events.event(action);
+            return;
+        };
         let e = &mut self.entries[i];
         if v.desired_hash(i) != done.executed_hash {
             // Superseded while running: the new desired state still has to be deployed.
@@ -507,7 +513,7 @@ impl Loop {
             }
             e.status = Status::Available;
             e.want = Want::Deploy(Trigger::Deploy);
-            self.emit_state(i);
+            self.emit_state_after(i, action);
             self.enqueue_if_ready(i);
             return;
         }
@@ -523,7 +529,7 @@ impl Loop {
             e.last_verified_at = Some(now);
             e.next_retry_at = None;
             e.verified = Some(Instant::now());
-            self.emit_state(i);
+            self.emit_state_after(i, action);
             self.schedule_repair(i);
             if newly {
                 for &d in v.blocks.of(i) {
@@ -561,7 +567,7 @@ impl Loop {
                 }
             }
             self.schedule_retry(i, attempts);
-            self.emit_state(i);
+            self.emit_state_after(i, action);
             self.skip_dependents(&v, i);
         }
         // A trigger that arrived while the action ran (a repair, a user deploy) is owed an action
@@ -660,9 +666,23 @@ impl Loop {
     }
 
     fn emit_state(&self, i: usize) {
-        let Some(v) = &self.version else { return };
+        if let Some(state) = self.state_event(i) {
+            self.events.event(state);
+        }
+    }
+
+    /// `action`, then resource `i`'s state, to be recorded in one batch.
+    fn emit_state_after(&self, i: usize, action: Event) {
+        match self.state_event(i) {
+            Some(state) => self.events.events(vec![action, state]),
+            None => self.events.event(action),
+        }
+    }
+
+    fn state_event(&self, i: usize) -> Option<Event> {
+        let v = self.version.as_ref()?;
         let e = &self.entries[i];
-        self.events.event(Event::State(ResourceState {
+        Some(Event::State(ResourceState {
             resource: v.intent.resources[i].id.to_string(),
             version: v.number,
             status: e.status,
@@ -673,7 +693,7 @@ impl Loop {
             last_deploy_at: e.last_deploy_at,
             last_verified_at: e.last_verified_at,
             next_retry_at: e.next_retry_at,
-        }));
+        }))
     }
 
     fn answer_settled(&mut self) {

@@ -12,6 +12,8 @@ use super::{Event, Sink, Snapshot};
 /// What the loop sends its writer: events, and answers that must follow them.
 pub(super) enum Outgoing {
     Event(Event),
+    /// Events recorded in one batch (an action and its resource's next state).
+    Events(Vec<Event>),
     /// A settle (or stop) answer, sent once every event before it is recorded.
     Settled(oneshot::Sender<Snapshot>, Snapshot),
     /// Signalled once every event before it is recorded (a release's receipt).
@@ -63,6 +65,11 @@ impl Outbox {
     pub(super) fn event(&self, event: Event) {
         self.send(Outgoing::Event(event));
     }
+
+    /// Queues `events` to be recorded in one batch.
+    pub(super) fn events(&self, events: Vec<Event>) {
+        self.send(Outgoing::Events(events));
+    }
 }
 
 /// Drains events into the sink, batching whatever accumulated while the previous call ran (paced:
@@ -76,6 +83,7 @@ pub(super) async fn writer(sink: Arc<dyn Sink>, rx: mpsc::UnboundedReceiver<Outg
         for out in incoming.drain(..) {
             match out {
                 Outgoing::Event(e) => batch.push(e),
+                Outgoing::Events(es) => batch.extend(es),
                 Outgoing::Settled(reply, snapshot) => {
                     if !batch.is_empty() {
                         record(&*sink, &backlog, std::mem::take(&mut batch)).await;

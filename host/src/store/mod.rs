@@ -203,7 +203,14 @@ impl Store {
                 conn.shrink_buffers();
                 Box::pin(std::future::ready(Ok(true)))
             })
-            .connect_with(connect.application_name("orc-host"))
+            // A replica stopped or cut off in the middle of a transaction holds its locks (the
+            // fence's `FOR SHARE` among them, which a takeover waits for) until the server ends
+            // the session: after 5 s idle in a transaction, not when TCP gives up minutes later.
+            .connect_with(
+                connect
+                    .application_name("orc-host")
+                    .options([("idle_in_transaction_session_timeout", "5s")]),
+            )
             .await
             .map_err(backend("connecting to PostgreSQL"))?;
         let store = Store {

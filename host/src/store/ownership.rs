@@ -219,21 +219,8 @@ impl Store {
                 renewed
             }
             Db::Postgres(pool) => {
-                sqlx::query("UPDATE replicas SET heartbeat_at = now() WHERE id = $1")
-                    .bind(&holder)
-                    .execute(pool)
-                    .await
-                    .map_err(backend("renewing leases"))?;
-                sqlx::query_scalar(
-                    "UPDATE env_leases SET expires_at = now() + make_interval(secs => $3::float8 / 1000) \
-                     WHERE holder = $1 AND environment_id = ANY($2) AND expires_at > now() RETURNING environment_id",
-                )
-                .bind(&holder)
-                .bind(&ids)
-                .bind(ttl_ms)
-                .fetch_all(pool)
-                .await
-                .map_err(backend("renewing leases"))?
+                let mut conn = pool.acquire().await.map_err(backend("renewing leases"))?;
+                return renew_postgres(&mut conn, me, owned, ttl).await;
             }
         };
         Ok(renewed.iter().filter_map(|id| id.parse().ok()).collect())
@@ -393,30 +380,51 @@ pub struct Presence {
 }
 
 impl Presence {
-    /// Takes the lock again if its session was lost (a restart of the database, a cut link);
-    /// `false` while it cannot, when other replicas may take this one's environments at once.
-    pub async fn keep(&self) -> bool {
+    /// [`Store::renew`] for this replica, on PostgreSQL on the presence's own session: a pool
+    /// busy with the schedulers' writes never holds a renewal back. A session that fails is
+    /// dropped (its lock with it) and taken again at the next call.
+    pub async fn renew(&self, owned: &[EnvironmentId], ttl: Duration) -> Result<Vec<EnvironmentId>> {
         let Db::Postgres(pool) = &self.store.db else {
-            return true;
+            return self.store.renew(self.me, owned, ttl).await;
         };
         let mut session = self.session.lock().await;
-        if let Some(conn) = session.as_mut() {
-            if sqlx::query("SELECT 1").execute(&mut *conn).await.is_ok() {
-                return true;
-            }
+        if session.is_none() {
+            *session = Some(lock_presence(pool, self.me).await?);
+        }
+        let conn = session.as_mut().expect("just taken");
+        let renewed = renew_postgres(conn, self.me, owned, ttl).await;
+        if renewed.is_err() {
             *session = None;
         }
-        match lock_presence(pool, self.me).await {
-            Ok(conn) => {
-                *session = Some(conn);
-                true
-            }
-            Err(e) => {
-                tracing::warn!(replica = %self.me, error = %e, "cannot hold this replica's presence lock");
-                false
-            }
-        }
+        renewed
     }
+}
+
+/// [`Store::renew`] on PostgreSQL, on `conn`.
+async fn renew_postgres(
+    conn: &mut sqlx::PgConnection,
+    me: ReplicaId,
+    owned: &[EnvironmentId],
+    ttl: Duration,
+) -> Result<Vec<EnvironmentId>> {
+    let holder = me.to_string();
+    let ids: Vec<String> = owned.iter().map(ToString::to_string).collect();
+    sqlx::query("UPDATE replicas SET heartbeat_at = now() WHERE id = $1")
+        .bind(&holder)
+        .execute(&mut *conn)
+        .await
+        .map_err(backend("renewing leases"))?;
+    let renewed: Vec<String> = sqlx::query_scalar(
+        "UPDATE env_leases SET expires_at = now() + make_interval(secs => $3::float8 / 1000) \
+         WHERE holder = $1 AND environment_id = ANY($2) AND expires_at > now() RETURNING environment_id",
+    )
+    .bind(&holder)
+    .bind(&ids)
+    .bind(millis(ttl))
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(backend("renewing leases"))?;
+    Ok(renewed.iter().filter_map(|id| id.parse().ok()).collect())
 }
 
 async fn lock_presence(pool: &sqlx::PgPool, me: ReplicaId) -> Result<sqlx::PgConnection> {

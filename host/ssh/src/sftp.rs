@@ -209,6 +209,11 @@ impl Sftp {
         );
         let result = self.write_tmp(&tmp, content, mode).await;
         let result = match result {
+            // The caller's gate, right before the change is committed (`orc_node::gate`).
+            Ok(()) if !orc_node::gate::open() => Err(NodeError::new(
+                NodeErrorKind::Unavailable,
+                format!("{path} on node {} is not replaced: the change may no longer be made", self.node),
+            )),
             Ok(()) => self.rename(&tmp, path).await,
             Err(e) => Err(e),
         };
