@@ -56,6 +56,9 @@ pub(super) struct Ownership {
     held: std::sync::Mutex<HashMap<EnvironmentId, Fence>>,
     /// Environments being handed over: requests here do not start them again meanwhile.
     letting_go: std::sync::Mutex<HashSet<EnvironmentId>>,
+    /// Taken across a claim and its entry in `held`, so that a request never sees a lease this
+    /// replica has just claimed before it is held.
+    claiming: tokio::sync::Mutex<()>,
 }
 
 impl Ownership {
@@ -80,6 +83,7 @@ impl Ownership {
             draining: AtomicBool::new(false),
             held: Default::default(),
             letting_go: Default::default(),
+            claiming: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -154,7 +158,22 @@ impl App {
         if let Some(fence) = own.fence(&env.id) {
             return Ok(fence);
         }
+        let _claiming = own.claiming.lock().await;
+        if let Some(fence) = own.fence(&env.id) {
+            return Ok(fence);
+        }
         let lease = self.store.lease(&env.id).await?;
+        // SQLite: one process serves the database, so whatever holds a lease is this one or an
+        // earlier start: the environment is claimed here.
+        if self.store.backend() == crate::store::Backend::Sqlite {
+            let gone = lease.as_ref().and_then(|l| l.holder);
+            if let Some(fence) = self.store.claim(&env.id, own.me, own.timings.lease, gone).await? {
+                let mut held = own.held();
+                held.insert(env.id, fence);
+                self.metrics.took_over(held.len());
+                return Ok(fence);
+            }
+        }
         match lease.as_ref().and_then(|l| l.holder) {
             None => {
                 if let Some(fence) = self.store.claim(&env.id, own.me, own.timings.lease, None).await? {
@@ -177,10 +196,14 @@ impl App {
     /// starts it. `false`: another replica holds it.
     async fn take(self: &Arc<Self>, env: EnvironmentId, gone: Option<ReplicaId>) -> Result<bool, EnvError> {
         let own = &self.ownership;
-        let Some(fence) = self.store.claim(&env, own.me, own.timings.lease, gone).await? else {
-            return Ok(false);
-        };
         {
+            let _claiming = own.claiming.lock().await;
+            if own.holds(&env) {
+                return Ok(true);
+            }
+            let Some(fence) = self.store.claim(&env, own.me, own.timings.lease, gone).await? else {
+                return Ok(false);
+            };
             let mut held = own.held();
             held.insert(env, fence);
             self.metrics.took_over(held.len());
