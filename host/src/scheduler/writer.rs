@@ -20,6 +20,16 @@ pub(super) enum Outgoing {
     Recorded(oneshot::Sender<()>),
 }
 
+impl Outgoing {
+    /// What the message counts against [`MAX_UNRECORDED`]: its events, or one for a request.
+    fn weight(&self) -> usize {
+        match self {
+            Outgoing::Events(es) => es.len(),
+            _ => 1,
+        }
+    }
+}
+
 /// Events sent to the writer and not recorded yet: at most this many before the loop stops
 /// starting actions. Without a bound a scheduler whose actions finish faster than its sink
 /// stores them runs ever further ahead of the store (memory: a 100,000-resource deploy on
@@ -58,7 +68,7 @@ impl Outbox {
     /// supervisor has reported it), the event is dropped and the backlog keeps growing, so the
     /// loop starts nothing more.
     pub(super) fn send(&self, out: Outgoing) {
-        self.backlog.unrecorded.fetch_add(1, Ordering::AcqRel);
+        self.backlog.unrecorded.fetch_add(out.weight(), Ordering::AcqRel);
         let _ = self.tx.send(out);
     }
 
@@ -78,7 +88,7 @@ pub(super) async fn writer(sink: Arc<dyn Sink>, rx: mpsc::UnboundedReceiver<Outg
     let mut incoming = Vec::new();
     let mut rx = crate::store::pace::Paced::new(rx);
     while rx.receive(&mut incoming, 10_000).await > 0 {
-        let received = incoming.len();
+        let received = incoming.iter().map(Outgoing::weight).sum();
         let mut batch = Vec::with_capacity(incoming.len());
         for out in incoming.drain(..) {
             match out {
