@@ -20,8 +20,8 @@ use crate::app::App;
 use crate::store::{AuditId, AuditRecord, UserId, now_ms};
 
 /// The error code of an answer, for the audit trail (set by [`ApiError`]'s response).
-#[derive(Debug, Clone, Copy)]
-pub struct ErrorCode(pub &'static str);
+#[derive(Debug, Clone)]
+pub struct ErrorCode(pub std::borrow::Cow<'static, str>);
 
 /// Who the audit trail names for a request that carried no token (signing in): set by its
 /// handler on the answer.
@@ -125,12 +125,17 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer_token);
-    let principal = match token {
-        Some(token) => match app.authenticate(token).await {
-            Ok(p) => p,
-            Err(e) => return ApiError::from(e).into_response(),
-        },
-        None => None,
+    // A request another replica relayed here: its caller, checked again by the token's hash
+    // (revoked meanwhile: refused); counted and audited where it came in.
+    let delegated = parts.extensions.remove::<super::commands::Delegated>();
+    let found = match (&delegated, token) {
+        (Some(d), _) => app.authenticate_hash(&d.credential).await,
+        (None, Some(token)) => app.authenticate(token).await,
+        (None, None) => Ok(None),
+    };
+    let principal = match found {
+        Ok(p) => p,
+        Err(e) => return ApiError::from(e).into_response(),
     };
     let mut verdict = match (rule, &principal) {
         (None, _) => {
@@ -144,6 +149,7 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
         (Some(rule), Some(p)) => p.allows(rule, env.as_deref()).map_err(|f| ApiError::forbidden(f.message)),
     };
     if verdict.is_ok()
+        && delegated.is_none()
         && let Some(p) = &principal
         && let Err(wait) = app.count_request(p)
     {
@@ -177,7 +183,15 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
                 Some(limit) => axum::body::Body::new(http_body_util::Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))),
                 None => body,
             };
-            next.run(Request::from_parts(parts, body)).await
+            // Another replica runs the environment: the request is relayed there.
+            let relay_to = match (&env, &principal) {
+                (Some(env), Some(_)) if delegated.is_none() && super::commands::relayed(&method, &route) => app.relay_target(env).await,
+                _ => None,
+            };
+            match (relay_to, &env, &principal) {
+                (Some(id), Some(env), Some(p)) => super::commands::relay(app, id, env, p, Request::from_parts(parts, body)).await,
+                _ => next.run(Request::from_parts(parts, body)).await,
+            }
         }
         Err(refusal) => {
             // The body stays unread, so hyper closes the connection after answering; saying so
@@ -189,7 +203,7 @@ async fn decide(app: &App, rule: Option<Rule>, route: String, request: Request, 
             response
         }
     };
-    if changes {
+    if changes && delegated.is_none() {
         let subject = response.extensions().get::<AuditSubject>().cloned();
         let (user_id, user, token_id) = match (&principal, subject) {
             (Some(p), _) => (Some(p.user_id), Some(p.user.clone()), Some(p.token_id)),

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use super::error::ApiError;
 
 /// The raw request body, within the size limit.
-struct Body(Bytes);
+pub(crate) struct Body(pub(crate) Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for Body {
     type Rejection = ApiError;

@@ -10,6 +10,7 @@
 mod actions;
 pub(crate) mod auth;
 mod clusters;
+pub(crate) mod commands;
 mod doc;
 mod environments;
 mod error;

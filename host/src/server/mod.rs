@@ -65,6 +65,8 @@ impl Server {
         // The API and, beside it on the same port, the console's pages over the same `App`.
         let routes = crate::api::routes(self.app.clone()).merge(crate::console::router());
         let router = crate::api::layered(routes, self.app.clone(), self.max_body_bytes);
+        // Requests other replicas relay for the environments held here run through it too.
+        self.app.serve_commands(crate::api::commands::runner(router.clone()));
         let served = crate::api::serve(self.listener, router, shutdown).await;
         self.app.shutdown(self.shutdown_grace).await;
         served

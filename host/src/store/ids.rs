@@ -116,3 +116,7 @@ uuid_id!(
     /// One incarnation of an `orc-host serve` process on the database: new at every start.
     ReplicaId
 );
+uuid_id!(
+    /// One request relayed to the replica that runs its environment.
+    CommandId
+);

@@ -67,6 +67,7 @@ mod actions;
 mod audit;
 mod cache;
 mod clusters;
+mod commands;
 mod environments;
 mod error;
 mod ids;
@@ -83,6 +84,7 @@ mod tokens;
 pub(crate) mod users;
 
 pub use clusters::{ClusterRecord, TemplateRecord};
+pub use commands::{CommandAnswer, CommandNews, CommandRecord, CommandState};
 pub use error::StoreError;
 pub use ids::*;
 pub use kv::DbKv;
@@ -141,6 +143,8 @@ pub struct Store {
     pub(crate) db: Db,
     /// Environments and nodes as last read (`cache.rs`).
     caches: Arc<cache::Caches>,
+    /// What other replicas say of relayed requests, once listened for (`commands.rs`).
+    command_news: Arc<std::sync::OnceLock<tokio::sync::broadcast::Sender<CommandNews>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -216,6 +220,7 @@ impl Store {
         let store = Store {
             db: Db::Postgres(pool),
             caches: Default::default(),
+            command_news: Default::default(),
         };
         store.migrate().await?;
         if let Db::Postgres(pool) = &store.db {
@@ -253,6 +258,7 @@ impl Store {
         let store = Store {
             db: Db::Sqlite(pool),
             caches: Default::default(),
+            command_news: Default::default(),
         };
         store.migrate().await?;
         Ok(store)
@@ -464,6 +470,7 @@ const SQLITE_MIGRATIONS: Embedded = &[
     (9, "process_heads", include_str!("../../migrations/sqlite/0009_process_heads.sql")),
     (10, "audit_source", include_str!("../../migrations/sqlite/0010_audit_source.sql")),
     (11, "ownership", include_str!("../../migrations/sqlite/0011_ownership.sql")),
+    (12, "commands", include_str!("../../migrations/sqlite/0012_commands.sql")),
 ];
 const POSTGRES_MIGRATIONS: Embedded = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -477,6 +484,7 @@ const POSTGRES_MIGRATIONS: Embedded = &[
     (9, "process_heads", include_str!("../../migrations/postgres/0009_process_heads.sql")),
     (10, "audit_source", include_str!("../../migrations/postgres/0010_audit_source.sql")),
     (11, "ownership", include_str!("../../migrations/postgres/0011_ownership.sql")),
+    (12, "commands", include_str!("../../migrations/postgres/0012_commands.sql")),
 ];
 
 fn migrator(embedded: Embedded) -> Migrator {
