@@ -120,8 +120,10 @@ async fn any_replica_answers_and_a_relayed_request_runs_once() {
     let others: Vec<&Served> = set.iter().filter(|r| r.addr != owner).collect();
     let intent = |n: usize| {
         let resources: Vec<Value> = (0..n)
-            .map(|i| json!({"id": format!("file[local,/srv/relayed/f{i}]"), "adaptor": "file@0.1.0",
-                "attributes": {"content": format!("{i}\n")}}))
+            .map(|i| {
+                json!({"id": format!("file[local,/srv/relayed/f{i}]"), "adaptor": "file@0.1.0",
+                "attributes": {"content": format!("{i}\n")}})
+            })
             .collect();
         json!({ "resources": resources })
     };
@@ -136,7 +138,13 @@ async fn any_replica_answers_and_a_relayed_request_runs_once() {
     let (status, operation) = call(others[1], &token, "POST", "/environments/prod/deploy", &Value::Null);
     assert_eq!(status, 202, "{operation}");
     let id = operation["id"].as_str().unwrap().to_string();
-    let (status, read) = call(others[0], &token, "GET", &format!("/environments/prod/operations/{id}"), &Value::Null);
+    let (status, read) = call(
+        others[0],
+        &token,
+        "GET",
+        &format!("/environments/prod/operations/{id}"),
+        &Value::Null,
+    );
     assert_eq!(status, 200, "{read}");
     assert_eq!(read["id"], id.as_str(), "{read}");
 
@@ -154,7 +162,10 @@ async fn any_replica_answers_and_a_relayed_request_runs_once() {
     let posted = |route: &str| entries.iter().filter(|e| e["method"] == "POST" && e["route"] == route).count();
     assert_eq!(posted("/environments/{env}/intents"), 2, "{entries:?}");
     assert_eq!(posted("/environments/{env}/deploy"), 1, "{entries:?}");
-    assert!(entries.iter().any(|e| e["status"] == 400 && e["code"] == "invalid_json"), "{entries:?}");
+    assert!(
+        entries.iter().any(|e| e["status"] == 400 && e["code"] == "invalid_json"),
+        "{entries:?}"
+    );
 
     // Sent while the owner is stopped: the request waits, unclaimed, until another replica
     // has taken the environment over, and runs there once.

@@ -79,7 +79,9 @@ pub(super) async fn relay(app: &App, env: EnvironmentId, name: &str, caller: &Pr
         id: CommandId::random(),
         env,
         method: method.to_string(),
-        target: uri.path_and_query().map_or_else(|| uri.path().to_string(), |p| p.as_str().to_string()),
+        target: uri
+            .path_and_query()
+            .map_or_else(|| uri.path().to_string(), |p| p.as_str().to_string()),
         headers: headers_of(&headers),
         body: body.to_vec(),
         credential: caller.credential.clone(),
@@ -140,14 +142,17 @@ async fn run(router: Router, command: CommandRecord) -> CommandAnswer {
             code: Some("internal".into()),
         }
     };
-    let mut request = axum::http::Request::builder().method(command.method.as_str()).uri(command.target.as_str());
+    let mut request = axum::http::Request::builder()
+        .method(command.method.as_str())
+        .uri(command.target.as_str());
     for (name, value) in &command.headers {
         request = request.header(name.as_str(), value.as_str());
     }
-    let request = match request.extension(Delegated {
-        credential: command.credential.clone(),
-    })
-    .body(Body::from(command.body.clone()))
+    let request = match request
+        .extension(Delegated {
+            credential: command.credential.clone(),
+        })
+        .body(Body::from(command.body.clone()))
     {
         Ok(request) => request,
         Err(e) => return internal(format!("the stored request is not a request: {e}")),
@@ -156,7 +161,11 @@ async fn run(router: Router, command: CommandRecord) -> CommandAnswer {
     let (parts, body) = response.into_parts();
     let body = match axum::body::to_bytes(body, MAX_ANSWER_BYTES).await {
         Ok(body) => body,
-        Err(e) => return internal(format!("the answer could not be read (at most {MAX_ANSWER_BYTES} bytes are relayed): {e}")),
+        Err(e) => {
+            return internal(format!(
+                "the answer could not be read (at most {MAX_ANSWER_BYTES} bytes are relayed): {e}"
+            ));
+        }
     };
     CommandAnswer {
         status: parts.status.as_u16(),

@@ -92,7 +92,9 @@ impl IntoResponse for ApiError {
             message: self.message,
         });
         let mut response = (self.status, body).into_response();
-        response.extensions_mut().insert(super::auth::ErrorCode(std::borrow::Cow::Borrowed(code)));
+        response
+            .extensions_mut()
+            .insert(super::auth::ErrorCode(std::borrow::Cow::Borrowed(code)));
         if let Some(seconds) = self.retry_after_s {
             response
                 .headers_mut()

@@ -265,7 +265,12 @@ impl Store {
     /// Tells the other replicas on PostgreSQL (a lost announcement is made up for by polling).
     async fn announce(&self, channel: &str, payload: String) {
         let Db::Postgres(pool) = &self.db else { return };
-        if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)").bind(channel).bind(&payload).execute(pool).await {
+        if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(channel)
+            .bind(&payload)
+            .execute(pool)
+            .await
+        {
             tracing::debug!(error = %e, channel, "cannot announce a relayed request; it is found by polling");
         }
     }
