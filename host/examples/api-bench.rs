@@ -213,13 +213,6 @@ fn check_files(dir: &Path, n: usize, round: u32) -> Result<()> {
     Ok(())
 }
 
-/// Load average of the machine (`/proc/loadavg`'s first three fields), for the figures.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
-
 /// Server CPU and context switches over a phase.
 struct Usage {
     cpu: Duration,
@@ -320,7 +313,7 @@ async fn run_files(host: &Host, data_dir: &Path, env: &str, n: usize) -> Result<
         deployed.answered.as_secs_f64(),
         deployed.server_cpu.as_secs_f64(),
         deployed.server_switches,
-        load_average(),
+        serve::load_average(),
     );
     println!("    {}", serve::action_profile(host, env, since).await?);
     check_files(&dir, n, 1)?;
@@ -334,7 +327,7 @@ async fn run_files(host: &Host, data_dir: &Path, env: &str, n: usize) -> Result<
         "  update: POST intent changing every file → all {total} deployed: {:.3} s ({:.0} files/s); {usage}; load {}",
         updated.as_secs_f64(),
         rate(updated),
-        load_average(),
+        serve::load_average(),
     );
     println!("    {}", serve::action_profile(host, env, since).await?);
     check_files(&dir, n, 2)?;
@@ -347,7 +340,7 @@ async fn run_files(host: &Host, data_dir: &Path, env: &str, n: usize) -> Result<
         "  repair, nothing to change: POST repair → operation done: {:.3} s ({:.0} files/s; actions {actions}); {usage}; load {}",
         repair.as_secs_f64(),
         rate(repair),
-        load_average(),
+        serve::load_average(),
     );
     check_files(&dir, n, 2)?;
 
@@ -358,59 +351,12 @@ async fn run_files(host: &Host, data_dir: &Path, env: &str, n: usize) -> Result<
         "  dryrun: POST dryrun → report done: {:.3} s ({:.0} files/s; {summary}); {usage}; load {}",
         dryrun.as_secs_f64(),
         rate(dryrun),
-        load_average(),
+        serve::load_average(),
     );
     check_files(&dir, n, 2)?;
     println!("    checked on disk after repair and dryrun: {n} files unchanged");
     println!("  server after the file case: {}", host.memory()?);
     Ok(())
-}
-
-/// A throwaway PostgreSQL database on the server `admin_url` points at.
-struct PgDatabase {
-    admin_url: String,
-    name: String,
-    url: String,
-}
-
-impl PgDatabase {
-    async fn create(admin_url: &str) -> Result<PgDatabase> {
-        use sqlx::{Connection as _, Executor as _};
-        let name = format!("orc_api_bench_{}", std::process::id());
-        let mut admin = sqlx::PgConnection::connect(admin_url)
-            .await
-            .with_context(|| format!("connecting to {admin_url}"))?;
-        admin.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).await?;
-        admin.close().await?;
-        Ok(PgDatabase {
-            url: with_database(admin_url, &name),
-            admin_url: admin_url.to_string(),
-            name,
-        })
-    }
-
-    async fn drop(self) -> Result<()> {
-        use sqlx::{Connection as _, Executor as _};
-        let mut admin = sqlx::PgConnection::connect(&self.admin_url).await?;
-        admin
-            .execute(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)))
-            .await?;
-        Ok(())
-    }
-}
-
-/// `postgres://u@h:p/db?x` → the same with database `name`.
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
-    let authority_end = base.find("://").map_or(0, |i| i + 3);
-    let base = match base[authority_end..].find('/') {
-        Some(slash) => &base[..authority_end + slash],
-        None => base,
-    };
-    match query {
-        Some(q) => format!("{base}/{name}?{q}"),
-        None => format!("{base}/{name}"),
-    }
 }
 
 #[tokio::main]
@@ -430,7 +376,9 @@ async fn main() -> Result<()> {
     let data = tempfile::Builder::new().prefix("orc-api-bench-").tempdir()?;
     let pg = match store.as_str() {
         "sqlite" => None,
-        url if url.starts_with("postgres://") || url.starts_with("postgresql://") => Some(PgDatabase::create(url).await?),
+        url if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            Some(serve::PgDatabase::create(url, "orc_api_bench").await?)
+        }
         other => bail!("STORE must be `sqlite` or a postgres:// URL, not `{other}`"),
     };
     let mut host = Host::spawn(&bin, data.path(), pg.as_ref().map(|db| db.url.as_str())).await?;
@@ -447,7 +395,7 @@ async fn main() -> Result<()> {
         published.get("digest").and_then(Value::as_str).unwrap_or("bench-memory"),
     );
     println!("requests carry the token of user `bench`, owner of each environment (not an admin)");
-    println!("load average at start: {}", load_average());
+    println!("load average at start: {}", serve::load_average());
     let cases: &[(&str, bool)] = if rss_only || files {
         &[("independent", false)]
     } else {

@@ -109,6 +109,15 @@ pub struct Host {
 
 impl Host {
     pub async fn spawn(bin: &Path, data_dir: &Path, database: Option<&str>) -> Result<Host> {
+        Host::start(bin, data_dir, database, None).await
+    }
+
+    /// Another replica on `database`, whose admin token (`token`) an earlier one printed.
+    pub async fn spawn_replica(bin: &Path, data_dir: &Path, database: &str, token: &str) -> Result<Host> {
+        Host::start(bin, data_dir, Some(database), Some(token.to_string())).await
+    }
+
+    async fn start(bin: &Path, data_dir: &Path, database: Option<&str>, mut token: Option<String>) -> Result<Host> {
         let mut command = Command::new(bin);
         command
             .args(["serve", "--listen", "127.0.0.1:0", "--max-body-bytes", "67108864", "--data-dir"])
@@ -123,7 +132,7 @@ impl Host {
         let mut child = command.spawn().with_context(|| format!("starting {}", bin.display()))?;
         let pid = child.id().ok_or_else(|| anyhow!("the server exited at once"))?;
         let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-        let (mut addr, mut token) = (None, None);
+        let mut addr = None;
         while addr.is_none() || token.is_none() {
             let line = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
                 .await
@@ -403,6 +412,17 @@ impl Host {
         }
     }
 
+    /// The admin's token.
+    pub fn admin_token(&self) -> &str {
+        &self.admin
+    }
+
+    /// Kills the server outright (SIGKILL) and waits for it.
+    pub async fn kill(mut self) -> Result<()> {
+        self.child.kill().await?;
+        Ok(())
+    }
+
     /// Stops the server gracefully (SIGTERM) and waits for it.
     pub async fn stop(mut self) -> Result<()> {
         let _ = std::process::Command::new("kill").args(["-TERM", &self.pid.to_string()]).status();
@@ -418,6 +438,28 @@ impl Host {
         }
         Ok(())
     }
+}
+
+/// Load average of the machine (`/proc/loadavg`'s first three fields), for the figures.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// The machine's CPU model and count (`/proc/cpuinfo`), for the figures.
+pub fn cpu_model() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = info
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let count = info.lines().filter(|l| l.starts_with("processor")).count();
+    format!("{model} × {count}")
 }
 
 /// Milliseconds since the Unix epoch (the server's timestamps, on the same clock).
@@ -560,4 +602,52 @@ pub fn host_binary() -> Result<PathBuf> {
         bin.display()
     );
     Ok(bin)
+}
+
+/// A throwaway PostgreSQL database on the server `admin_url` points at.
+pub struct PgDatabase {
+    admin_url: String,
+    name: String,
+    pub url: String,
+}
+
+impl PgDatabase {
+    /// A new database named `prefix` and this process's id.
+    pub async fn create(admin_url: &str, prefix: &str) -> Result<PgDatabase> {
+        use sqlx::{Connection as _, Executor as _};
+        let name = format!("{prefix}_{}", std::process::id());
+        let mut admin = sqlx::PgConnection::connect(admin_url)
+            .await
+            .with_context(|| format!("connecting to {admin_url}"))?;
+        admin.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).await?;
+        admin.close().await?;
+        Ok(PgDatabase {
+            url: with_database(admin_url, &name),
+            admin_url: admin_url.to_string(),
+            name,
+        })
+    }
+
+    pub async fn drop(self) -> Result<()> {
+        use sqlx::{Connection as _, Executor as _};
+        let mut admin = sqlx::PgConnection::connect(&self.admin_url).await?;
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)))
+            .await?;
+        Ok(())
+    }
+}
+
+/// `postgres://u@h:p/db?x` → the same with database `name`.
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
+    let authority_end = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[authority_end..].find('/') {
+        Some(slash) => &base[..authority_end + slash],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
 }

@@ -163,33 +163,35 @@ impl App {
             return Ok(fence);
         }
         let lease = self.store.lease(&env.id).await?;
+        let holder = lease.as_ref().and_then(|l| l.holder);
         // SQLite: one process serves the database, so whatever holds a lease is this one or an
-        // earlier start: the environment is claimed here.
-        if self.store.backend() == crate::store::Backend::Sqlite {
-            let gone = lease.as_ref().and_then(|l| l.holder);
-            if let Some(fence) = self.store.claim(&env.id, own.me, own.timings.lease, gone).await? {
-                let mut held = own.held();
-                held.insert(env.id, fence);
-                self.metrics.took_over(held.len());
+        // earlier start: it is taken from them. On PostgreSQL a request claims only what no
+        // replica ever held.
+        let sole = self.store.backend() == crate::store::Backend::Sqlite;
+        if sole || holder.is_none() {
+            if let Some(fence) = self
+                .store
+                .claim(&env.id, own.me, own.timings.lease, holder.filter(|_| sole))
+                .await?
+            {
+                self.now_holds(fence);
                 return Ok(fence);
             }
+        } else if let Some(holder) = holder.filter(|h| *h != own.me)
+            && lease.as_ref().is_some_and(|l| l.expires_in_ms > 0)
+        {
+            let address = self.store.replicas().await?.into_iter().find(|r| r.id == holder).map(|r| r.address);
+            return Err(elsewhere(address));
         }
-        match lease.as_ref().and_then(|l| l.holder) {
-            None => {
-                if let Some(fence) = self.store.claim(&env.id, own.me, own.timings.lease, None).await? {
-                    let mut held = own.held();
-                    held.insert(env.id, fence);
-                    self.metrics.took_over(held.len());
-                    return Ok(fence);
-                }
-            }
-            Some(holder) if holder != own.me && lease.as_ref().is_some_and(|l| l.expires_in_ms > 0) => {
-                let address = self.store.replicas().await?.into_iter().find(|r| r.id == holder).map(|r| r.address);
-                return Err(elsewhere(address));
-            }
-            Some(_) => {}
-        }
+        // Expired, or being taken: the looker claims it.
         Err(elsewhere(None))
+    }
+
+    /// Enters a claimed environment in what is held (under `claiming`), and counts it.
+    fn now_holds(&self, fence: Fence) {
+        let mut held = self.ownership.held();
+        held.insert(fence.env, fence);
+        self.metrics.took_over(held.len());
     }
 
     /// Claims `env` (taking it from `gone`, a replica known to have ended, if it holds it) and
@@ -204,9 +206,7 @@ impl App {
             let Some(fence) = self.store.claim(&env, own.me, own.timings.lease, gone).await? else {
                 return Ok(false);
             };
-            let mut held = own.held();
-            held.insert(env, fence);
-            self.metrics.took_over(held.len());
+            self.now_holds(fence);
         }
         let environment = match self.store.get_environment(&env).await {
             Ok(environment) => environment,

@@ -105,6 +105,18 @@ struct Entry {
     last_error: Option<String>,
 }
 
+impl Entry {
+    /// A node as stored, not connected yet.
+    fn of(node: &NodeRecord) -> Entry {
+        Entry {
+            status: node.status,
+            environment: node.environment,
+            ssh: None,
+            last_error: node.last_error.clone(),
+        }
+    }
+}
+
 struct Inner {
     store: Store,
     key: SecretKey,
@@ -136,15 +148,7 @@ impl NodeRegistry {
     pub async fn open(store: Store, key: SecretKey, options: SshOptions, reverify_interval: Duration) -> Result<NodeRegistry, StoreError> {
         let mut entries = HashMap::new();
         for node in store.list_nodes().await? {
-            entries.insert(
-                node.name.clone(),
-                Entry {
-                    status: node.status,
-                    environment: node.environment,
-                    ssh: None,
-                    last_error: node.last_error,
-                },
-            );
+            entries.insert(node.name.clone(), Entry::of(&node));
         }
         let registry = NodeRegistry {
             inner: Arc::new(Inner {
@@ -354,15 +358,7 @@ impl NodeRegistry {
                 match entries.get_mut(&node.name) {
                     Some(e) => e.environment = node.environment,
                     None => {
-                        entries.insert(
-                            node.name.clone(),
-                            Entry {
-                                status: node.status,
-                                environment: node.environment,
-                                ssh: None,
-                                last_error: node.last_error.clone(),
-                            },
-                        );
+                        entries.insert(node.name.clone(), Entry::of(node));
                         if node.status != NodeStatus::HostKeyChanged {
                             added.push(node.name.clone());
                         }

@@ -339,19 +339,15 @@ impl DbKv {
         if let Some(environment) = prefix.strip_suffix('/') {
             self.accounts.forget(environment);
         }
-        let (done, deleted) = oneshot::channel();
-        let forget = Command::Forget {
+        let context = || format!("forgetting plugin state under `{prefix}`");
+        let forget = |done| Command::Forget {
             prefix: prefix.to_string(),
             done,
         };
-        let context = || format!("forgetting plugin state under `{prefix}`");
         // The writer ends only when this handle is gone, so it answers.
-        if self.commands.send(forget).is_err() {
-            return Err(backend_with(context)(sqlx::Error::WorkerCrashed));
-        }
-        match deleted.await {
-            Ok(answer) => answer.map_err(backend_with(context)),
-            Err(_) => Err(backend_with(context)(sqlx::Error::WorkerCrashed)),
+        match self.ask(forget).await {
+            Some(answer) => answer.map_err(backend_with(context)),
+            None => Err(backend_with(context)(sqlx::Error::WorkerCrashed)),
         }
     }
 
@@ -364,14 +360,11 @@ impl DbKv {
         if let Some(environment) = prefix.strip_suffix('/') {
             self.accounts.forget(environment);
         }
-        let (done, dropped) = oneshot::channel();
-        let command = Command::LetGo {
+        let let_go = |done| Command::LetGo {
             prefix: prefix.to_string(),
             done,
         };
-        if self.commands.send(command).is_ok() {
-            let _ = dropped.await;
-        }
+        let _ = self.ask(let_go).await;
     }
 
     fn failed(&self, doing: String, source: impl std::fmt::Display) -> KvError {
@@ -419,17 +412,13 @@ impl DbKv {
     /// What the scopes of `environment` hold once the writes accepted before are committed.
     async fn count_usage(&self, environment: &str) -> Result<KvUsage, KvError> {
         let doing = || format!("cannot count what environment `{environment}` holds");
-        let (done, counted) = oneshot::channel();
-        let usage = Command::Usage {
+        let usage = |done| Command::Usage {
             environment: environment.to_string(),
             done,
         };
-        if self.commands.send(usage).is_err() {
-            return Err(self.failed(doing(), "the key/value writer has stopped"));
-        }
-        match counted.await {
-            Ok(answer) => answer.map_err(|e| self.failed(doing(), e)),
-            Err(_) => Err(self.failed(doing(), "the key/value writer has stopped")),
+        match self.ask(usage).await {
+            Some(answer) => answer.map_err(|e| self.failed(doing(), e)),
+            None => Err(self.failed(doing(), "the key/value writer has stopped")),
         }
     }
 
@@ -455,12 +444,19 @@ impl DbKv {
 
     /// Asks the writer to copy `scope` into memory; `false` if it has stopped.
     async fn copy_scope(&self, scope: &str) -> bool {
-        let (done, loaded) = oneshot::channel();
-        let load = Command::Load {
+        let load = |done| Command::Load {
             scope: scope.to_string(),
             done,
         };
-        self.commands.send(load).is_ok() && loaded.await.is_ok()
+        self.ask(load).await.is_some()
+    }
+
+    /// Sends the writer the command `make` builds around a reply channel and waits for the
+    /// reply; `None` if the writer has stopped.
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+        let (done, reply) = oneshot::channel();
+        self.commands.send(make(done)).ok()?;
+        reply.await.ok()
     }
 
     async fn list_keys(&self, scope: &str, prefix: &str) -> Result<Vec<String>, KvError> {

@@ -210,11 +210,17 @@ impl Store {
             // A replica stopped or cut off in the middle of a transaction holds its locks (the
             // fence's `FOR SHARE` among them, which a takeover waits for) until the server ends
             // the session: after 5 s idle in a transaction, not when TCP gives up minutes later.
-            .connect_with(
-                connect
-                    .application_name("orc-host")
-                    .options([("idle_in_transaction_session_timeout", "5s")]),
-            )
+            // A cut-off replica's sessions (its presence lock among them) end as fast: the
+            // server probes an idle connection after 5 s, each second, three times, and drops
+            // one whose data stays unacknowledged for 5 s (over TCP; a Unix socket has no use
+            // for them).
+            .connect_with(connect.application_name("orc-host").options([
+                ("idle_in_transaction_session_timeout", "5s"),
+                ("tcp_keepalives_idle", "5"),
+                ("tcp_keepalives_interval", "1"),
+                ("tcp_keepalives_count", "3"),
+                ("tcp_user_timeout", "5000"),
+            ]))
             .await
             .map_err(backend("connecting to PostgreSQL"))?;
         let store = Store {

@@ -5,6 +5,7 @@
 mod access;
 mod cases;
 mod clusters;
+mod commands;
 mod harness;
 mod ownership;
 
@@ -70,6 +71,7 @@ on_both_backends!(
         processes_are_revision_checked,
         connections_are_listed_oldest_first,
     ],
+    commands: [a_relayed_command_is_claimed_once_by_the_holder_or_withdrawn],
     ownership: [
         a_stale_owner_never_writes_after_a_takeover,
         a_released_environment_is_claimed_at_once,
