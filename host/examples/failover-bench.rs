@@ -10,7 +10,8 @@
 //! replica holds it (its `GET /api/v1/replicas`, polled every 2 ms), then until a request for
 //! it sent to a third replica is answered by the new owner (relayed through the database); a new
 //! replica replaces the killed one before the next run. Prints each run, the median and the
-//! worst, with the CPU model and load. The floor is the looker's period: a replica looks at the
+//! worst, with the CPU model and load; then what relaying costs: the mean time of a read asked
+//! of the owner (the floor) and of another replica, which relays it through the database. The floor is the looker's period: a replica looks at the
 //! leases every 1 s (less a random quarter), so a takeover can take up to that long plus the
 //! claim.
 
@@ -129,6 +130,35 @@ async fn main() -> Result<()> {
     }
     summary("takeover after SIGKILL", takeovers);
     summary("first answer after SIGKILL", answers);
+
+    // What relaying costs: the same read asked of the owner (the floor) and of another
+    // replica, alternating in rounds so that drift hits both.
+    let owner = until("an owner of prod", async || owner_of(&set[0], "prod").await).await?;
+    let direct = set
+        .iter()
+        .find(|h| address(h) == owner)
+        .context("the owner is one of the replicas")?;
+    let relayed = set.iter().find(|h| address(h) != owner).context("another replica")?;
+    let (mut floor, mut through) = (Duration::ZERO, Duration::ZERO);
+    const ROUNDS: u32 = 10;
+    const PER_ROUND: u32 = 50;
+    for _ in 0..ROUNDS {
+        for (host, total) in [(direct, &mut floor), (relayed, &mut through)] {
+            let started = Instant::now();
+            for _ in 0..PER_ROUND {
+                let (status, body) = host.get("/api/v1/environments/prod/intents").await?;
+                anyhow::ensure!(status.is_success(), "GET intents: {status} {body}");
+            }
+            *total += started.elapsed();
+        }
+    }
+    let (floor, through) = (floor / (ROUNDS * PER_ROUND), through / (ROUNDS * PER_ROUND));
+    println!(
+        "a read asked of the owner: {:.2} ms mean; of another replica (relayed): {:.2} ms mean, {:.1}× the owner's",
+        floor.as_secs_f64() * 1000.0,
+        through.as_secs_f64() * 1000.0,
+        through.as_secs_f64() / floor.as_secs_f64()
+    );
     println!("load average at end: {}", serve::load_average());
     for host in set {
         host.stop().await?;
