@@ -3,7 +3,9 @@
 //! admin; an environment is run by one replica at a time, and when its owner is killed
 //! outright in the middle of a deploy another takes it over within seconds and finishes it:
 //! every file right on disk, nothing left `deploying`, no resource deployed twice in the log; an
-//! owner paused past its lease changes nothing once it wakes, and rejoins.
+//! owner paused past its lease changes nothing once it wakes, and rejoins. Any replica answers
+//! any request (relayed to the owner, run once); 50 environments spread within one of even, and
+//! a drained replica's move to the others.
 
 // Test support: a failed unwrap is the test failing, where it failed.
 #![allow(clippy::unwrap_used)]
@@ -392,4 +394,97 @@ async fn a_paused_owner_changes_nothing_after_the_takeover_and_rejoins() {
     )
     .await;
     eprintln!("files the paused owner changed as it woke: {}", late.len());
+}
+
+/// What each live replica holds, by id, as `replica` sees it (the draining included).
+fn holdings(replica: &Served, token: &str) -> HashMap<String, Vec<String>> {
+    replica_set(replica, token)
+        .into_iter()
+        .filter(|r| r["live"] == true)
+        .map(|r| {
+            let held = r["holds"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| h["environment"].as_str().unwrap().to_string())
+                .collect();
+            (r["id"].as_str().unwrap().to_string(), held)
+        })
+        .collect()
+}
+
+/// Whether every one of `envs` is held once, and the holders' counts are within one of even
+/// (`skip`: a replica that should hold none).
+fn spread_evenly(held: &HashMap<String, Vec<String>>, envs: usize, skip: Option<&str>) -> Result<(), String> {
+    let counts: Vec<(String, usize)> = held
+        .iter()
+        .filter(|(id, _)| Some(id.as_str()) != skip)
+        .map(|(id, h)| (id.clone(), h.len()))
+        .collect();
+    let all: std::collections::HashSet<&String> = held.values().flatten().collect();
+    let total: usize = held.values().map(Vec::len).sum();
+    let (least, most) = (
+        counts.iter().map(|c| c.1).min().unwrap_or(0),
+        counts.iter().map(|c| c.1).max().unwrap_or(0),
+    );
+    let skipped = skip.map_or(0, |s| held.get(s).map_or(0, Vec::len));
+    (all.len() == envs && total == envs && most - least <= 1 && skipped == 0)
+        .then_some(())
+        .ok_or(format!(
+            "{} distinct, {total} held, counts {counts:?}, {skipped} on the drained one",
+            all.len()
+        ))
+}
+
+/// 50 environments over three replicas spread within one of even, each held once; draining
+/// one replica moves its environments to the other two, again within one of even, and nothing
+/// is lost: every environment keeps its version and has every resource deployed.
+#[tokio::test(flavor = "multi_thread")]
+async fn fifty_environments_spread_over_three_replicas_and_a_drain_moves_them() {
+    const ENVS: usize = 50;
+    let database = database().await;
+    let keys = tempfile::tempdir().unwrap();
+    let (set, token) = start_set(&database, keys.path(), 3);
+    let name = |i: usize| format!("env{i:02}");
+    for i in 0..ENVS {
+        let (status, made) = call(&set[i % 3], &token, "POST", "/environments", &json!({"name": name(i)}));
+        assert_eq!(status, 201, "{made}");
+        let intent = json!({"resources": [
+            {"id": format!("file[local,/{}-a]", name(i)), "adaptor": "file@0.1.0", "attributes": {"content": "a\n"}},
+            {"id": format!("file[local,/{}-b]", name(i)), "adaptor": "file@0.1.0", "attributes": {"content": "b\n"}},
+        ]});
+        let (status, version) = call(
+            &set[(i + 1) % 3],
+            &token,
+            "POST",
+            &format!("/environments/{}/intents", name(i)),
+            &intent,
+        );
+        assert_eq!(status, 201, "{version}");
+    }
+    wait_for("the environments spread within one of even", Duration::from_secs(60), async || {
+        spread_evenly(&holdings(&set[0], &token), ENVS, None)
+    })
+    .await;
+
+    let drained = holdings(&set[1], &token).into_iter().max_by_key(|(_, h)| h.len()).unwrap().0;
+    let (status, answer) = call(&set[2], &token, "POST", &format!("/replicas/{drained}/drain"), &Value::Null);
+    assert_eq!(status, 202, "{answer}");
+    wait_for("the drained replica's environments to move", Duration::from_secs(90), async || {
+        spread_evenly(&holdings(&set[0], &token), ENVS, Some(&drained))
+    })
+    .await;
+    for i in 0..ENVS {
+        wait_for(
+            "every environment deployed, on its one version",
+            Duration::from_secs(30),
+            async || {
+                let (_, env) = call(&set[i % 3], &token, "GET", &format!("/environments/{}", name(i)), &Value::Null);
+                (env["latest_version"] == 1 && env["resources"]["deployed"] == 2)
+                    .then_some(())
+                    .ok_or(env.to_string())
+            },
+        )
+        .await;
+    }
 }
