@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use orc_tests::server::{Served, body_of, request};
+use orc_tests::server::{Served, body_of, request, request_with};
 use orc_tests::sshd::{Sshd, TEST_USER};
 use orc_tests::wait_for;
 use serde_json::{Value, json};
@@ -487,4 +487,54 @@ async fn fifty_environments_spread_over_three_replicas_and_a_drain_moves_them() 
         )
         .await;
     }
+}
+
+/// A console session started on one replica is known to every other and outlives the replica
+/// it started on; signing out on one ends it on all.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_console_session_works_on_every_replica_and_outlives_its_own() {
+    let database = database().await;
+    let keys = tempfile::tempdir().unwrap();
+    let (mut set, token) = start_set(&database, keys.path(), 3);
+    let form = format!("token={token}");
+    let (status, answer) = request_with(
+        &set[0].addr,
+        "POST",
+        "/sign-in",
+        &[("content-type", "application/x-www-form-urlencoded")],
+        &form,
+    );
+    assert_eq!(status, 303, "{answer}");
+    let cookie = answer
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .and_then(|c| c.split(';').next())
+        .unwrap()
+        .to_string();
+    let page = |replica: &Served| request_with(&replica.addr, "GET", "/environments", &[("cookie", &cookie)], "");
+    for replica in &set {
+        let (status, answer) = page(replica);
+        assert_eq!(status, 200, "{answer}");
+    }
+    drop(set.remove(0).kill());
+    let (status, answer) = page(&set[0]);
+    assert_eq!(status, 200, "the session outlives the replica it started on: {answer}");
+
+    // Signing out needs the page's CSRF field.
+    let body = body_of(&answer);
+    let csrf = body
+        .split("name=\"_csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("a CSRF field in {body}"));
+    let (status, answer) = request_with(
+        &set[0].addr,
+        "POST",
+        "/sign-out",
+        &[("cookie", &cookie), ("content-type", "application/x-www-form-urlencoded")],
+        &format!("_csrf={csrf}"),
+    );
+    assert_eq!(status, 303, "{answer}");
+    let (status, answer) = page(&set[1]);
+    assert_eq!(status, 303, "signed out everywhere: {answer}");
 }

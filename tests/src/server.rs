@@ -136,15 +136,25 @@ impl Served {
 /// if given: the status and the whole answer, headers and body (a connection of its own,
 /// closed after; [`body_of`] takes the body).
 pub fn request(addr: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(auth) = &auth {
+        headers.push(("authorization", auth));
+    }
+    request_with(addr, method, path, &headers, body)
+}
+
+/// Like [`request`], with the header fields `headers` (a form, a cookie).
+pub fn request_with(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
     use std::io::{Read as _, Write as _};
     let mut stream = std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
     stream
         .set_read_timeout(Some(std::time::Duration::from_secs(120)))
         .expect("a read timeout");
-    let auth = token.map(|t| format!("authorization: Bearer {t}\r\n")).unwrap_or_default();
+    let fields: String = headers.iter().map(|(name, value)| format!("{name}: {value}\r\n")).collect();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{auth}connection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: {}\r\n{fields}connection: close\r\n\r\n{body}",
         body.len()
     )
     .expect("send the request");

@@ -15,7 +15,10 @@ use tokio::sync::watch;
 
 use super::{AccessError, App, EnvError};
 use crate::access::{Principal, Role, Scope, password};
-use crate::store::{AuditFilter, AuditId, AuditRecord, Membership, StoreError, TokenId, TokenRecord, UserChange, UserRecord, hash_token};
+use crate::store::{
+    AuditFilter, AuditId, AuditRecord, ConsoleSession, Membership, Millis, StoreError, TokenId, TokenRecord, UserChange, UserRecord,
+    hash_token,
+};
 
 /// Most principals kept; past it the cache starts over.
 const CACHE_ENTRIES: usize = 10_000;
@@ -108,6 +111,27 @@ pub(crate) fn new_secret() -> String {
 }
 
 impl App {
+    /// Records a console session (what its cookie stands for; `console::session` decides the
+    /// rest), forgetting those unused since `idle_before` and, past `max`, the least recent.
+    pub async fn start_console_session(&self, session: &ConsoleSession, idle_before: Millis, max: i64) -> Result<(), StoreError> {
+        self.store.start_console_session(session, idle_before, max).await
+    }
+
+    /// The console session whose cookie hashes to `key`, on whichever replica it started.
+    pub async fn console_session(&self, key: &str) -> Result<Option<ConsoleSession>, StoreError> {
+        self.store.find_console_session(key).await
+    }
+
+    /// Notes that console session `key` was used at `at`.
+    pub async fn touch_console_session(&self, key: &str, at: Millis) -> Result<(), StoreError> {
+        self.store.touch_console_session(key, at).await
+    }
+
+    /// Ends console session `key`, answering what it was.
+    pub async fn end_console_session(&self, key: &str) -> Result<Option<ConsoleSession>, StoreError> {
+        self.store.end_console_session(key).await
+    }
+
     /// Hashes a password on the password pool ([`super::sign_in`]), off the async workers.
     async fn hash_password(&self, password: String) -> Result<String, AccessError> {
         self.sign_in

@@ -240,7 +240,7 @@ async fn sign_in(
     let token = form.token.trim();
     let started = if !token.is_empty() {
         match app.authenticate(token).await {
-            Ok(Some(_)) => Ok(sessions.start(hash_token(token), None)),
+            Ok(Some(_)) => sessions.start(&app, hash_token(token), None).await.map_err(ApiError::from),
             Ok(None) => Err(ApiError::unauthorized_with(
                 "that token is not valid: unknown, revoked, or its user is disabled",
             )),
@@ -275,7 +275,13 @@ async fn sign_in(
             code: outcome.as_ref().err().map(|e| e.code.to_string()),
             source: source.map(|ip| ip.to_string()),
         });
-        outcome.map(|(view, secret)| sessions.start(hash_token(&secret), Some(view.record.id)))
+        match outcome {
+            Ok((view, secret)) => sessions
+                .start(&app, hash_token(&secret), Some(view.record.id))
+                .await
+                .map_err(ApiError::from),
+            Err(refusal) => Err(refusal),
+        }
     } else {
         Err(ApiError::unauthorized_with("give a token, or a user name and password"))
     };
@@ -514,7 +520,8 @@ async fn live(
         .map_err(refused)?;
     // It ends as the API's stream does when access is taken away, and when the session ends.
     let revoked = crate::api::events::revoked(app.clone(), signed_in.principal.clone(), key);
-    let ended = async move { sessions.ended(&signed_in).await };
+    let for_ended = app.clone();
+    let ended = async move { sessions.ended(&for_ended, &signed_in).await };
     // A comment first: some browsers (Firefox) say the stream is open only once a byte of it
     // arrives, and a proxy may hold the headers until then too.
     let opened =

@@ -9,11 +9,11 @@
 //!   constant time; a request whose `Origin` is not the console's own is refused first.
 //! - Signing out removes the session on the server (the cookie is worthless from then on), and
 //!   revokes the token a password sign-in made for it.
-//! - Sessions live in memory: a host restart signs everyone out.
+//! - Sessions are kept in the database: every replica knows each, and neither a restart nor a
+//!   replica's loss signs anyone out.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue, header};
 use subtle::ConstantTimeEq as _;
@@ -21,24 +21,21 @@ use subtle::ConstantTimeEq as _;
 use crate::access::Principal;
 use crate::app::App;
 use crate::app::new_secret;
-use crate::store::{TokenId, hash_token};
+use crate::store::{ConsoleSession, Millis, StoreError, hash_token, now_ms};
 
 /// The cookie's name.
 pub const COOKIE: &str = "orc_session";
 /// How long a session lasts without being used.
 const IDLE: Duration = Duration::from_secs(8 * 3600);
 /// The most sessions kept; past it, the least recently used goes.
-const MAX_SESSIONS: usize = 10_000;
+const MAX_SESSIONS: i64 = 10_000;
+/// A session's use is written down at most this often (what idleness is judged by).
+const TOUCH_EVERY: Millis = 60_000;
+/// How often a page's event stream looks whether its session ended on another replica.
+const ENDED_POLL: Duration = Duration::from_secs(5);
 
-/// One signed-in browser.
-#[derive(Clone)]
-struct Session {
-    /// The sha256 (hex) of the token the session acts with.
-    token_hash: String,
-    /// The token a password sign-in made for this session: revoked at sign-out.
-    own_token: Option<TokenId>,
-    csrf: String,
-    last_used: Instant,
+fn idle_ms() -> Millis {
+    i64::try_from(IDLE.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// A session as a request sees it.
@@ -50,10 +47,11 @@ pub struct SignedIn {
     key: String,
 }
 
-/// Every session, by the sha256 of its cookie's secret; `ended` counts the sessions ended, so
-/// that what follows a session (a page's event stream) stops with it.
+/// The sessions, kept in the database (every replica knows each); `ended` counts the sessions
+/// ended here, so that what follows a session (a page's event stream) stops with it at once
+/// (one ended on another replica is seen within [`ENDED_POLL`]).
 #[derive(Default)]
-pub struct Sessions(Mutex<HashMap<String, Session>>, tokio::sync::watch::Sender<u64>);
+pub struct Sessions(tokio::sync::watch::Sender<u64>);
 
 /// Why a request is not taken.
 #[derive(Debug, PartialEq, Eq)]
@@ -66,42 +64,39 @@ pub enum Refused {
 
 impl Sessions {
     /// Starts a session acting with the token whose hash is `token_hash`; the cookie's value.
-    pub fn start(&self, token_hash: String, own_token: Option<TokenId>) -> String {
+    pub async fn start(&self, app: &App, token_hash: String, own_token: Option<crate::store::TokenId>) -> Result<String, StoreError> {
         let secret = new_secret();
-        let mut sessions = self.0.lock().expect("sessions");
-        if sessions.len() >= MAX_SESSIONS
-            && let Some(oldest) = sessions.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone())
-        {
-            sessions.remove(&oldest);
-        }
-        sessions.insert(
-            hash_token(&secret),
-            Session {
-                token_hash,
-                own_token,
-                csrf: new_secret(),
-                last_used: Instant::now(),
-            },
-        );
-        secret
+        let now = now_ms();
+        let session = ConsoleSession {
+            key: hash_token(&secret),
+            token_hash,
+            own_token,
+            csrf: new_secret(),
+            last_used: now,
+        };
+        app.start_console_session(&session, now - idle_ms(), MAX_SESSIONS).await?;
+        Ok(secret)
     }
 
     /// The session of a request's cookie, its principal found again.
     pub async fn find(&self, app: &App, headers: &HeaderMap) -> Result<SignedIn, Refused> {
         let secret = cookie(headers, COOKIE).ok_or(Refused::SignedOut)?;
         let key = hash_token(&secret);
-        let session = {
-            let mut sessions = self.0.lock().expect("sessions");
-            let Some(session) = sessions.get_mut(&key) else {
-                return Err(Refused::SignedOut);
-            };
-            if session.last_used.elapsed() > IDLE {
-                sessions.remove(&key);
-                return Err(Refused::SignedOut);
-            }
-            session.last_used = Instant::now();
-            session.clone()
+        let unreadable = |e: StoreError| {
+            tracing::warn!(error = %orc_manifest::error_chain(&e), "cannot read a console session");
+            Refused::SignedOut
         };
+        let session = app.console_session(&key).await.map_err(unreadable)?.ok_or(Refused::SignedOut)?;
+        let now = now_ms();
+        if now - session.last_used > idle_ms() {
+            let _ = app.end_console_session(&key).await;
+            return Err(Refused::SignedOut);
+        }
+        if now - session.last_used > TOUCH_EVERY
+            && let Err(e) = app.touch_console_session(&key, now).await
+        {
+            tracing::debug!(error = %orc_manifest::error_chain(&e), "cannot note a console session's use");
+        }
         match app.authenticate_hash(&session.token_hash).await {
             Ok(Some(principal)) => Ok(SignedIn {
                 principal,
@@ -110,7 +105,7 @@ impl Sessions {
             }),
             // The token was revoked or its user disabled: the session is over.
             Ok(None) => {
-                self.0.lock().expect("sessions").remove(&key);
+                let _ = app.end_console_session(&key).await;
                 Err(Refused::SignedOut)
             }
             Err(e) => {
@@ -120,23 +115,27 @@ impl Sessions {
         }
     }
 
-    /// Completes once `signed_in`'s session has ended (signed out).
-    pub async fn ended(&self, signed_in: &SignedIn) {
-        let mut ends = self.1.subscribe();
+    /// Completes once `signed_in`'s session has ended (signed out, here or on another replica).
+    pub async fn ended(&self, app: &App, signed_in: &SignedIn) {
+        let mut ends = self.0.subscribe();
         loop {
-            if !self.0.lock().expect("sessions").contains_key(&signed_in.key) {
+            if matches!(app.console_session(&signed_in.key).await, Ok(None)) {
                 return;
             }
-            if ends.changed().await.is_err() {
-                return std::future::pending().await;
-            }
+            let _ = tokio::time::timeout(ENDED_POLL, ends.changed()).await;
         }
     }
 
     /// Ends `signed_in`'s session; the token a password sign-in made for it is revoked.
     pub async fn end(&self, app: &App, signed_in: &SignedIn) {
-        let removed = self.0.lock().expect("sessions").remove(&signed_in.key);
-        self.1.send_modify(|n| *n += 1);
+        let removed = match app.end_console_session(&signed_in.key).await {
+            Ok(removed) => removed,
+            Err(e) => {
+                tracing::warn!(error = %orc_manifest::error_chain(&e), "cannot end a console session");
+                None
+            }
+        };
+        self.0.send_modify(|n| *n += 1);
         if let Some(id) = removed.and_then(|s| s.own_token)
             && let Err(e) = app.delete_token(&signed_in.principal, &id).await
         {

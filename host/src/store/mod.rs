@@ -68,6 +68,7 @@ mod audit;
 mod cache;
 mod clusters;
 mod commands;
+mod console_sessions;
 mod environments;
 mod error;
 mod ids;
@@ -85,6 +86,7 @@ pub(crate) mod users;
 
 pub use clusters::{ClusterRecord, TemplateRecord};
 pub use commands::{CommandAnswer, CommandNews, CommandRecord, CommandState};
+pub use console_sessions::ConsoleSession;
 pub use error::StoreError;
 pub use ids::*;
 pub use kv::DbKv;
@@ -477,6 +479,11 @@ const SQLITE_MIGRATIONS: Embedded = &[
     (10, "audit_source", include_str!("../../migrations/sqlite/0010_audit_source.sql")),
     (11, "ownership", include_str!("../../migrations/sqlite/0011_ownership.sql")),
     (12, "commands", include_str!("../../migrations/sqlite/0012_commands.sql")),
+    (
+        13,
+        "console_sessions",
+        include_str!("../../migrations/sqlite/0013_console_sessions.sql"),
+    ),
 ];
 const POSTGRES_MIGRATIONS: Embedded = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -491,6 +498,11 @@ const POSTGRES_MIGRATIONS: Embedded = &[
     (10, "audit_source", include_str!("../../migrations/postgres/0010_audit_source.sql")),
     (11, "ownership", include_str!("../../migrations/postgres/0011_ownership.sql")),
     (12, "commands", include_str!("../../migrations/postgres/0012_commands.sql")),
+    (
+        13,
+        "console_sessions",
+        include_str!("../../migrations/postgres/0013_console_sessions.sql"),
+    ),
 ];
 
 fn migrator(embedded: Embedded) -> Migrator {
