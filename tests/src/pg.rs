@@ -37,7 +37,7 @@ pub async fn fresh_database() -> Result<String> {
 }
 
 /// `postgres://u@h:p/db?x` → the same with database `name`.
-fn with_database(url: &str, name: &str) -> String {
+pub fn with_database(url: &str, name: &str) -> String {
     let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
     let authority_end = base.find("://").map_or(0, |i| i + 3);
     let base = match base[authority_end..].find('/') {

@@ -622,7 +622,7 @@ impl PgDatabase {
         admin.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}"))).await?;
         admin.close().await?;
         Ok(PgDatabase {
-            url: with_database(admin_url, &name),
+            url: orc_tests::pg::with_database(admin_url, &name),
             admin_url: admin_url.to_string(),
             name,
         })
@@ -635,19 +635,5 @@ impl PgDatabase {
             .execute(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)))
             .await?;
         Ok(())
-    }
-}
-
-/// `postgres://u@h:p/db?x` → the same with database `name`.
-fn with_database(url: &str, name: &str) -> String {
-    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
-    let authority_end = base.find("://").map_or(0, |i| i + 3);
-    let base = match base[authority_end..].find('/') {
-        Some(slash) => &base[..authority_end + slash],
-        None => base,
-    };
-    match query {
-        Some(q) => format!("{base}/{name}?{q}"),
-        None => format!("{base}/{name}"),
     }
 }

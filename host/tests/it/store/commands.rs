@@ -11,7 +11,7 @@ use anyhow::{Result, ensure};
 use orc_host::policy::settings::EnvironmentSettings;
 use orc_host::store::{CommandAnswer, CommandId, CommandRecord, CommandState, EnvironmentId, ReplicaId};
 
-use super::harness::TestDb;
+use super::harness::{Dice, TestDb};
 
 const COMMANDS: usize = 300;
 const REPLICAS: usize = 3;
@@ -28,18 +28,6 @@ fn command(env: EnvironmentId, by: ReplicaId, i: usize) -> CommandRecord {
         body: format!("{{\"n\":{i}}}").into_bytes(),
         credential: "hash".into(),
         submitted_by: by,
-    }
-}
-
-/// A small seeded generator (xorshift64*).
-struct Dice(u64);
-
-impl Dice {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
     }
 }
 

@@ -40,3 +40,16 @@ pub async fn postgres() -> Result<TestDb> {
         _dir: None,
     })
 }
+
+/// A small seeded generator (xorshift64*): the seed is printed by the tests that use it, so
+/// that a failing mix of choices can be told apart from another.
+pub struct Dice(pub u64);
+
+impl Dice {
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}

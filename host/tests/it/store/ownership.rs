@@ -10,7 +10,7 @@ use anyhow::{Result, ensure};
 use orc_host::policy::settings::EnvironmentSettings;
 use orc_host::store::{ActionFilter, ActionId, ActionKind, ActionRecord, EnvironmentId, Fence, ReplicaId, Store, StoreError};
 
-use super::harness::TestDb;
+use super::harness::{Dice, TestDb};
 
 /// The lease every contender takes: short, so that pauses outlast it often.
 const TTL: Duration = Duration::from_millis(250);
@@ -18,19 +18,6 @@ const TTL: Duration = Duration::from_millis(250);
 const RUN: Duration = Duration::from_secs(3);
 const CONTENDERS: usize = 3;
 const ENVIRONMENTS: usize = 2;
-
-/// A small seeded generator (xorshift64*): the seed is printed, so that a failing mix of
-/// choices can be told apart from another.
-struct Dice(u64);
-
-impl Dice {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
-    }
-}
 
 /// A claim that succeeded, when its answer came back.
 struct Claimed {
