@@ -97,6 +97,10 @@ pub struct Metrics {
     losses: Counter,
     /// Environments this replica holds.
     held: Gauge,
+    /// Writes the database refused by their fence (`Store::fenced_writes`, read at each scrape).
+    fenced_writes: Counter,
+    /// Seconds since this replica last renewed its leases (read at each scrape).
+    lease_age: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -165,7 +169,21 @@ impl Metrics {
         );
         let held = Gauge::default();
         registry.register("environments_held", "Environments this replica runs", held.clone());
+        let fenced_writes = Counter::default();
+        registry.register(
+            "fenced_writes",
+            "Writes for an environment refused because this replica no longer held it under the epoch they were made in (the action log, states, events, plugin state, jobs)",
+            fenced_writes.clone(),
+        );
+        let lease_age = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "lease_renewal_age_seconds",
+            "Seconds since this replica last renewed its leases (past the self-fencing time, 3 s, it stops every environment it runs)",
+            lease_age.clone(),
+        );
         Metrics {
+            fenced_writes,
+            lease_age,
             takeovers,
             losses,
             held,
@@ -293,6 +311,16 @@ impl Metrics {
     pub fn lost(&self, held: usize) {
         self.losses.inc();
         self.held.set(held as i64);
+    }
+
+    /// What is read rather than counted: the writes refused by their fence so far, and how long
+    /// ago the leases were renewed.
+    pub fn replica(&self, fenced_writes: u64, lease_age: std::time::Duration) {
+        let counted = self.fenced_writes.get();
+        if fenced_writes > counted {
+            self.fenced_writes.inc_by(fenced_writes - counted);
+        }
+        self.lease_age.set(lease_age.as_secs_f64());
     }
 
     /// This replica now holds `held` environments.

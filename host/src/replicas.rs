@@ -79,8 +79,13 @@ impl Renewals {
         let Some(limit) = self.self_fence else {
             return true;
         };
+        self.age() < limit
+    }
+
+    /// How long ago the last renewal that succeeded was sent (since the start, if none was).
+    pub fn age(&self) -> Duration {
         let renewed = Duration::from_millis(self.renewed_ms.load(std::sync::atomic::Ordering::SeqCst));
-        self.start.elapsed().saturating_sub(renewed) < limit
+        self.start.elapsed().saturating_sub(renewed)
     }
 }
 

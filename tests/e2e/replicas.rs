@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use orc_tests::server::{Served, body_of, request, request_with};
+use orc_tests::sse::{SseEvent, SseStream};
 use orc_tests::sshd::{Sshd, TEST_USER};
 use orc_tests::wait_for;
 use serde_json::{Value, json};
@@ -227,6 +228,13 @@ async fn a_killed_owner_is_replaced_and_the_deploy_finishes() {
                 "attributes": {"content": content(i), "mode": "0644"}})
         })
         .collect();
+    // Two readers of the event stream: one on a replica that is not the owner, which reads it
+    // through the failover; one on the owner, which resumes on another replica once its own is
+    // killed.
+    const EVENTS: &str = "/api/v1/environments/prod/events";
+    let through = SseStream::open(&set[other].addr, EVENTS, &token, None);
+    let on_owner = SseStream::open(&set[at].addr, EVENTS, &token, None);
+    assert_eq!((through.status, on_owner.status), (200, 200));
     let (status, answer) = call(
         &set[other],
         &token,
@@ -258,6 +266,12 @@ async fn a_killed_owner_is_replaced_and_the_deploy_finishes() {
     let took = killed_at.elapsed();
     eprintln!("takeover after SIGKILL: {} ms", took.as_millis());
     let new_owner = set.iter().find(|r| r.addr == new_owner).unwrap();
+
+    // The owner's reader lost its stream with its replica; it resumes on the survivor.
+    let before_kill = drain(&on_owner, None);
+    let resumed_after = before_kill.last().and_then(|e| e.id.clone()).expect("events before the kill");
+    let resumed = SseStream::open(&survivor, EVENTS, &token, Some(&resumed_after));
+    assert_eq!(resumed.status, 200);
 
     wait_for("every resource deployed", Duration::from_secs(120), async || {
         let (_, env) = call(new_owner, &token, "GET", "/environments/prod", &Value::Null);
@@ -298,6 +312,59 @@ async fn a_killed_owner_is_replaced_and_the_deploy_finishes() {
     assert_eq!(succeeded.len(), FILES, "every resource has its successful deploy");
     let twice: Vec<_> = succeeded.iter().filter(|(_, actions)| actions.len() > 1).collect();
     assert!(twice.is_empty(), "deployed twice: {twice:?}");
+
+    // The streams: what the reader through the failover got is the whole recorded stream (read
+    // again from its start), and the resumed reader got the same, with no gap and nothing twice.
+    let whole = drain(&through, None);
+    let last = whole.last().and_then(|e| e.id.clone()).expect("events");
+    let recorded = drain(&SseStream::open(&new_owner.addr, EVENTS, &token, Some("0")), Some(&last));
+    let mut joined = before_kill.clone();
+    joined.extend(drain(&resumed, Some(&last)));
+    assert_eq!(
+        whole.len(),
+        recorded.len(),
+        "the stream through the failover has every recorded event"
+    );
+    assert!(whole == recorded, "the stream through the failover is the recorded one");
+    assert!(joined == whole, "the resumed stream has every event once, in order");
+    let ids: Vec<i64> = whole.iter().map(|e| e.id.as_deref().unwrap().parse().unwrap()).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "numbers increase");
+    let deployed_states: std::collections::HashSet<String> = whole
+        .iter()
+        .filter(|e| e.name == "state")
+        .map(|e| serde_json::from_str::<Value>(&e.data).unwrap())
+        .filter(|state| state["status"] == "deployed")
+        .map(|state| state["resource"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(deployed_states.len(), FILES, "every resource's `deployed` is in the stream");
+    let deploys = whole
+        .iter()
+        .filter(|e| e.name == "action")
+        .map(|e| serde_json::from_str::<Value>(&e.data).unwrap())
+        .filter(|a| a["report"]["outcome"] == "changed" || a["report"]["outcome"] == "unchanged")
+        .count();
+    assert_eq!(deploys, FILES, "one successful action event per resource");
+}
+
+/// The events of `stream` until the one numbered `until` (or until none comes for 3 s, or the
+/// stream ends).
+fn drain(stream: &SseStream, until: Option<&str>) -> Vec<SseEvent> {
+    let mut events = Vec::new();
+    while let Some(event) = stream.next(Duration::from_secs(if until.is_some() { 30 } else { 3 })) {
+        let done = until.is_some() && event.id.as_deref() == until;
+        events.push(event);
+        if done {
+            break;
+        }
+    }
+    if let Some(until) = until {
+        assert_eq!(
+            events.last().and_then(|e| e.id.as_deref()),
+            Some(until),
+            "the stream reached {until}"
+        );
+    }
+    events
 }
 
 /// The owner is stopped (SIGSTOP) in the middle of a deploy for longer than its lease: its

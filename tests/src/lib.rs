@@ -1,12 +1,14 @@
 //! Test support for the whole workspace: the end-to-end tests' helpers (find the workspace's
 //! binaries and run them), and what the other crates' integration tests share — a real OpenSSH
-//! `sshd` ([`sshd`]), a real PostgreSQL ([`pg`]), a real `orc-host serve` ([`server`]), the
-//! guides' command blocks ([`guide`]), and polling for a condition ([`wait_for`]).
+//! `sshd` ([`sshd`]), a real PostgreSQL ([`pg`]), a real `orc-host serve` ([`server`]) and its
+//! event streams ([`sse`]), the guides' command blocks ([`guide`]), and polling for a
+//! condition ([`wait_for`]).
 //! Depends on no crate of this workspace, so any crate can take it as a dev-dependency.
 
 pub mod guide;
 pub mod pg;
 pub mod server;
+pub mod sse;
 pub mod sshd;
 mod wait;
 

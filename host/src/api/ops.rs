@@ -27,6 +27,7 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// `GET /metrics`.
 pub async fn metrics(State(app): State<Arc<App>>) -> Response {
+    app.read_replica_metrics();
     metrics_response(app.metrics())
 }
 

@@ -17,6 +17,7 @@ mod audit;
 pub mod clusters;
 mod environments;
 mod error;
+mod events;
 mod nodes;
 mod operations;
 mod ownership;
@@ -34,6 +35,7 @@ pub(crate) use access::new_secret;
 pub use access::{NewUser, ScopeRequest, TokenView, UserPatch};
 pub use environments::settings_tag;
 pub use error::{AccessError, StartError};
+pub use events::Followed;
 pub use ownership::{HeldView, ReplicaView};
 pub use relay::{CommandRunner, RelayError};
 pub use resources::DesiredResource;
@@ -93,6 +95,8 @@ pub struct App {
     sign_in: sign_in::SignInGate,
     /// The bound of each event stream subscriber's queue, in bytes.
     event_buffer_bytes: usize,
+    /// How long recorded events are kept (`HostConfig::event_log_s`).
+    event_log: Duration,
     /// Which environments this replica runs ([`ownership`]).
     ownership: ownership::Ownership,
     /// This `App`, for the tasks a request starts (an environment taken resumes its watchers).
@@ -165,6 +169,7 @@ impl App {
             service_docs: services::ServiceDocs::default(),
             sign_in: sign_in::SignInGate::new(&config.sign_in),
             event_buffer_bytes: config.event_buffer_bytes,
+            event_log: Duration::from_secs(config.event_log_s),
         });
         app.follow_access_changes();
         Ok(app)

@@ -187,11 +187,18 @@ impl App {
         Err(elsewhere(None))
     }
 
-    /// Enters a claimed environment in what is held (under `claiming`), and counts it.
+    /// Enters a claimed environment in what is held (under `claiming`), and counts it; its
+    /// plugins' state is written under the fence from now on.
     fn now_holds(&self, fence: Fence) {
+        self.kv.write_under(&fence);
         let mut held = self.ownership.held();
         held.insert(fence.env, fence);
         self.metrics.took_over(held.len());
+    }
+
+    /// Sets the metrics that are read rather than counted: the fenced writes, the lease age.
+    pub fn read_replica_metrics(&self) {
+        self.metrics.replica(self.store.fenced_writes(), self.ownership.renewals.age());
     }
 
     /// Claims `env` (taking it from `gone`, a replica known to have ended, if it holds it) and
@@ -240,6 +247,7 @@ impl App {
             held.remove(env);
             self.metrics.lost(held.len());
         }
+        self.kv.stop_writing(env);
         self.ownership.end_tenure(env);
         let running = self.running.lock().await.remove(env);
         tracing::warn!(environment = %env, replica = %self.ownership.me, epoch = fence.epoch, why, "environment lost: stopped here");
@@ -263,6 +271,8 @@ impl App {
             self.metrics.forget(&running.name);
             running.scheduler.stop().await;
         }
+        // What its actions accepted until now commits under the epoch, which is still its own.
+        self.kv.stop_writing(env);
         own.end_tenure(env);
         let was_held = {
             let mut held = own.held();

@@ -16,7 +16,7 @@ use crate::intent::Intent;
 use crate::intent::pinning::{self, LOCAL_NODE};
 use crate::policy::outbound;
 use crate::policy::settings::{CapabilitySettings, EnvironmentSettings};
-use crate::scheduler::events::{EnvironmentSink, EventStream, StatusCounts};
+use crate::scheduler::events::{EnvironmentSink, EventStream, Numbering, StatusCounts};
 use crate::scheduler::persistence::{self, StoreSink};
 use crate::scheduler::{Scheduler, Settings, Start, Unavailable, Version};
 use crate::store::{Environment, EnvironmentId};
@@ -332,6 +332,7 @@ impl App {
             resumed.states.iter().map(|s| (s.resource_id.as_str(), s.status, s.version)),
         ));
         let process_news = Arc::new(crate::app::processes::ProcessNews::seeded(&resumed.states));
+        let numbering = Numbering::after(self.store.last_event_seq(&env.id).await?, fence.epoch, self.event_log);
         let sink = Arc::new(
             EnvironmentSink::new(
                 StoreSink::new(self.store.clone(), env.id)
@@ -341,6 +342,7 @@ impl App {
                 stream.clone(),
                 observers,
                 counts.clone(),
+                numbering,
             )
             .followed_by(process_news.clone()),
         );

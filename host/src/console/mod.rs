@@ -514,10 +514,25 @@ async fn live(
     use futures::StreamExt;
     let signed_in = authorize(&app, &sessions, &headers, Method::GET, "/environments/{env}/events", Some(&key)).await?;
     // Only that something changed: the page reads itself again, so nothing is queued for it.
-    let subscription = app
-        .subscribe(&key, crate::scheduler::subscribers::Want::Counts)
-        .await
-        .map_err(refused)?;
+    // On the owner, the count of batches its scheduler recorded; on another replica, the events
+    // it reads as they are recorded, counted as they come.
+    let changes = match app.subscribe(&key, crate::scheduler::subscribers::Want::Counts).await {
+        Ok(subscription) => subscription
+            .into_stream()
+            .map(|delivery| match delivery {
+                crate::scheduler::subscribers::Delivery::Changed(n) => n,
+                _ => 1,
+            })
+            .boxed(),
+        Err(crate::app::EnvError::Elsewhere { .. }) => {
+            let followed = app.follow(&key, None).await.map_err(refused)?;
+            tokio_stream::wrappers::ReceiverStream::new(followed)
+                .ready_chunks(1024)
+                .map(|c| c.len())
+                .boxed()
+        }
+        Err(e) => return Err(refused(e)),
+    };
     // It ends as the API's stream does when access is taken away, and when the session ends.
     let revoked = crate::api::events::revoked(app.clone(), signed_in.principal.clone(), key);
     let for_ended = app.clone();
@@ -527,13 +542,9 @@ async fn live(
     let opened =
         futures::stream::once(async { Ok::<_, std::convert::Infallible>(axum::response::sse::Event::default().comment("following")) });
     let stream = opened
-        .chain(subscription.into_stream().map(|delivery| {
-            let n = match delivery {
-                crate::scheduler::subscribers::Delivery::Changed(n) => n,
-                _ => 1,
-            };
-            Ok::<_, std::convert::Infallible>(axum::response::sse::Event::default().event("changed").data(n.to_string()))
-        }))
+        .chain(
+            changes.map(|n| Ok::<_, std::convert::Infallible>(axum::response::sse::Event::default().event("changed").data(n.to_string()))),
+        )
         .take_until(async move {
             tokio::select! {
                 () = revoked => {}

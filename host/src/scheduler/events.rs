@@ -7,15 +7,19 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher as _, RandomState};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::scheduler::ResourceStatus;
 use crate::scheduler::persistence::StoreSink;
 use crate::scheduler::subscribers::{Fanout, StreamStats, Subscription, Want};
 use crate::scheduler::{BoxFuture, Event, Sink};
+use crate::store::{Epoch, EventLog, Millis, first_seq_of, now_ms};
 
-/// One event as watchers receive it: its name (`state` or `action`) and its JSON.
+/// One event as watchers receive it: its number in the environment's stream, its name
+/// (`state`, `action` or `released`) and its JSON.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Published {
+    pub seq: i64,
     pub name: &'static str,
     pub data: String,
 }
@@ -57,22 +61,64 @@ impl EventStream {
     pub fn subscribe(&self, want: Want) -> Subscription {
         self.fanout.subscribe(want)
     }
-
-    /// `events` serialised, when someone watches.
-    fn prepare(&self, events: &[Event]) -> Option<Batch> {
-        self.fanout.is_watched().then(|| events.iter().map(published).collect())
-    }
 }
 
-fn published(event: &Event) -> Published {
+fn published(seq: i64, event: &Event) -> Published {
     let name = match event {
         Event::State(_) => "state",
         Event::Action { .. } => "action",
         Event::Released { .. } => "released",
     };
     Published {
+        seq,
         name,
         data: serde_json::to_string(event).expect("events serialise"),
+    }
+}
+
+/// How an owner numbers the events it records (see `store::events`), and how long the store
+/// keeps them.
+pub struct Numbering {
+    /// The next number to hand out.
+    next: i64,
+    /// The last number handed out (`None`: none ever was).
+    prev: Option<i64>,
+    keep: Duration,
+    /// When recorded events were last forgotten.
+    forgot: Option<Instant>,
+}
+
+/// How often an owner forgets the events older than it keeps.
+const FORGET_EVERY: Duration = Duration::from_secs(60);
+
+impl Numbering {
+    /// Numbering on from `last` (the last number recorded), never below what `epoch` may hand
+    /// out; events are kept for `keep`.
+    pub fn after(last: Option<i64>, epoch: Epoch, keep: Duration) -> Numbering {
+        Numbering {
+            next: last.map_or(0, |l| l + 1).max(first_seq_of(epoch)),
+            prev: last,
+            keep,
+            forgot: None,
+        }
+    }
+
+    /// Numbers for `n` events: the first, and the last handed out before them.
+    fn take(&mut self, n: usize) -> (i64, Option<i64>) {
+        let first = self.next;
+        let prev = self.prev;
+        self.next += n as i64;
+        self.prev = Some(self.next - 1);
+        (first, prev)
+    }
+
+    /// Before when recorded events are forgotten with this batch, once a minute.
+    fn forget_before(&mut self) -> Option<Millis> {
+        if self.forgot.is_some_and(|at| at.elapsed() < FORGET_EVERY) {
+            return None;
+        }
+        self.forgot = Some(Instant::now());
+        Some(now_ms() - self.keep.as_millis() as i64)
     }
 }
 
@@ -82,8 +128,8 @@ const STATUSES: usize = ResourceStatus::ALL.len();
 /// `GET /environments/{env}` answers without counting the environment's rows in the store. They
 /// move only once a batch is written (never ahead of the store), and mirror what the batch did to
 /// the rows: a state upserts its resource's row (status, version); a release removes the rows it
-/// dropped and makes the others its own (`Store::renew_states`), a complete one the rows of every
-/// other version (`Store::delete_states_outside`). Seeded from the states read when the
+/// dropped and makes the others its own, a complete one the rows of every other version
+/// (`store::Renewal`). Seeded from the states read when the
 /// environment resumes; the scheduler's sink is the only writer of an environment's states
 /// after that. A batch the store could not take leaves the counts unknown: readers count in
 /// the store from then on.
@@ -214,23 +260,32 @@ impl Counted {
     }
 }
 
-/// The sink of a server-side scheduler: store, then stream and followers.
+/// The sink of a server-side scheduler: store (the states, actions and numbered events of each
+/// batch in one transaction), then stream and followers.
 pub struct EnvironmentSink {
     store: StoreSink,
     stream: EventStream,
     observers: Vec<Arc<dyn Observer>>,
     followers: Vec<Arc<dyn Follower>>,
     counts: Arc<StatusCounts>,
+    numbering: Mutex<Numbering>,
 }
 
 impl EnvironmentSink {
-    pub fn new(store: StoreSink, stream: EventStream, observers: Vec<Arc<dyn Observer>>, counts: Arc<StatusCounts>) -> EnvironmentSink {
+    pub fn new(
+        store: StoreSink,
+        stream: EventStream,
+        observers: Vec<Arc<dyn Observer>>,
+        counts: Arc<StatusCounts>,
+        numbering: Numbering,
+    ) -> EnvironmentSink {
         EnvironmentSink {
             store,
             stream,
             observers,
             followers: Vec::new(),
             counts,
+            numbering: Mutex::new(numbering),
         }
     }
 
@@ -247,11 +302,30 @@ impl Sink for EnvironmentSink {
             for observer in &self.observers {
                 observer.observe(&events);
             }
-            // Serialised before the write (which consumes the events), sent after it.
-            let batch = self.stream.prepare(&events);
+            // Numbered and serialised before the write (which consumes the events), recorded
+            // with it, and sent after it.
+            let ((first, prev), forget) = {
+                let mut numbering = self.numbering.lock().expect("numbering");
+                (numbering.take(events.len()), numbering.forget_before())
+            };
+            let batch: Vec<Published> = events.iter().enumerate().map(|(i, e)| published(first + i as i64, e)).collect();
+            let mut lines = String::with_capacity(batch.iter().map(|p| p.name.len() + p.data.len() + 2).sum());
+            for p in &batch {
+                lines.push_str(p.name);
+                lines.push(' ');
+                lines.push_str(&p.data);
+                lines.push('\n');
+            }
+            let log = (!batch.is_empty()).then(|| EventLog {
+                first_seq: first,
+                last_seq: first + batch.len() as i64 - 1,
+                prev_seq: prev,
+                events: &lines,
+                recorded_at: now_ms(),
+            });
             let deliveries: Vec<Delivery> = self.followers.iter().filter_map(|f| f.pick(&events)).collect();
             let staged = self.counts.stage(&events);
-            let persisted = self.store.persist(events).await;
+            let persisted = self.store.persist_logged(events, log, forget).await;
             if persisted {
                 self.counts.persisted(staged);
             } else {
@@ -260,8 +334,8 @@ impl Sink for EnvironmentSink {
             for delivery in deliveries {
                 delivery(persisted);
             }
-            if let Some(batch) = batch {
-                self.stream.fanout.send(batch);
+            if self.stream.fanout.is_watched() {
+                self.stream.fanout.send(batch.into());
             }
         })
     }
@@ -284,6 +358,27 @@ mod tests {
     fn record(counts: &StatusCounts, events: &[Event]) {
         let staged = counts.stage(events);
         counts.persisted(staged);
+    }
+
+    #[test]
+    fn numbers_go_on_from_the_last_recorded_and_never_below_the_epoch() {
+        let keep = Duration::from_secs(3600);
+        let mut first = Numbering::after(None, 1, keep);
+        assert_eq!(first.take(3), (1 << 32, None));
+        assert_eq!(first.take(2), ((1 << 32) + 3, Some((1 << 32) + 2)));
+        // A takeover: the next epoch's numbers, naming the old owner's last as the one before.
+        let mut second = Numbering::after(Some((1 << 32) + 4), 2, keep);
+        assert_eq!(second.take(1), (2 << 32, Some((1 << 32) + 4)));
+        // The same owner's scheduler started again: on from the last recorded.
+        let mut again = Numbering::after(Some((2 << 32) + 7), 2, keep);
+        assert_eq!(again.take(1), ((2 << 32) + 8, Some((2 << 32) + 7)));
+        // Numbers handed out beyond an epoch's room are never handed out again.
+        let mut crowded = Numbering::after(Some((3 << 32) + 5), 2, keep);
+        assert_eq!(crowded.take(1).0, (3 << 32) + 6);
+        // Forgetting rides on one batch a minute, older than what is kept.
+        let before = again.forget_before().expect("the first batch forgets");
+        assert!((now_ms() - 3_600_000 - before).abs() < 1_000, "{before}");
+        assert_eq!(again.forget_before(), None, "not again within the minute");
     }
 
     #[test]

@@ -11,7 +11,9 @@ use orc_node::{NodeDirectory, NodeError};
 
 use super::ErrorInfo;
 use crate::scheduler::{BoxFuture, Event, Sink, Trigger};
-use crate::store::{ActionId, ActionKind, ActionRecord, DbKv, EnvironmentId, Fence, ResourceState, Store, StoreError};
+use crate::store::{
+    ActionId, ActionKind, ActionRecord, DbKv, EnvironmentId, EventLog, Fence, Millis, Progress, Renewal, ResourceState, Store, StoreError,
+};
 
 /// Attempts at writing one batch, the first retry after [`FIRST_RETRY`], doubling: about 6 s in
 /// all. The scheduler's writer waits meanwhile (events queue up in order behind the batch).
@@ -99,7 +101,7 @@ impl StoreSink {
         }
     }
 
-    async fn write(&self, events: Vec<Event>) -> Result<(), BatchError> {
+    async fn write(&self, events: Vec<Event>, log: Option<EventLog<'_>>, forget_events_before: Option<Millis>) -> Result<(), BatchError> {
         // The last state of a resource in a batch is the one that counts.
         let mut states: HashMap<String, ResourceState> = HashMap::with_capacity(events.len());
         let mut actions = Vec::new();
@@ -141,10 +143,23 @@ impl StoreSink {
         }
         let states: Vec<ResourceState> = states.into_values().collect();
         // One transaction: a crash keeps a batch whole or drops it whole, so no resource is
-        // stored `deployed` without the action that deployed it. A time the scheduler leaves
-        // `None` (unchanged) keeps the stored one, also across a restart's re-release. Being one
-        // transaction, a batch can be retried: a database that is briefly away (a restart, a
-        // fail-over) loses nothing.
+        // stored `deployed` without the action that deployed it, and the stream holds what the
+        // states say. A release comes last in its batch: every state it handed over is stored
+        // by then (a crash before it is made good by the complete release at the next start).
+        // A time the scheduler leaves `None` (unchanged) keeps the stored one, also across a
+        // restart's re-release. Being one transaction, a batch can be retried: a database that
+        // is briefly away (a restart, a fail-over) loses nothing.
+        let progress = Progress {
+            states: &states,
+            actions: &actions,
+            renewal: released.as_ref().map(|(version, dropped, complete)| Renewal {
+                version: *version,
+                complete: *complete,
+                dropped,
+            }),
+            events: log,
+            forget_events_before,
+        };
         let mut delay = FIRST_RETRY;
         let mut attempt = 1;
         let started = std::time::Instant::now();
@@ -153,32 +168,11 @@ impl StoreSink {
             // in this batch is stored before what its actions wrote is durable.
             let written = match self.fences().await {
                 Err(e) => Err(BatchError::Nodes(e)),
-                Ok(()) => match self
+                Ok(()) => self
                     .store
-                    .record_progress(&self.environment, self.fence.as_ref(), &states, &actions)
+                    .record_progress(&self.environment, self.fence.as_ref(), &progress)
                     .await
-                {
-                    // Every state the release handed over is stored by now (before the
-                    // release): a complete one leaves outside the version only what it dropped;
-                    // otherwise the dropped go and the rest, unchanged, now belong to it. A crash
-                    // before this runs is made good by the (complete) release at the next start.
-                    Ok(()) => match &released {
-                        Some((version, _, true)) => self
-                            .store
-                            .delete_states_outside(&self.environment, *version)
-                            .await
-                            .map(drop)
-                            .map_err(BatchError::from),
-                        Some((version, dropped, false)) => self
-                            .store
-                            .renew_states(&self.environment, *version, dropped)
-                            .await
-                            .map(drop)
-                            .map_err(BatchError::from),
-                        None => Ok(()),
-                    },
-                    Err(e) => Err(BatchError::from(e)),
-                },
+                    .map_err(BatchError::from),
             };
             match written {
                 Ok(()) => {
@@ -202,8 +196,14 @@ impl StoreSink {
 impl StoreSink {
     /// Writes one batch (retrying a while); `false` if it was given up.
     pub async fn persist(&self, events: Vec<Event>) -> bool {
+        self.persist_logged(events, None, None).await
+    }
+
+    /// [`StoreSink::persist`], with the batch's events for the stream (`log`) and the events
+    /// recorded before `forget_events_before` forgotten, in the same transaction.
+    pub async fn persist_logged(&self, events: Vec<Event>, log: Option<EventLog<'_>>, forget_events_before: Option<Millis>) -> bool {
         let n = events.len();
-        match self.write(events).await {
+        match self.write(events, log, forget_events_before).await {
             Ok(()) => true,
             Err(e) => {
                 // Given up after the retries. The scheduler's memory stays right: a resource's

@@ -226,6 +226,7 @@ mod tests {
     fn batch(events: usize, bytes_each: usize) -> Batch {
         (0..events)
             .map(|_| Published {
+                seq: 0,
                 name: "state",
                 data: "x".repeat(bytes_each - "state".len()),
             })

@@ -50,6 +50,9 @@ pub struct HostConfig {
     /// Bytes of events each event stream subscriber may fall behind by before it is told it
     /// lagged and its stream ends (a reader that does not read costs at most this).
     pub event_buffer_bytes: usize,
+    /// How long each environment's recorded events are kept, in seconds: a client whose
+    /// stream broke resumes (`Last-Event-ID`) on any replica if it comes back within this.
+    pub event_log_s: u64,
     /// Where operators and the other replicas reach this replica's API (`GET /api/v1/replicas`,
     /// and the owner a `run_elsewhere` answer names), as `host:port` or a URL; default: the
     /// address it listens on.
@@ -75,6 +78,7 @@ impl Default for HostConfig {
             secrets: BTreeMap::new(),
             sign_in: SignInLimits::default(),
             event_buffer_bytes: DEFAULT_BUFFER_BYTES,
+            event_log_s: 3600,
             advertise: None,
             replicas: crate::replicas::Timings::default(),
         }
@@ -84,6 +88,8 @@ impl Default for HostConfig {
 /// The bounds of `event_buffer_bytes`: 64 KiB to 1 GiB.
 pub const MIN_EVENT_BUFFER_BYTES: usize = 64 * 1024;
 pub const MAX_EVENT_BUFFER_BYTES: usize = 1024 * 1024 * 1024;
+/// The bounds of `event_log_s`: a minute to 30 days.
+pub const EVENT_LOG_S: std::ops::RangeInclusive<u64> = 60..=30 * 86_400;
 
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {0}")]
@@ -103,6 +109,14 @@ impl HostConfig {
             return Err(ConfigError(format!(
                 "event_buffer_bytes: {} is outside {MIN_EVENT_BUFFER_BYTES}–{MAX_EVENT_BUFFER_BYTES}",
                 config.event_buffer_bytes
+            )));
+        }
+        if !EVENT_LOG_S.contains(&config.event_log_s) {
+            return Err(ConfigError(format!(
+                "event_log_s: {} is outside {}–{}",
+                config.event_log_s,
+                EVENT_LOG_S.start(),
+                EVENT_LOG_S.end()
             )));
         }
         Ok(config)

@@ -5,18 +5,16 @@
 //! ([`Store::claim_commands`]: only while it holds the environment's lease, and each row once),
 //! runs it and writes the answer ([`Store::answer_command`]). On PostgreSQL both steps are
 //! announced (`NOTIFY orc_commands` with the environment, `orc_answers` with the command), heard
-//! through [`Store::command_news`]; a notification is lost while a listener is disconnected, so
+//! through [`Store::command_news`] (`news.rs`); a notification is lost while a listener is disconnected, so
 //! both sides poll as well.
-
-use tokio::sync::broadcast;
 
 use super::error::{backend, backend_with};
 use super::{CommandId, Db, EnvironmentId, Millis, ReplicaId, Result, Store, StoreError, now_ms, parse_id};
 
 /// Announces a submitted command; the payload is its environment's id.
-const SUBMITTED: &str = "orc_commands";
+pub(super) const SUBMITTED: &str = "orc_commands";
 /// Announces an answered command; the payload is its id.
-const ANSWERED: &str = "orc_answers";
+pub(super) const ANSWERED: &str = "orc_answers";
 
 /// A relayed request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,16 +51,6 @@ pub enum CommandState {
     Answered(CommandAnswer),
     /// No such row: withdrawn or forgotten.
     Gone,
-}
-
-/// What the other replicas announced.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CommandNews {
-    /// A command for this environment waits.
-    Submitted(EnvironmentId),
-    Answered(CommandId),
-    /// The listener (re)connected: what was announced meanwhile is lost, look again.
-    Listening,
 }
 
 fn headers_json(headers: &[(String, String)]) -> String {
@@ -246,22 +234,6 @@ impl Store {
         }))
     }
 
-    /// What the replicas announce of commands, on PostgreSQL (`None` on SQLite, where one
-    /// process runs everything). The first call starts listening, until the pool is closed.
-    pub fn command_news(&self) -> Option<broadcast::Receiver<CommandNews>> {
-        let Db::Postgres(pool) = &self.db else { return None };
-        let mut started = false;
-        let news = self.command_news.get_or_init(|| {
-            started = true;
-            broadcast::channel(1024).0
-        });
-        let receiver = news.subscribe();
-        if started {
-            tokio::spawn(listen(pool.clone(), news.clone()));
-        }
-        Some(receiver)
-    }
-
     /// Tells the other replicas on PostgreSQL (a lost announcement is made up for by polling).
     async fn announce(&self, channel: &str, payload: String) {
         let Db::Postgres(pool) = &self.db else { return };
@@ -272,36 +244,6 @@ impl Store {
             .await
         {
             tracing::debug!(error = %e, channel, "cannot announce a relayed request; it is found by polling");
-        }
-    }
-}
-
-/// Hears [`SUBMITTED`] and [`ANSWERED`] on a session of its own and passes them on, until the
-/// pool is closed.
-async fn listen(pool: sqlx::PgPool, news: broadcast::Sender<CommandNews>) {
-    while !pool.is_closed() {
-        let listener = async {
-            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
-            listener.listen_all([SUBMITTED, ANSWERED]).await?;
-            Ok::<_, sqlx::Error>(listener)
-        };
-        let mut listener = match listener.await {
-            Ok(listener) => listener,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot listen for relayed requests; polling only");
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        let _ = news.send(CommandNews::Listening);
-        while let Ok(Some(notification)) = listener.try_recv().await {
-            let heard = match notification.channel() {
-                SUBMITTED => notification.payload().parse().ok().map(CommandNews::Submitted),
-                _ => notification.payload().parse().ok().map(CommandNews::Answered),
-            };
-            if let Some(heard) = heard {
-                let _ = news.send(heard);
-            }
         }
     }
 }

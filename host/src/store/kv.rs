@@ -29,12 +29,18 @@
 //!   environment's scopes (an index range: `scope >= 'env/' AND scope < 'env0'`). The runtime
 //!   counts an environment once, then keeps the count current itself.
 //!
+//! - **Fencing** ([`DbKv::write_under`]): a write carries the epoch its environment was held
+//!   under when it was accepted, and commits only while that is the environment's epoch — the
+//!   group's transaction reads the fences first, with row locks on PostgreSQL, and a group with
+//!   a stale epoch is rolled back and committed again without those writes. Once this replica
+//!   lets an environment go ([`DbKv::stop_writing`]), its writes are refused at once.
+//!
 //! Architecture invariant: this process is the only writer of the scopes it serves (a scope is
-//! `environment/plugin` and an environment is served by one replica at a time), so its copies
-//! stay right; a replica that takes an environment drops what it kept of it first
-//! ([`DbKv::let_go`]).
+//! `environment/plugin` and an environment is served by one replica at a time; the fence keeps a
+//! replica that lost one from writing), so its copies stay right; a replica that takes an
+//! environment drops what it kept of it first ([`DbKv::let_go`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -45,7 +51,7 @@ use sqlx::{PgConnection, QueryBuilder, Row as _, Sqlite, SqliteConnection};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use super::error::backend_with;
-use super::{BeginWrite as _, Store, StoreError, now_ms, sqlite_keeps_prepared, sqlite_rows_per_statement};
+use super::{BeginWrite as _, EnvironmentId, Epoch, Fence, Store, StoreError, now_ms, sqlite_keeps_prepared, sqlite_rows_per_statement};
 
 /// Most writes committed together.
 const MAX_WRITE_BATCH: usize = 4096;
@@ -86,6 +92,9 @@ struct Write {
     scope: String,
     key: String,
     value: Option<Vec<u8>>,
+    /// The epoch its environment was held under when it was accepted ([`DbKv::write_under`]):
+    /// it commits only while that is the environment's epoch. `None`: unfenced.
+    epoch: Option<Epoch>,
 }
 
 enum Command {
@@ -174,6 +183,10 @@ struct Memory {
     copied: usize,
     /// A clock for least-recently-used eviction.
     clock: u64,
+    /// Under which epoch each environment's scopes are written, by environment id: `Some` while
+    /// held ([`DbKv::write_under`]), `None` once let go ([`DbKv::stop_writing`]: writes are
+    /// refused at once). An environment not listed is written unfenced.
+    holds: HashMap<String, Option<Epoch>>,
 }
 
 /// Where a read finds its answer.
@@ -218,6 +231,15 @@ impl Memory {
             }
             self.copied = self.copied + *bytes - before;
         }
+        let slot = (write.scope, write.key);
+        if self.overlay.get(&slot).is_some_and(|(seq, _)| *seq == write.seq) {
+            self.overlay.remove(&slot);
+        }
+    }
+
+    /// Drops a write the fence refused from the overlay (unless a later write of the key is
+    /// waiting): it never reached the database, and the copies never saw it.
+    fn refused(&mut self, write: Write) {
         let slot = (write.scope, write.key);
         if self.overlay.get(&slot).is_some_and(|(seq, _)| *seq == write.seq) {
             self.overlay.remove(&slot);
@@ -305,6 +327,7 @@ impl DbKv {
             copies: HashMap::new(),
             copied: 0,
             clock: 0,
+            holds: HashMap::new(),
         };
         let shared = Arc::new(Shared {
             memory: Mutex::new(memory),
@@ -367,6 +390,19 @@ impl DbKv {
         let _ = self.ask(let_go).await;
     }
 
+    /// Writes `fence.env`'s scopes under `fence` from now on: each write accepted commits only
+    /// while its epoch is the environment's (checked, with a row lock, in the transaction that
+    /// commits it), so a replica that lost the environment writes nothing after the takeover.
+    pub fn write_under(&self, fence: &Fence) {
+        self.shared.memory().holds.insert(fence.env.to_string(), Some(fence.epoch));
+    }
+
+    /// Refuses every write of `env`'s scopes from now on (this replica let it go); what was
+    /// accepted before commits while its epoch is still the environment's.
+    pub fn stop_writing(&self, env: &EnvironmentId) {
+        self.shared.memory().holds.insert(env.to_string(), None);
+    }
+
     fn failed(&self, doing: String, source: impl std::fmt::Display) -> KvError {
         KvError::Io {
             context: format!("{} database: {doing}", self.store.backend()),
@@ -425,6 +461,18 @@ impl DbKv {
     /// Accepts a write (`None`: a deletion); answered before it is committed.
     fn accept(&self, scope: &str, key: &str, value: Option<Vec<u8>>) -> Result<(), KvError> {
         let mut memory = self.shared.memory();
+        let environment = environment_of(scope);
+        let epoch = match memory.holds.get(environment) {
+            None => None,
+            Some(Some(epoch)) => Some(*epoch),
+            Some(None) => {
+                self.store.fenced_write();
+                return Err(self.failed(
+                    format!("cannot write `{key}` in `{scope}`"),
+                    format!("environment {environment} is run by another replica now"),
+                ));
+            }
+        };
         memory.accepted += 1;
         let seq = memory.accepted;
         memory.overlay.insert((scope.to_string(), key.to_string()), (seq, value.clone()));
@@ -434,6 +482,7 @@ impl DbKv {
             scope: scope.to_string(),
             key: key.to_string(),
             value,
+            epoch,
         };
         if self.commands.send(Command::Write(write)).is_err() {
             memory.overlay.remove(&(scope.to_string(), key.to_string()));
@@ -651,12 +700,35 @@ async fn writer(store: Store, shared: Arc<Shared>, queued: mpsc::UnboundedReceiv
     }
 }
 
-/// Commits `writes` (if any), then applies them to the copies and moves the durable mark.
-async fn commit_and_apply(store: &Store, shared: &Shared, writes: Vec<Write>) {
+/// Commits `writes` (if any), then applies them to the copies and moves the durable mark. The
+/// writes of an environment held under an epoch that is no longer its own are refused (dropped,
+/// counted), the others committed.
+async fn commit_and_apply(store: &Store, shared: &Shared, mut writes: Vec<Write>) {
     let Some(last) = writes.last().map(|w| w.seq) else {
         return;
     };
-    commit(store, &writes).await;
+    loop {
+        let fenced = commit(store, &writes).await;
+        if fenced.is_empty() {
+            break;
+        }
+        let (refused, rest): (Vec<Write>, Vec<Write>) = writes.into_iter().partition(|w| fenced.contains(environment_of(&w.scope)));
+        tracing::warn!(environments = ?fenced, writes = refused.len(),
+            "plugin key/value writes refused: their environment is run by another replica now");
+        for _ in &refused {
+            store.fenced_write();
+        }
+        {
+            let mut memory = shared.memory();
+            for w in refused {
+                memory.refused(w);
+            }
+        }
+        writes = rest;
+        if writes.is_empty() {
+            break;
+        }
+    }
     {
         let mut memory = shared.memory();
         for w in writes {
@@ -665,6 +737,11 @@ async fn commit_and_apply(store: &Store, shared: &Shared, writes: Vec<Write>) {
         memory.evict();
     }
     shared.durable.send_replace(last);
+}
+
+/// The environment a scope belongs to (`environment/plugin`).
+fn environment_of(scope: &str) -> &str {
+    scope.split_once('/').map_or(scope, |(environment, _)| environment)
 }
 
 /// Deletes the entries of every scope that starts with `prefix`.
@@ -713,36 +790,83 @@ async fn usage(store: &Store, environment: &str) -> Result<KvUsage, sqlx::Error>
     })
 }
 
-/// Commits `writes` in one transaction, retrying with backoff until the database takes them.
-async fn commit(store: &Store, writes: &[Write]) {
+/// Commits `writes` in one transaction, retrying with backoff until the database takes them or
+/// refuses them by their fence. Returns the environments whose writes the fence refused (the
+/// transaction was rolled back: nothing of it is committed); empty once committed.
+async fn commit(store: &Store, writes: &[Write]) -> HashSet<String> {
     let mut delay = FIRST_RETRY;
     let mut attempt = 1u32;
+    // The epoch each environment's writes were accepted under (one per group: a replica holds
+    // an environment under one epoch at a time, and let go writes none).
+    let mut fences: BTreeMap<&str, Epoch> = BTreeMap::new();
+    for w in writes {
+        if let Some(epoch) = w.epoch {
+            fences.insert(environment_of(&w.scope), epoch);
+        }
+    }
     loop {
         let now = now_ms();
-        let committed: Result<(), sqlx::Error> = match &store.db {
+        let committed: Result<HashSet<String>, sqlx::Error> = match &store.db {
             super::Db::Sqlite(pool) => {
                 async {
                     let mut tx = pool.begin_write().await?;
+                    let mut fenced = HashSet::new();
+                    for (environment, epoch) in &fences {
+                        let current: Option<Epoch> = sqlx::query_scalar("SELECT epoch FROM env_fences WHERE environment_id = $1")
+                            .bind(*environment)
+                            .fetch_optional(&mut *tx)
+                            .await?;
+                        if current != Some(*epoch) {
+                            fenced.insert(environment.to_string());
+                        }
+                    }
+                    if !fenced.is_empty() {
+                        tx.rollback().await?;
+                        return Ok(fenced);
+                    }
                     for run in runs(writes) {
                         apply_run_sqlite(&mut tx, run, now).await?;
                     }
-                    tx.commit().await
+                    tx.commit().await?;
+                    Ok(fenced)
                 }
                 .await
             }
             super::Db::Postgres(pool) => {
                 async {
                     let mut tx = pool.begin_write().await?;
+                    let mut fenced = HashSet::new();
+                    if !fences.is_empty() {
+                        // Row locks: a takeover waits for this transaction to end.
+                        let environments: Vec<&str> = fences.keys().copied().collect();
+                        let current: HashMap<String, Epoch> =
+                            sqlx::query_as("SELECT environment_id, epoch FROM env_fences WHERE environment_id = ANY($1) FOR SHARE")
+                                .bind(&environments)
+                                .fetch_all(&mut *tx)
+                                .await?
+                                .into_iter()
+                                .collect();
+                        for (environment, epoch) in &fences {
+                            if current.get(*environment) != Some(epoch) {
+                                fenced.insert(environment.to_string());
+                            }
+                        }
+                    }
+                    if !fenced.is_empty() {
+                        tx.rollback().await?;
+                        return Ok(fenced);
+                    }
                     for run in runs(writes) {
                         apply_run_postgres(&mut tx, run, now).await?;
                     }
-                    tx.commit().await
+                    tx.commit().await?;
+                    Ok(fenced)
                 }
                 .await
             }
         };
         match committed {
-            Ok(()) => return,
+            Ok(fenced) => return fenced,
             Err(e) => {
                 tracing::error!(writes = writes.len(), attempt, error = %e, retry_in_ms = delay.as_millis() as u64,
                     "cannot commit plugin key/value writes; retrying (they are kept in memory meanwhile)");

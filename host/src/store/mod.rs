@@ -71,11 +71,13 @@ mod commands;
 mod console_sessions;
 mod environments;
 mod error;
+mod events;
 mod ids;
 mod intents;
 mod jobs;
 mod kv;
 mod model;
+mod news;
 mod nodes;
 mod ownership;
 pub(crate) mod pace;
@@ -85,15 +87,18 @@ mod tokens;
 pub(crate) mod users;
 
 pub use clusters::{ClusterRecord, TemplateRecord};
-pub use commands::{CommandAnswer, CommandNews, CommandRecord, CommandState};
+pub use commands::{CommandAnswer, CommandRecord, CommandState};
 pub use console_sessions::ConsoleSession;
 pub use error::StoreError;
+pub use events::{EventLog, RecordedEvent, RecordedEvents, first_seq_of};
 pub use ids::*;
 pub use kv::DbKv;
 pub use model::*;
+pub use news::{CommandNews, EventNews};
 pub use nodes::{NodeDeletion, NodePatched};
 pub use ownership::{Epoch, Fence, LeaseRecord, Presence, ReplicaRecord};
 pub use processes::{ConnectionRecord, ProcessRecord};
+pub use states::{Progress, Renewal};
 pub use tokens::hash_token;
 pub use users::UserChange;
 
@@ -145,8 +150,10 @@ pub struct Store {
     pub(crate) db: Db,
     /// Environments and nodes as last read (`cache.rs`).
     caches: Arc<cache::Caches>,
-    /// What other replicas say of relayed requests, once listened for (`commands.rs`).
-    command_news: Arc<std::sync::OnceLock<tokio::sync::broadcast::Sender<CommandNews>>>,
+    /// What other replicas announce, once listened for (`news.rs`).
+    news: Arc<std::sync::OnceLock<news::Heralds>>,
+    /// Writes refused by their fence so far (`ownership.rs`, `kv.rs`).
+    fenced: Arc<std::sync::atomic::AtomicU64>,
 }
 
 #[derive(Debug, Clone)]
@@ -228,7 +235,8 @@ impl Store {
         let store = Store {
             db: Db::Postgres(pool),
             caches: Default::default(),
-            command_news: Default::default(),
+            news: Default::default(),
+            fenced: Default::default(),
         };
         store.migrate().await?;
         if let Db::Postgres(pool) = &store.db {
@@ -266,7 +274,8 @@ impl Store {
         let store = Store {
             db: Db::Sqlite(pool),
             caches: Default::default(),
-            command_news: Default::default(),
+            news: Default::default(),
+            fenced: Default::default(),
         };
         store.migrate().await?;
         Ok(store)
@@ -302,6 +311,17 @@ impl Store {
             Db::Sqlite(_) => Backend::Sqlite,
             Db::Postgres(_) => Backend::Postgres,
         }
+    }
+
+    /// Counts a write refused by its fence.
+    pub(crate) fn fenced_write(&self) {
+        self.fenced.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Writes refused by their fence since this store was opened: batches of a scheduler's
+    /// progress, plugin key/value writes.
+    pub fn fenced_writes(&self) -> u64 {
+        self.fenced.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// This process's turn at the write lock, for one write statement in autocommit (see
@@ -484,6 +504,7 @@ const SQLITE_MIGRATIONS: Embedded = &[
         "console_sessions",
         include_str!("../../migrations/sqlite/0013_console_sessions.sql"),
     ),
+    (14, "events", include_str!("../../migrations/sqlite/0014_events.sql")),
 ];
 const POSTGRES_MIGRATIONS: Embedded = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -503,6 +524,7 @@ const POSTGRES_MIGRATIONS: Embedded = &[
         "console_sessions",
         include_str!("../../migrations/postgres/0013_console_sessions.sql"),
     ),
+    (14, "events", include_str!("../../migrations/postgres/0014_events.sql")),
 ];
 
 fn migrator(embedded: Embedded) -> Migrator {

@@ -1,6 +1,6 @@
 //! Resource states: batch upsert, batch status transitions, reads with filters and keyset
 //! pagination, counts per status, and crash recovery of `deploying`; and `record_progress`, a
-//! scheduler's batch of states written with its actions in one transaction.
+//! scheduler's batch — states, actions, a release's renewal, events — in one transaction.
 //!
 //! Batches are one transaction. PostgreSQL gets one statement per batch (`UNNEST` of one array
 //! per column); SQLite gets multi-row statements of as many rows as its parameter limit allows.
@@ -14,12 +14,55 @@ use sqlx::{PgConnection, Postgres, QueryBuilder, Sqlite, SqliteConnection};
 use super::actions;
 use super::environments::environment_not_found;
 use super::error::backend_with;
+use super::events::{self, EventLog};
 use super::ownership;
 use super::{
-    ActionRecord, Attempts, BeginWrite, Db, EnvironmentId, Fence, ResourceState, Result, StateFilter, StatePage, StatusChange, Store,
-    StoreError, error_info, now_ms, page_size, parse_name, sqlite_keeps_prepared, sqlite_rows_per_statement,
+    ActionRecord, Attempts, BeginWrite, Db, EnvironmentId, Fence, Millis, ResourceState, Result, StateFilter, StatePage, StatusChange,
+    Store, StoreError, error_info, now_ms, page_size, parse_name, sqlite_keeps_prepared, sqlite_rows_per_statement,
 };
 use crate::status::ResourceStatus;
+
+/// One batch of a scheduler, written in one transaction (under its owner's fence): the states
+/// (a resource given twice counts once, the last winning), the actions, what a release in it
+/// does to the stored states, and its events for the stream.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Progress<'a> {
+    pub states: &'a [ResourceState],
+    pub actions: &'a [ActionRecord],
+    pub renewal: Option<Renewal<'a>>,
+    pub events: Option<EventLog<'a>>,
+    /// Forgets the environment's recorded events older than this (milliseconds).
+    pub forget_events_before: Option<Millis>,
+}
+
+impl<'a> Progress<'a> {
+    /// States and actions alone.
+    pub fn of(states: &'a [ResourceState], actions: &'a [ActionRecord]) -> Progress<'a> {
+        Progress {
+            states,
+            actions,
+            ..Progress::default()
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.states.is_empty()
+            && self.actions.is_empty()
+            && self.renewal.is_none()
+            && self.events.is_none()
+            && self.forget_events_before.is_none()
+    }
+}
+
+/// What a release does to the stored states, once every state it handed over is stored: a
+/// `complete` one leaves only its own version's; otherwise the `dropped` go and the rest,
+/// unchanged, now belong to `version`.
+#[derive(Debug, Clone, Copy)]
+pub struct Renewal<'a> {
+    pub version: i64,
+    pub complete: bool,
+    pub dropped: &'a [String],
+}
 
 type Row = (
     String,
@@ -270,30 +313,23 @@ impl Store {
     ///
     /// With a `fence` (the writer owns `env` under its epoch) nothing is written unless the
     /// epoch is still the environment's ([`StoreError::Fenced`]; see `ownership`).
-    pub async fn record_progress(
-        &self,
-        env: &EnvironmentId,
-        fence: Option<&Fence>,
-        states: &[ResourceState],
-        actions: &[ActionRecord],
-    ) -> Result<()> {
-        if states.is_empty() && actions.is_empty() {
+    pub async fn record_progress(&self, env: &EnvironmentId, fence: Option<&Fence>, progress: &Progress<'_>) -> Result<()> {
+        if progress.is_empty() {
             return Ok(());
         }
-        match self.write_progress(env, fence, states, actions).await {
+        match self.write_progress(env, fence, progress).await {
             Err(e) if e.is_foreign_key_violation() => Err(environment_not_found(env)),
+            Err(e @ StoreError::Fenced { .. }) => {
+                self.fenced_write();
+                Err(e)
+            }
             other => other,
         }
     }
 
-    async fn write_progress(
-        &self,
-        env: &EnvironmentId,
-        fence: Option<&Fence>,
-        states: &[ResourceState],
-        actions: &[ActionRecord],
-    ) -> Result<()> {
-        let states = last_per_key(states, |s| &s.resource_id);
+    async fn write_progress(&self, env: &EnvironmentId, fence: Option<&Fence>, progress: &Progress<'_>) -> Result<()> {
+        let states = last_per_key(progress.states, |s| &s.resource_id);
+        let actions = progress.actions;
         let context = || {
             format!(
                 "recording {} states and {} actions of environment {env}",
@@ -301,6 +337,7 @@ impl Store {
                 actions.len()
             )
         };
+        let env_id = env.to_string();
         match &self.db {
             Db::Sqlite(pool) => {
                 let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
@@ -309,6 +346,31 @@ impl Store {
                 }
                 upsert_sqlite(&mut tx, env, &states, Times::KeepStored).await?;
                 actions::insert_sqlite(&mut tx, actions).await?;
+                if let Some(renewal) = &progress.renewal {
+                    if renewal.complete {
+                        sqlx::query(DELETE_OUTSIDE)
+                            .bind(&env_id)
+                            .bind(renewal.version)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(backend_with(context))?;
+                    } else {
+                        renew_sqlite(&mut tx, &env_id, renewal.dropped, Some(renewal.version))
+                            .await
+                            .map_err(backend_with(context))?;
+                    }
+                }
+                if let Some(log) = &progress.events {
+                    events::insert_sqlite(&mut tx, env, log).await?;
+                }
+                if let Some(before) = progress.forget_events_before {
+                    sqlx::query(events::FORGET)
+                        .bind(&env_id)
+                        .bind(before)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(backend_with(context))?;
+                }
                 tx.commit().await.map_err(backend_with(context))?;
             }
             Db::Postgres(pool) => {
@@ -320,6 +382,31 @@ impl Store {
                     upsert_postgres(&mut tx, env, &states, Times::KeepStored).await?;
                 }
                 actions::insert_postgres(&mut tx, actions).await?;
+                if let Some(renewal) = &progress.renewal {
+                    if renewal.complete {
+                        sqlx::query::<Postgres>(DELETE_OUTSIDE)
+                            .bind(&env_id)
+                            .bind(renewal.version)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(backend_with(context))?;
+                    } else {
+                        renew_postgres(&mut tx, &env_id, renewal.dropped, Some(renewal.version))
+                            .await
+                            .map_err(backend_with(context))?;
+                    }
+                }
+                if let Some(log) = &progress.events {
+                    events::insert_postgres(&mut tx, env, log).await?;
+                }
+                if let Some(before) = progress.forget_events_before {
+                    sqlx::query::<Postgres>(events::FORGET)
+                        .bind(&env_id)
+                        .bind(before)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(backend_with(context))?;
+                }
                 tx.commit().await.map_err(backend_with(context))?;
             }
         }
@@ -575,81 +662,74 @@ impl Store {
         Ok(ids)
     }
 
-    /// Removes the states that do not belong to `version`: once every resource of a released
-    /// version has its state stored for it, these are the resources the version dropped (no
-    /// longer managed; what they made on the device stays). Returns how many were removed.
-    pub async fn delete_states_outside(&self, env: &EnvironmentId, version: i64) -> Result<u64> {
-        let _turn = self.write_turn().await?;
-        let deleted = on_pool!(self, pool => {
-            sqlx::query("DELETE FROM resource_states WHERE environment_id = $1 AND version <> $2")
-                .bind(env.to_string())
-                .bind(version)
-                .execute(pool)
-                .await
-                .map_err(backend_with(|| format!("deleting the states outside version {version} of environment {env}")))?
-                .rows_affected()
-        });
-        Ok(deleted)
-    }
-
-    /// A release that handed over only the states that changed: removes the states of
-    /// `dropped` (the resources the version no longer has) and makes every other state of `env`
-    /// belong to `version`, in one transaction. Returns how many were removed.
-    pub async fn renew_states(&self, env: &EnvironmentId, version: i64, dropped: &[String]) -> Result<u64> {
-        let context = || format!("renewing the states of environment {env} for version {version}");
-        self.delete_states_then(env, dropped, Some(version))
-            .await
-            .map_err(backend_with(context))
-    }
-
     /// Removes the states of resources that left the intent; returns how many existed.
     pub async fn delete_states(&self, env: &EnvironmentId, resource_ids: &[String]) -> Result<u64> {
         let context = || format!("deleting {} resource states of environment {env}", resource_ids.len());
-        self.delete_states_then(env, resource_ids, None)
-            .await
-            .map_err(backend_with(context))
-    }
-
-    /// Deletes the states of `ids`, then (with `renew`) makes every other state of `env` belong
-    /// to that version; one transaction.
-    async fn delete_states_then(&self, env: &EnvironmentId, ids: &[String], renew: Option<i64>) -> sqlx::Result<u64> {
-        const RENEW: &str = "UPDATE resource_states SET version = $2 WHERE environment_id = $1 AND version <> $2";
         let env_id = env.to_string();
-        let mut deleted = 0;
-        match &self.db {
+        let deleted = match &self.db {
             Db::Sqlite(pool) => {
-                let mut tx = pool.begin_write().await?;
-                for chunk in ids.chunks(sqlite_rows_per_statement(1) - 1) {
-                    let mut q = QueryBuilder::<Sqlite>::new("DELETE FROM resource_states WHERE environment_id = ");
-                    q.push_bind(&env_id).push(" AND resource_id IN (");
-                    let mut list = q.separated(", ");
-                    for id in chunk {
-                        list.push_bind(id);
-                    }
-                    q.push(")");
-                    deleted += q.build().persistent(false).execute(&mut *tx).await?.rows_affected();
-                }
-                if let Some(version) = renew {
-                    sqlx::query(RENEW).bind(&env_id).bind(version).execute(&mut *tx).await?;
-                }
-                tx.commit().await?;
+                let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
+                let deleted = renew_sqlite(&mut tx, &env_id, resource_ids, None)
+                    .await
+                    .map_err(backend_with(context))?;
+                tx.commit().await.map_err(backend_with(context))?;
+                deleted
             }
             Db::Postgres(pool) => {
-                let mut tx = pool.begin_write().await?;
-                if !ids.is_empty() {
-                    deleted = sqlx::query::<Postgres>("DELETE FROM resource_states WHERE environment_id = $1 AND resource_id = ANY($2)")
-                        .bind(&env_id)
-                        .bind(ids)
-                        .execute(&mut *tx)
-                        .await?
-                        .rows_affected();
-                }
-                if let Some(version) = renew {
-                    sqlx::query::<Postgres>(RENEW).bind(&env_id).bind(version).execute(&mut *tx).await?;
-                }
-                tx.commit().await?;
+                let mut tx = pool.begin_write().await.map_err(backend_with(context))?;
+                let deleted = renew_postgres(&mut tx, &env_id, resource_ids, None)
+                    .await
+                    .map_err(backend_with(context))?;
+                tx.commit().await.map_err(backend_with(context))?;
+                deleted
             }
-        }
+        };
         Ok(deleted)
     }
+}
+
+/// What a complete release does to the states: only its own version's stay.
+const DELETE_OUTSIDE: &str = "DELETE FROM resource_states WHERE environment_id = $1 AND version <> $2";
+/// What a release that handed over only what changed does to the states it kept.
+const RENEW: &str = "UPDATE resource_states SET version = $2 WHERE environment_id = $1 AND version <> $2";
+
+/// Deletes the states of `ids`, then (with `renew`) makes every other state of `env_id` belong
+/// to that version; inside the caller's transaction. Returns how many were deleted.
+async fn renew_sqlite(conn: &mut SqliteConnection, env_id: &str, ids: &[String], renew: Option<i64>) -> sqlx::Result<u64> {
+    let mut deleted = 0;
+    for chunk in ids.chunks(sqlite_rows_per_statement(1) - 1) {
+        let mut q = QueryBuilder::<Sqlite>::new("DELETE FROM resource_states WHERE environment_id = ");
+        q.push_bind(env_id).push(" AND resource_id IN (");
+        let mut list = q.separated(", ");
+        for id in chunk {
+            list.push_bind(id);
+        }
+        q.push(")");
+        deleted += q.build().persistent(false).execute(&mut *conn).await?.rows_affected();
+    }
+    if let Some(version) = renew {
+        sqlx::query(RENEW).bind(env_id).bind(version).execute(&mut *conn).await?;
+    }
+    Ok(deleted)
+}
+
+/// [`renew_sqlite`] on PostgreSQL.
+async fn renew_postgres(conn: &mut PgConnection, env_id: &str, ids: &[String], renew: Option<i64>) -> sqlx::Result<u64> {
+    let mut deleted = 0;
+    if !ids.is_empty() {
+        deleted = sqlx::query::<Postgres>("DELETE FROM resource_states WHERE environment_id = $1 AND resource_id = ANY($2)")
+            .bind(env_id)
+            .bind(ids)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+    }
+    if let Some(version) = renew {
+        sqlx::query::<Postgres>(RENEW)
+            .bind(env_id)
+            .bind(version)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(deleted)
 }

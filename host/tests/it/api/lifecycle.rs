@@ -2,7 +2,7 @@
 //! rollback, deploy and repair as operations with an outcome, the action log, the event stream,
 //! and the OpenAPI document checked against what the server really answers.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use orc_host::store::Backend;
 use orc_tests::wait_for;
@@ -407,58 +407,79 @@ pub async fn deploy_and_repair_report_their_outcome_and_the_log_is_queried(backe
     );
 }
 
+/// One event stream as a test reads it: its messages, each `(id, event, data)`.
+struct Messages {
+    body: futures::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>,
+    text: String,
+}
+
+impl Messages {
+    /// `GET /environments/{env}/events`, with `Last-Event-ID` if given.
+    async fn open(host: &Host, env: &str, last_event_id: Option<&str>) -> Messages {
+        use futures::StreamExt;
+        let mut request = host
+            .client
+            .get(format!("{}/environments/{env}/events", host.base))
+            .bearer_auth(&host.token);
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
+        }
+        let resp = request.send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+        Messages {
+            body: resp.bytes_stream().map(|chunk| chunk.map(|b| b.to_vec())).boxed(),
+            text: String::new(),
+        }
+    }
+
+    /// The next message (keep-alive comments skipped); `None` once the stream ended.
+    async fn next(&mut self) -> Option<(Option<String>, String, String)> {
+        use futures::StreamExt;
+        loop {
+            while let Some(end) = self.text.find("\n\n") {
+                let message: String = self.text.drain(..end + 2).collect();
+                let field = |name: &str| message.lines().find_map(|l| l.strip_prefix(name)).map(str::to_string);
+                if let Some(data) = field("data: ") {
+                    return Some((field("id: "), field("event: ").unwrap_or_default(), data));
+                }
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(60), self.body.next())
+                .await
+                .expect("events in time")?
+                .unwrap();
+            self.text.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+    }
+}
+
 pub async fn the_event_stream_shows_states_and_actions(backend: Backend) {
-    use futures::StreamExt;
     let host = Host::start_limited(backend, 1 << 20).await;
     host.create_environment("dev").await;
-    let resp = host
-        .client
-        .get(format!("{}/environments/dev/events", host.base))
-        .bearer_auth(&host.token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
-    assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
-    let mut body = resp.bytes_stream();
+    let mut stream = Messages::open(&host, "dev", None).await;
     host.post_raw("/environments/dev/intents", QUICKSTART.as_bytes()).await;
 
     // Read events until every resource has an action and a `deployed` state.
-    let (mut text, mut actions, mut deployed) = (String::new(), Vec::new(), std::collections::BTreeSet::new());
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut messages, mut actions, mut deployed) = (Vec::new(), Vec::new(), std::collections::BTreeSet::new());
     while actions.len() < 6 || deployed.len() < 6 {
-        let chunk = tokio::time::timeout_at(deadline.into(), body.next())
-            .await
-            .expect("events in time")
-            .expect("the stream stays open")
-            .unwrap();
-        text.push_str(std::str::from_utf8(&chunk).unwrap());
-        while let Some(end) = text.find("\n\n") {
-            let message: String = text.drain(..end + 2).collect();
-            let name = message
-                .lines()
-                .find_map(|l| l.strip_prefix("event: "))
-                .unwrap_or_default()
-                .to_string();
-            let Some(data) = message.lines().find_map(|l| l.strip_prefix("data: ")) else {
-                continue; // keep-alive comment
-            };
-            let data: Value = serde_json::from_str(data).unwrap();
-            assert_eq!(data["event"], name.as_str(), "{message}");
-            match name.as_str() {
-                "state" if data["status"] == "deployed" => {
-                    deployed.insert(data["resource"].as_str().unwrap().to_string());
-                }
-                "action" => {
-                    assert_eq!(data["report"]["outcome"], "changed", "{data}");
-                    assert_eq!(data["trigger"], "deploy");
-                    actions.push(data["report"]["resource"].as_str().unwrap().to_string());
-                }
-                "state" => {}
-                "released" => assert_eq!((&data["version"], &data["dropped"]), (&json!(1), &json!([])), "{data}"),
-                other => panic!("unexpected event `{other}`: {message}"),
+        let message = stream.next().await.expect("the stream stays open");
+        let (_, name, data) = &message;
+        let data: Value = serde_json::from_str(data).unwrap();
+        assert_eq!(data["event"], name.as_str(), "{message:?}");
+        match name.as_str() {
+            "state" if data["status"] == "deployed" => {
+                deployed.insert(data["resource"].as_str().unwrap().to_string());
             }
+            "action" => {
+                assert_eq!(data["report"]["outcome"], "changed", "{data}");
+                assert_eq!(data["trigger"], "deploy");
+                actions.push(data["report"]["resource"].as_str().unwrap().to_string());
+            }
+            "state" => {}
+            "released" => assert_eq!((&data["version"], &data["dropped"]), (&json!(1), &json!([])), "{data}"),
+            other => panic!("unexpected event `{other}`: {message:?}"),
         }
+        messages.push(message);
     }
     // Persisted before published: what the stream reported is what the API shows.
     assert_eq!(host.counts("dev").await, json!({ "deployed": 6 }));
@@ -468,6 +489,49 @@ pub async fn the_event_stream_shows_states_and_actions(backend: Backend) {
         "unknown_environment",
         "nope",
     );
+
+    // Every event is numbered, in increasing order; a stream opened after one of them sends the
+    // ones after it, as they were sent, and nothing twice.
+    let ids: Vec<i64> = messages
+        .iter()
+        .map(|(id, ..)| id.as_deref().expect("an id").parse().unwrap())
+        .collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    let mut resumed = Messages::open(&host, "dev", messages[2].0.as_deref()).await;
+    for expected in &messages[3..] {
+        assert_eq!(&resumed.next().await.expect("the stream stays open"), expected);
+    }
+    let resp = host
+        .client
+        .get(format!("{}/environments/dev/events", host.base))
+        .bearer_auth(&host.token)
+        .header("last-event-id", "the third")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let error: Value = resp.json().await.unwrap();
+    assert_eq!(error["code"], "invalid_last_event_id", "{error}");
+    assert!(error["message"].as_str().unwrap().contains("the third"), "{error}");
+
+    // Events no longer kept: a stream asked for them says so (`lagged`) once it sees that what
+    // it has does not join on, and ends.
+    let env_id = host.get("/environments/dev").await.1["id"].as_str().unwrap().parse().unwrap();
+    let store = orc_host::store::Store::connect(&host.data.location()).await.unwrap();
+    let forget = orc_host::store::Progress {
+        forget_events_before: Some(orc_host::store::now_ms() + 1_000),
+        ..Default::default()
+    };
+    store.record_progress(&env_id, None, &forget).await.unwrap();
+    let mut late = Messages::open(&host, "dev", messages[0].0.as_deref()).await;
+    let (status, answer) = host.post_raw("/environments/dev/intents", QUICKSTART.as_bytes()).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let (id, name, data) = late.next().await.expect("told it lagged");
+    assert_eq!((id, name.as_str()), (None, "lagged"), "{data}");
+    let data: Value = serde_json::from_str(&data).unwrap();
+    assert_eq!(data["missed_after"], ids[0], "{data}");
+    assert!(data["catch_up"].as_str().unwrap().contains("/environments/dev/resources"), "{data}");
+    assert!(late.next().await.is_none(), "and nothing follows");
 }
 
 /// The served OpenAPI document: a well-formed OpenAPI 3.1 document whose every schema is a valid

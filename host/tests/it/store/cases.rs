@@ -9,7 +9,7 @@ use orc_host::policy::settings::EnvironmentSettings;
 use orc_host::scheduler::{ErrorInfo, ResourceStatus};
 use orc_host::store::{
     ActionFilter, ActionId, ActionKind, ActionRecord, Attempts, Backend, DbKv, DryrunId, DryrunStatus, EnvironmentId, OperationKind,
-    OperationStatus, ResourceState, StateFilter, StatusChange, Store, StoreError, hash_token, now_ms,
+    OperationStatus, Progress, ResourceState, StateFilter, StatusChange, Store, StoreError, hash_token, now_ms,
 };
 use orc_runtime::capability::kv::{KvError, KvQuota, KvStore, KvUsage, delete_counted, set_within};
 
@@ -504,7 +504,7 @@ pub async fn progress_batches_are_atomic_and_keep_times(db: &TestDb) -> Result<(
         .iter()
         .map(|s| action(env, &s.resource_id, ActionKind::Deploy, 900))
         .collect();
-    store.record_progress(&env, None, &deployed, &actions).await?;
+    store.record_progress(&env, None, &Progress::of(&deployed, &actions)).await?;
     assert_eq!(store.load_states(&env).await?, deployed);
     let log = store
         .list_actions(
@@ -525,7 +525,7 @@ pub async fn progress_batches_are_atomic_and_keep_times(db: &TestDb) -> Result<(
         s.last_verified_at = None;
     }
     again[0].last_verified_at = Some(3_000);
-    store.record_progress(&env, None, &again, &[]).await?;
+    store.record_progress(&env, None, &Progress::of(&again, &[])).await?;
     let mut expected = deployed.clone();
     expected[0].last_verified_at = Some(3_000);
     assert_eq!(store.load_states(&env).await?, expected);
@@ -544,7 +544,12 @@ pub async fn progress_batches_are_atomic_and_keep_times(db: &TestDb) -> Result<(
         resource_id: failing[1].resource_id.clone(),
         ..first.clone()
     };
-    assert!(store.record_progress(&env, None, &failing, &[first, duplicate]).await.is_err());
+    assert!(
+        store
+            .record_progress(&env, None, &Progress::of(&failing, &[first, duplicate]))
+            .await
+            .is_err()
+    );
     assert_eq!(store.load_states(&env).await?, expected, "no state of the failed batch was kept");
     let log = store
         .list_actions(
@@ -559,7 +564,10 @@ pub async fn progress_batches_are_atomic_and_keep_times(db: &TestDb) -> Result<(
 
     // An unknown environment is named as such.
     let unknown = EnvironmentId::random();
-    let err = store.record_progress(&unknown, None, &deployed[..1], &[]).await.unwrap_err();
+    let err = store
+        .record_progress(&unknown, None, &Progress::of(&deployed[..1], &[]))
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::NotFound { .. }), "{err:?}");
     Ok(())
 }

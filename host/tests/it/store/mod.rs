@@ -6,6 +6,7 @@ mod access;
 mod cases;
 mod clusters;
 mod commands;
+mod events;
 mod harness;
 mod ownership;
 
@@ -72,9 +73,11 @@ on_both_backends!(
         connections_are_listed_oldest_first,
     ],
     commands: [a_relayed_command_is_claimed_once_by_the_holder_or_withdrawn],
+    events: [recorded_events_are_read_after_any_number_across_owners],
     ownership: [
         a_stale_owner_never_writes_after_a_takeover,
         a_released_environment_is_claimed_at_once,
         an_ended_replica_lets_its_leases_go_at_once,
+        plugin_state_written_under_a_stale_epoch_is_refused,
     ],
 );

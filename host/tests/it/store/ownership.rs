@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use orc_host::policy::settings::EnvironmentSettings;
-use orc_host::store::{ActionFilter, ActionId, ActionKind, ActionRecord, EnvironmentId, Fence, ReplicaId, Store, StoreError};
+use orc_host::store::{
+    ActionFilter, ActionId, ActionKind, ActionRecord, DbKv, EnvironmentId, Fence, Progress, ReplicaId, Store, StoreError,
+};
+use orc_runtime::capability::kv::KvStore as _;
 
 use super::harness::{Dice, TestDb};
 
@@ -85,7 +88,10 @@ async fn contend(store: Store, me: ReplicaId, envs: Vec<EnvironmentId>, seed: u6
                 for fence in owned.values() {
                     let id = ActionId::new();
                     let began = Instant::now();
-                    let taken = match store.record_progress(&fence.env, Some(fence), &[], &[action(fence, id)]).await {
+                    let taken = match store
+                        .record_progress(&fence.env, Some(fence), &Progress::of(&[], &[action(fence, id)]))
+                        .await
+                    {
                         Ok(()) => true,
                         Err(StoreError::Fenced { env, epoch, current }) => {
                             ensure!(env == fence.env && epoch == fence.epoch, "the refusal names the fence");
@@ -223,14 +229,14 @@ pub async fn a_released_environment_is_claimed_at_once(db: &TestDb) -> Result<()
     ensure!(store.claim(&env, b, long, None).await?.is_none(), "a live lease is not taken");
     ensure!(store.renew(a, &[env], long).await? == vec![env]);
     store
-        .record_progress(&env, Some(&first), &[], &[action(&first, ActionId::new())])
+        .record_progress(&env, Some(&first), &Progress::of(&[], &[action(&first, ActionId::new())]))
         .await?;
     store.release(&env, a).await?;
     ensure!(store.renew(a, &[env], long).await?.is_empty(), "released: not renewed");
     let second = store.claim(&env, b, long, None).await?.expect("released: free at once");
     ensure!(second.epoch == first.epoch + 1, "{first:?} then {second:?}");
     let stale = store
-        .record_progress(&env, Some(&first), &[], &[action(&first, ActionId::new())])
+        .record_progress(&env, Some(&first), &Progress::of(&[], &[action(&first, ActionId::new())]))
         .await;
     ensure!(
         matches!(stale, Err(StoreError::Fenced { current: Some(c), .. }) if c == second.epoch),
@@ -241,14 +247,14 @@ pub async fn a_released_environment_is_claimed_at_once(db: &TestDb) -> Result<()
     ensure!(third.epoch == second.epoch + 1);
     ensure!(matches!(
         store
-            .record_progress(&env, Some(&second), &[], &[action(&second, ActionId::new())])
+            .record_progress(&env, Some(&second), &Progress::of(&[], &[action(&second, ActionId::new())]))
             .await,
         Err(StoreError::Fenced { .. })
     ));
     // A deleted environment has no fence: its owner's writes are refused as such.
     store.delete_environment(&env).await?;
     let gone = store
-        .record_progress(&env, Some(&third), &[], &[action(&third, ActionId::new())])
+        .record_progress(&env, Some(&third), &Progress::of(&[], &[action(&third, ActionId::new())]))
         .await;
     ensure!(matches!(gone, Err(StoreError::Fenced { current: None, .. })), "{gone:?}");
     Ok(())
@@ -288,5 +294,52 @@ pub async fn an_ended_replica_lets_its_leases_go_at_once(db: &TestDb) -> Result<
     ensure!(second.epoch == first.epoch + 1, "{first:?} then {second:?}");
     // Naming a gone replica takes only its leases: b's is live and stays b's.
     ensure!(store.claim(&env, a, long, Some(ReplicaId::random())).await?.is_none());
+    Ok(())
+}
+
+/// Plugin state is fenced like the rest: a write accepted under an epoch that is no longer the
+/// environment's is refused when its group commits (the rest of the group is committed), read
+/// back neither from memory nor from the database, and counted; once the replica lets the
+/// environment go, its writes are refused at once. An environment written unfenced is not held
+/// back by another's stale writes.
+pub async fn plugin_state_written_under_a_stale_epoch_is_refused(db: &TestDb) -> Result<()> {
+    let store = &db.store;
+    let env = store.create_environment("fenced-kv", &EnvironmentSettings::default()).await?.id;
+    let other = store.create_environment("unfenced-kv", &EnvironmentSettings::default()).await?.id;
+    let (scope, other_scope) = (format!("{env}/plugin"), format!("{other}/plugin"));
+    let (a, b) = (ReplicaId::random(), ReplicaId::random());
+    let long = Duration::from_secs(60);
+    let kv = DbKv::open(store).await?;
+    let first = store.claim(&env, a, long, None).await?.expect("free");
+    kv.write_under(&first);
+    kv.set(&scope, "held", b"1").await?;
+    kv.durable().await;
+    let refused_before = store.fenced_writes();
+
+    // Taken over: what the old holder accepts now is refused at its commit.
+    store.claim(&env, b, long, Some(a)).await?.expect("taken over");
+    kv.set(&scope, "stale", b"2").await?;
+    kv.set(&other_scope, "unfenced", b"3").await?;
+    kv.durable().await;
+    ensure!(
+        kv.get(&scope, "stale").await?.is_none(),
+        "a refused write is not answered from memory"
+    );
+    let fresh = DbKv::open(store).await?;
+    ensure!(fresh.get(&scope, "held").await? == Some(b"1".to_vec()));
+    ensure!(
+        fresh.get(&scope, "stale").await?.is_none(),
+        "nothing of the stale write reached the database"
+    );
+    ensure!(
+        fresh.get(&other_scope, "unfenced").await? == Some(b"3".to_vec()),
+        "the rest of the group is committed"
+    );
+    ensure!(store.fenced_writes() == refused_before + 1, "counted: {}", store.fenced_writes());
+
+    // Let go: refused at once.
+    kv.stop_writing(&env);
+    ensure!(kv.set(&scope, "after", b"4").await.is_err());
+    ensure!(store.fenced_writes() == refused_before + 2);
     Ok(())
 }
